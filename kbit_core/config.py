@@ -1,0 +1,410 @@
+"""The one typed configuration model (pydantic) that drives the CLI, the Prefect flows and the deployments."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from kbit_core.errors import ConfigError
+
+Format = Literal["json", "avro", "protobuf", "bson", "mongodb_avro", "raw"]
+Layout = Literal["list", "bytes"]
+Compression = Literal["none", "gzip", "lz4", "snappy", "zstd"]
+ClientName = Literal["confluent", "kafka-python"]
+
+FORMATS: tuple[str, ...] = ("json", "avro", "protobuf", "bson", "mongodb_avro", "raw")
+COMPRESSIONS: tuple[str, ...] = ("none", "gzip", "lz4", "snappy", "zstd")
+
+
+class Section(BaseModel):
+    """Base for every section: unknown keys are errors, so a typo never passes silently."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EmbeddedBrokerConfig(Section):
+    host: str = Field("127.0.0.1", description="Address the embedded Tansu broker binds to.")
+    port: int = Field(19092, ge=1, le=65535, description="Port of the embedded broker.")
+
+
+class KafkaConfig(Section):
+    bootstrap_servers: str | None = Field(
+        None, description="host:port[,host:port] of a real cluster; unset means the embedded broker."
+    )
+    embedded: EmbeddedBrokerConfig = EmbeddedBrokerConfig()
+    client: ClientName = Field("confluent", description="Consumer/producer backend used for reading.")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    request_timeout_s: float = Field(30.0, gt=0)
+    extra: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="Extra client options passed through verbatim (librdkafka names)."
+    )
+
+    @property
+    def uses_embedded(self) -> bool:
+        return self.bootstrap_servers is None
+
+    def resolved_bootstrap(self) -> str:
+        if self.bootstrap_servers:
+            return self.bootstrap_servers
+        return f"{self.embedded.host}:{self.embedded.port}"
+
+    @model_validator(mode="after")
+    def _check_security(self) -> KafkaConfig:
+        if self.security_protocol.startswith("SASL") and not (self.sasl_mechanism and self.sasl_username):
+            raise ValueError(f"security_protocol={self.security_protocol} needs sasl_mechanism and sasl_username")
+        if self.sasl_mechanism and not self.security_protocol.startswith("SASL"):
+            raise ValueError("sasl_mechanism is set but security_protocol is not SASL_PLAINTEXT or SASL_SSL")
+        return self
+
+
+class DatasetConfig(Section):
+    name: Literal["synthetic_digits", "synthetic_color", "mnist", "fashion_mnist"] = "synthetic_digits"
+    num_records: int | None = Field(
+        70_000, ge=1, description="Records to produce; for IDX datasets None means the whole file."
+    )
+    seed: int = 0
+    path: Path | None = Field(None, description="Directory holding the IDX files (mnist / fashion_mnist).")
+    split: Literal["train", "test", "all"] = Field("all", description="Which IDX files to read.")
+
+    @model_validator(mode="after")
+    def _check_path(self) -> DatasetConfig:
+        if self.name in ("mnist", "fashion_mnist") and self.path is None:
+            raise ValueError(f"dataset {self.name!r} needs dataset.path (a directory with the IDX files)")
+        return self
+
+
+class DataVariant(Section):
+    """One serialized form of the dataset: a format, a pixel layout and a compression codec."""
+
+    format: Format = "avro"
+    layout: Layout = "list"
+    compression: Compression = "lz4"
+    records_per_message: int = Field(1, ge=1)
+
+    @property
+    def name(self) -> str:
+        base = f"{self.format}_{self.layout}_{self.compression}"
+        return base if self.records_per_message == 1 else f"{base}_x{self.records_per_message}"
+
+
+class ProduceConfig(Section):
+    variant: DataVariant = DataVariant()
+    partitions: int = Field(2, ge=1)
+    topic: str | None = Field(None, description="Topic name; derived from dataset and variant when unset.")
+    topic_prefix: str = "kbit"
+    recreate: bool = False
+    linger_ms: int = Field(20, ge=0)
+    batch_size_bytes: int = Field(1_048_576, ge=1024)
+
+    def topic_for(self, dataset: DatasetConfig, variant: DataVariant | None = None) -> str:
+        if self.topic and variant is None:
+            return self.topic
+        v = variant or self.variant
+        size = dataset.num_records if dataset.num_records is not None else "all"
+        return f"{self.topic_prefix}.{dataset.name}.s{dataset.seed}.n{size}.{v.name}.p{self.partitions}"
+
+
+class ShardConfig(Section):
+    split_rates: list[float] = Field(default_factory=lambda: [6 / 7, 1 / 14, 1 / 14])
+    remainder: Literal["drop", "pad"] = Field("drop", description="How ranks are given equal sample counts.")
+    shuffle: bool = True
+    seed: int = 0
+
+    @field_validator("split_rates")
+    @classmethod
+    def _rates_sum_to_one(cls, rates: list[float]) -> list[float]:
+        if not 1 <= len(rates) <= 3:
+            raise ValueError("split_rates needs 1 to 3 entries (train, val, test)")
+        if any(r <= 0 for r in rates):
+            raise ValueError(f"split_rates must be positive, got {rates}")
+        if abs(sum(rates) - 1.0) > 1e-6:
+            raise ValueError(f"split_rates must sum to 1, got {sum(rates):.6f}")
+        return rates
+
+
+class ReaderConfig(Section):
+    mode: Literal["stream", "eager"] = "stream"
+    bad_records: Literal["fail", "skip"] = "fail"
+    prefetch_batches: int = Field(4, ge=1, description="Bounded queue of decoded batches per rank.")
+    poll_timeout_s: float = Field(0.5, gt=0)
+    deadline_s: float = Field(60.0, gt=0, description="Give up when a range makes no progress for this long.")
+    max_poll_records: int = Field(4096, ge=1)
+    fetch_max_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+
+
+class ModelConfig(Section):
+    name: str = Field("cnn", description="mlp | cnn | resnet | 'package.module:factory'.")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class OptimConfig(Section):
+    name: Literal["adam", "adamw", "sgd"] = "adam"
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    momentum: float = Field(0.9, ge=0)
+    scale_lr_linearly: bool = Field(False, description="lr × world_size × accum (the linear scaling rule).")
+    schedule: Literal["constant", "cosine", "step", "onecycle"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    step_size_epochs: int = Field(1, ge=1)
+    gamma: float = Field(0.5, gt=0)
+
+
+class TrainConfig(Section):
+    data: Literal["kafka", "memory"] = Field("kafka", description="Stream shards from Kafka or load them first.")
+    epochs: int = Field(2, ge=1)
+    global_batch_size: int = Field(64, ge=1)
+    grad_accum_steps: int = Field(1, ge=1)
+    grad_clip_norm: float | None = Field(None, gt=0)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    ema_decay: float | None = Field(None, gt=0, lt=1)
+    sync_batchnorm: bool = True
+    nan_policy: Literal["fail", "skip"] = "fail"
+    loss_spike_factor: float = Field(10.0, gt=1)
+    max_steps_per_epoch: int | None = Field(None, ge=1)
+    seed: int = 0
+    deterministic: bool = True
+    model: ModelConfig = ModelConfig()
+    optim: OptimConfig = OptimConfig()
+
+
+class DeepSpeedConfig(Section):
+    enabled: bool = False
+    zero_stage: int = Field(1, ge=0, le=3)
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    activation_checkpointing: bool = False
+    raw: dict[str, Any] | None = Field(None, description="A DeepSpeed JSON config that overrides the generated one.")
+
+    @model_validator(mode="after")
+    def _check_offload(self) -> DeepSpeedConfig:
+        if self.offload_param and self.zero_stage != 3:
+            raise ValueError("deepspeed.offload_param needs zero_stage 3")
+        if self.offload_optimizer and self.zero_stage < 1:
+            raise ValueError("deepspeed.offload_optimizer needs zero_stage >= 1")
+        return self
+
+
+class CheckpointConfig(Section):
+    dir: Path | None = Field(None, description="Where checkpoints go; unset disables checkpointing.")
+    every_steps: int | None = Field(None, ge=1)
+    every_epoch: bool = True
+    keep_last: int = Field(3, ge=1)
+    async_save: bool = False
+    resume: str = Field("none", description="'none', 'latest', or a checkpoint path.")
+    max_restarts: int = Field(0, ge=0)
+
+
+class LaunchConfig(Section):
+    master: str = Field("local[2]", description="Spark master: local[N], local-cluster[...], spark://host:port ...")
+    num_processes: int = Field(2, ge=1)
+    local_mode: bool = True
+    use_gpu: bool = False
+    timeout_s: int = Field(900, ge=10, description="Process-group timeout inside the workers.")
+    executor_instances: int | None = Field(None, ge=1)
+    executor_cores: int | None = Field(None, ge=1)
+    executor_memory: str | None = None
+    executor_gpu_amount: int | None = Field(None, ge=0)
+    task_gpu_amount: float | None = Field(None, ge=0)
+    gpu_discovery_script: Path | None = None
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_launch(self) -> LaunchConfig:
+        local_n = _local_slots(self.master)
+        if not self.local_mode and local_n is not None and local_n < self.num_processes:
+            raise ValueError(
+                f"launch.master={self.master} has {local_n} task slots but local_mode=False needs "
+                f"num_processes={self.num_processes} barrier slots"
+            )
+        if self.use_gpu and not self.local_mode and self.master.startswith("local[") and self.task_gpu_amount:
+            raise ValueError("GPU task resources on a plain local[N] master hang Spark; use local-cluster or a cluster")
+        return self
+
+
+def _local_slots(master: str) -> int | None:
+    if master.startswith("local[") and master.endswith("]"):
+        inner = master[6:-1]
+        if inner == "*":
+            return os.cpu_count() or 1
+        try:
+            return int(inner.split(",")[0])
+        except ValueError:
+            return None
+    return None
+
+
+class BenchConfig(Section):
+    iterations: int = Field(30, ge=1)
+    warmup_iterations: int = Field(1, ge=0)
+    variants: list[DataVariant] = Field(default_factory=lambda: default_bench_variants())
+    clients: list[ClientName] = Field(default_factory=lambda: ["confluent"])
+    batch_sizes: list[int] | None = None
+    world_sizes: list[int] | None = None
+    train_epoch: bool = Field(False, description="Also time one training epoch per configuration.")
+    shuffle_order: bool = True
+    seed: int = 0
+    output_dir: Path = Path(".kbit/reports")
+    regression_threshold: float = Field(0.10, gt=0, description="Relative median slowdown flagged as regression.")
+    bootstrap_resamples: int = Field(2000, ge=100)
+
+
+def default_bench_variants() -> list[DataVariant]:
+    """The original's four (avro/json × lz4/none, list layout) plus protobuf, bson and raw in both layouts."""
+    out: list[DataVariant] = []
+    for fmt in ("avro", "json", "protobuf", "bson", "raw"):
+        for layout in ("list", "bytes"):
+            if fmt == "raw" and layout == "list":
+                continue
+            for comp in ("lz4", "none"):
+                out.append(DataVariant(format=fmt, layout=layout, compression=comp))
+    return out
+
+
+class TrackingConfig(Section):
+    enabled: bool = True
+    tracking_uri: str | None = Field(None, description="MLflow URI; unset means sqlite:///<workdir>/mlflow.db.")
+    experiment: str | None = Field(None, description="Experiment name; unset means 'kbit-<profile>'.")
+    log_models: bool = True
+    system_metrics: bool = True
+
+
+class StackConfig(Section):
+    prefect_port: int = 4200
+    mlflow_port: int = 5000
+    work_pool: str = "kbit-process"
+    host: str = "127.0.0.1"
+    prefect_api_url: str | None = Field(None, description="Remote Prefect API; unset means the local server.")
+
+
+class KbitConfig(Section):
+    profile: str = "default"
+    workdir: Path = Field(Path(".kbit"), description="Run directory: broker pid/log, manifests, reports, mlflow.db.")
+    dataset: DatasetConfig = DatasetConfig()
+    kafka: KafkaConfig = KafkaConfig()
+    produce: ProduceConfig = ProduceConfig()
+    shard: ShardConfig = ShardConfig()
+    reader: ReaderConfig = ReaderConfig()
+    train: TrainConfig = TrainConfig()
+    deepspeed: DeepSpeedConfig = DeepSpeedConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    launch: LaunchConfig = LaunchConfig()
+    bench: BenchConfig = BenchConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    stack: StackConfig = StackConfig()
+
+    @property
+    def run_dir(self) -> Path:
+        return self.workdir.resolve()
+
+    @property
+    def manifest_dir(self) -> Path:
+        return self.run_dir / "manifests"
+
+    def tracking_uri(self) -> str:
+        return self.tracking.tracking_uri or f"sqlite:///{self.run_dir / 'mlflow.db'}"
+
+    def experiment_name(self) -> str:
+        return self.tracking.experiment or f"kbit-{self.profile}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict that round-trips through from_dict; secrets stay masked."""
+        return self.model_dump(mode="json")
+
+    def to_secret_dict(self) -> dict[str, Any]:
+        """Like to_dict but with secrets revealed: only for handing to worker processes, never for logs."""
+        d = self.to_dict()
+        if self.kafka.sasl_password is not None:
+            d["kafka"]["sasl_password"] = self.kafka.sasl_password.get_secret_value()
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> KbitConfig:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(_format_validation(exc)) from None
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> KbitConfig:
+        if self.deepspeed.enabled and self.train.precision == "fp16" and not self.launch.use_gpu:
+            raise ValueError("fp16 DeepSpeed needs a GPU; use precision bf16 or fp32 on CPU")
+        if self.train.precision == "fp16" and not self.launch.use_gpu:
+            raise ValueError("train.precision=fp16 needs launch.use_gpu=true (CPU autocast supports bf16)")
+        if self.train.global_batch_size < self.launch.num_processes:
+            raise ValueError(
+                f"train.global_batch_size={self.train.global_batch_size} is smaller than "
+                f"launch.num_processes={self.launch.num_processes}"
+            )
+        return self
+
+
+def _format_validation(exc: ValidationError) -> str:
+    lines = [f"invalid kbit configuration ({exc.error_count()} error(s)):"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        lines.append(f"  {loc}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Read a YAML profile, resolving `extends: other.yaml` (relative to the file) recursively."""
+    path = path.resolve()
+    if path in seen:
+        raise ConfigError(f"config {path} extends itself (cycle: {' -> '.join(map(str, seen + (path,)))})")
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    parent = data.pop("extends", None)
+    if parent:
+        data = deep_merge(_read_yaml(path.parent / parent, seen + (path,)), data)
+    return data
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """Turn ['train.epochs=3', 'kafka.client=kafka-python'] into a nested dict; values parse as YAML."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"override {pair!r} is not of the form section.key=value")
+        dotted, raw = pair.split("=", 1)
+        node = out
+        keys = dotted.strip().split(".")
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = yaml.safe_load(raw)
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | list[str] | None = None) -> KbitConfig:
+    """Load a YAML profile (or the defaults), apply overrides, validate, and return the typed config."""
+    data: dict[str, Any] = _read_yaml(Path(path)) if path else {}
+    if isinstance(overrides, list):
+        overrides = parse_overrides(overrides)
+    if overrides:
+        data = deep_merge(data, overrides)
+    return KbitConfig.from_dict(data)

@@ -1,0 +1,59 @@
+"""Exception types that name what failed and where, shared by every kbit_core module."""
+
+from __future__ import annotations
+
+
+class KbitError(Exception):
+    """Base class: every error kbit raises on purpose derives from it."""
+
+
+class ConfigError(KbitError):
+    """The configuration is invalid or inconsistent."""
+
+
+class BrokerError(KbitError):
+    """The Kafka broker cannot be started, reached or used."""
+
+
+class TopicError(KbitError):
+    """A topic is missing, has the wrong partitions, or does not match its manifest."""
+
+
+class ManifestMismatchError(TopicError):
+    """A topic exists with a manifest that differs from the requested configuration."""
+
+
+class RecordError(KbitError):
+    """A Kafka record could not be read or decoded; carries its coordinates."""
+
+    def __init__(self, message: str, *, topic: str | None = None, partition: int | None = None,
+                 offset: int | None = None) -> None:
+        where = ", ".join(
+            f"{k}={v}" for k, v in (("topic", topic), ("partition", partition), ("offset", offset)) if v is not None
+        )
+        super().__init__(f"{message} ({where})" if where else message)
+        self.topic, self.partition, self.offset = topic, partition, offset
+
+
+class CorruptRecordError(RecordError):
+    """A record's bytes do not decode with the topic's codec."""
+
+
+class OffsetRangeError(RecordError):
+    """A planned offset range is not (or no longer) available on the broker."""
+
+
+class ReadTimeoutError(RecordError):
+    """The planned range was not fully read before the deadline."""
+
+
+class DistributedError(KbitError):
+    """The distributed environment is missing, inconsistent, or a worker failed."""
+
+
+class TrainingDivergedError(KbitError):
+    """The loss became NaN or infinite."""
+
+
+class StatisticsError(KbitError):
+    """Benchmark statistics were asked of empty or non-finite data."""

@@ -1,0 +1,1 @@
+"""Kafka access: the embedded broker, client backends, topic admin, producing and reading."""
