@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from kbit_core.cli import bench, data, stack, train
+from kbit_core.cli import bench, data, dataplane, stack, train
 
 app = typer.Typer(
     name="kbit",
@@ -13,8 +13,20 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-for module in (stack, data, train, bench):
+for module in (stack, data, dataplane, train, bench):
     module.register(app)
+
+
+@app.command()
+def version() -> None:
+    """Print the kbit version and the versions of the components it drives."""
+    from importlib.metadata import version as v
+
+    for dist in ("kbit", "torch", "pyspark", "deepspeed", "confluent-kafka", "kafka-python", "prefect", "mlflow"):
+        try:
+            print(f"{dist:16} {v(dist)}")
+        except Exception:
+            print(f"{dist:16} not installed")
 
 
 def main() -> None:
