@@ -13,6 +13,13 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
+
+
+@app.callback()
+def _root() -> None:
+    """kbit: Kafka-streamed distributed training and its benchmark."""
+
+
 for module in (stack, data, dataplane, train, bench):
     module.register(app)
 
