@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# kbit's two entry points on a fresh machine (Python 3.11, Java 17):
+#   scripts/run.sh main   install (idempotent) + start the local stack + run the smoke benchmark deployment
+#   scripts/run.sh test   install (idempotent, with test extras) + run the test suite
+# Installation is skipped when nothing it depends on changed since the last successful install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${KBIT_VENV:-$ROOT/.venv}
+STAMP=$VENV/.kbit-install-stamp
+
+die() { echo "kbit: $*" >&2; exit 2; }
+
+find_python() {
+  for py in "${KBIT_PYTHON:-}" python3.11 python3.12 python3; do
+    [ -n "$py" ] && command -v "$py" >/dev/null 2>&1 || continue
+    if "$py" -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] < (3, 13) else 1)'; then
+      echo "$py"; return 0
+    fi
+  done
+  return 1
+}
+
+check_java() {
+  command -v java >/dev/null 2>&1 || die "Java 17 or newer is required (Spark runs on it): install e.g. openjdk-17-jre-headless"
+  local v
+  v=$(java -version 2>&1 | awk -F'"' '/version/ {print $2}' | cut -d. -f1)
+  [ "${v:-0}" -ge 17 ] 2>/dev/null || die "Java 17 or newer is required, found Java ${v:-unknown} ($(command -v java))"
+}
+
+install_torch() {
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    "$VENV/bin/pip" install -q "torch==2.13.0"            # CUDA build from PyPI
+  elif ! "$VENV/bin/pip" install -q "torch==2.13.0+cpu" 2>/dev/null; then
+    # No local wheel source carries the CPU build: take it from PyTorch's CPU index (never CUDA).
+    "$VENV/bin/pip" install -q "torch==2.13.0+cpu" --index-url https://download.pytorch.org/whl/cpu
+  fi
+}
+
+install() {
+  local extras=$1 digest
+  digest=$(cat pyproject.toml requirements/*.txt scripts/run.sh | sha256sum | cut -d' ' -f1)-$extras
+  if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$digest" ] && [ -x "$VENV/bin/kbit" ]; then
+    return 0
+  fi
+  local py
+  py=$(find_python) || die "Python 3.11 is required (set KBIT_PYTHON to its path if it is not python3.11 on PATH)"
+  check_java
+  echo "kbit: installing into $VENV (first run takes a few minutes)" >&2
+  [ -x "$VENV/bin/python" ] || "$py" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps -r requirements/broker.txt
+  "$VENV/bin/python" -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null \
+    || install_torch
+  DS_BUILD_OPS=0 "$VENV/bin/pip" install -q --disable-pip-version-check -c requirements/constraints.txt -e ".[$extras]"
+  echo "$digest" > "$STAMP"
+}
+
+export SPARK_LOCAL_IP=127.0.0.1 PREFECT_SERVER_ANALYTICS_ENABLED=false PYTHONUNBUFFERED=1
+export PYSPARK_PYTHON="$VENV/bin/python" PYSPARK_DRIVER_PYTHON="$VENV/bin/python"
+
+case "${1:-}" in
+  main)
+    install test
+    check_java
+    exec bash scripts/main_job.sh "${@:2}"
+    ;;
+  test)
+    install test
+    check_java
+    # Everything temporary (torchelastic, TorchDistributor, pytest) lands in one per-run dir.
+    TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/kbit-test.XXXXXX"); export TMPDIR
+    trap 'rm -rf "$TMPDIR"' EXIT
+    set +e
+    "$VENV/bin/python" -m pytest "${@:2}"
+    rc=$?
+    set -e
+    [ $rc -eq 5 ] && { echo "kbit: pytest collected no tests" >&2; exit 1; }
+    exit $rc
+    ;;
+  install)
+    install test
+    ;;
+  *)
+    echo "usage: scripts/run.sh main|test|install [args]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,145 @@
+"""One test per validation rule of the typed configuration, plus the YAML and dict round trips."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kbit_core.config import (
+    BenchConfig,
+    DataVariant,
+    KbitConfig,
+    LaunchConfig,
+    ShardConfig,
+    default_bench_variants,
+    load_config,
+    parse_overrides,
+)
+from kbit_core.errors import ConfigError
+
+
+def test_defaults_validate_and_round_trip() -> None:
+    cfg = KbitConfig()
+    assert KbitConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_unknown_key_is_rejected_with_its_location() -> None:
+    with pytest.raises(ConfigError, match=r"train\.epoch"):
+        KbitConfig.from_dict({"train": {"epoch": 3}})
+
+
+def test_split_rates_must_sum_to_one() -> None:
+    with pytest.raises(ValueError, match="sum to 1"):
+        ShardConfig(split_rates=[0.5, 0.4])
+
+
+def test_split_rates_at_most_three() -> None:
+    with pytest.raises(ValueError, match="1 to 3"):
+        ShardConfig(split_rates=[0.25] * 4)
+
+
+def test_split_rates_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        ShardConfig(split_rates=[1.0, 0.0])
+
+
+def test_cluster_mode_needs_enough_local_slots() -> None:
+    with pytest.raises(ValueError, match="barrier slots"):
+        LaunchConfig(master="local[1]", num_processes=2, local_mode=False)
+    LaunchConfig(master="local[1]", num_processes=2, local_mode=True)
+
+
+def test_gpu_task_resources_on_plain_local_master_rejected() -> None:
+    with pytest.raises(ValueError, match="hang"):
+        LaunchConfig(master="local[2]", local_mode=False, use_gpu=True, task_gpu_amount=1)
+
+
+def test_fp16_needs_gpu() -> None:
+    with pytest.raises(ConfigError, match="fp16"):
+        KbitConfig.from_dict({"train": {"precision": "fp16"}})
+
+
+def test_global_batch_not_smaller_than_world() -> None:
+    with pytest.raises(ConfigError, match="global_batch_size"):
+        KbitConfig.from_dict({"train": {"global_batch_size": 1}, "launch": {"num_processes": 2}})
+
+
+def test_sasl_needs_mechanism_and_user() -> None:
+    with pytest.raises(ConfigError, match="sasl_mechanism"):
+        KbitConfig.from_dict({"kafka": {"bootstrap_servers": "k:9093", "security_protocol": "SASL_SSL"}})
+
+
+def test_deepspeed_offload_param_needs_stage3() -> None:
+    with pytest.raises(ConfigError, match="zero_stage 3"):
+        KbitConfig.from_dict({"deepspeed": {"enabled": True, "zero_stage": 2, "offload_param": True}})
+
+
+def test_idx_dataset_needs_path() -> None:
+    with pytest.raises(ConfigError, match="dataset.path"):
+        KbitConfig.from_dict({"dataset": {"name": "mnist"}})
+
+
+def test_password_is_masked_in_dumps_and_revealed_only_for_workers() -> None:
+    cfg = KbitConfig.from_dict({"kafka": {"bootstrap_servers": "k:9093", "security_protocol": "SASL_SSL",
+                                          "sasl_mechanism": "PLAIN", "sasl_username": "u",
+                                          "sasl_password": "hunter2"}})
+    assert "hunter2" not in str(cfg.to_dict())
+    assert "hunter2" not in repr(cfg)
+    assert cfg.to_secret_dict()["kafka"]["sasl_password"] == "hunter2"
+
+
+def test_default_matrix_holds_the_original_four_and_both_layouts() -> None:
+    names = {v.name for v in default_bench_variants()}
+    assert {"avro_list_lz4", "avro_list_none", "json_list_lz4", "json_list_none"} <= names
+    assert {"protobuf_bytes_lz4", "bson_list_none", "raw_bytes_lz4"} <= names
+    assert "raw_list_lz4" not in names
+    assert BenchConfig().iterations == 30
+
+
+def test_variant_name_includes_records_per_message() -> None:
+    assert DataVariant(format="raw", layout="bytes", compression="none", records_per_message=8).name == \
+        "raw_bytes_none_x8"
+
+
+def test_yaml_extends_and_overrides(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text("profile: base\ntrain:\n  epochs: 5\n  global_batch_size: 32\n")
+    (tmp_path / "child.yaml").write_text("extends: base.yaml\nprofile: child\ntrain:\n  epochs: 7\n")
+    cfg = load_config(tmp_path / "child.yaml", ["train.optim.lr=0.01", "kafka.client=kafka-python"])
+    assert (cfg.profile, cfg.train.epochs, cfg.train.global_batch_size) == ("child", 7, 32)
+    assert cfg.train.optim.lr == 0.01 and cfg.kafka.client == "kafka-python"
+
+
+def test_extends_cycle_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(tmp_path / "a.yaml")
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "bad.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(tmp_path / "list.yaml")
+
+
+def test_override_syntax_error() -> None:
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_overrides(["train.epochs"])
+
+
+def test_topic_name_is_derived_from_dataset_and_variant() -> None:
+    cfg = KbitConfig()
+    topic = cfg.produce.topic_for(cfg.dataset)
+    assert topic == "kbit.synthetic_digits.s0.n70000.avro_list_lz4.p2"
+
+
+def test_shipped_profiles_validate() -> None:
+    root = Path(__file__).resolve().parents[2] / "deployments"
+    for path in sorted(root.rglob("*.yaml")):
+        load_config(path)
