@@ -105,6 +105,7 @@ class ProduceConfig(Section):
     recreate: bool = False
     linger_ms: int = Field(20, ge=0)
     batch_size_bytes: int = Field(1_048_576, ge=1024)
+    client: ClientName = Field("confluent", description="Producer backend; confluent sent 2-3x faster than kafka-python.")
 
     def topic_for(self, dataset: DatasetConfig, variant: DataVariant | None = None) -> str:
         if self.topic and variant is None:
@@ -119,6 +120,9 @@ class ShardConfig(Section):
     remainder: Literal["drop", "pad"] = Field("drop", description="How ranks are given equal sample counts.")
     shuffle: bool = True
     seed: int = 0
+    block_records: int = Field(
+        4096, ge=1, description="Samples per shuffle block: read with one seek; larger reads faster, smaller shuffles finer."
+    )
 
     @field_validator("split_rates")
     @classmethod

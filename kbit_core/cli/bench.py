@@ -1,9 +1,110 @@
-"""`kbit` commands for bench (placeholder until its issue lands)."""
+"""`kbit bench`, `kbit report` and `kbit compare`: run the benchmark, rebuild its report, flag regressions."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, console, load_cli_config, print_json, run_guarded
+
+
+def results_table(stats: dict[str, Any]) -> Table:
+    """Median load time with its bootstrap CI, makespan and throughput per configuration, fastest first."""
+    table = Table(title=f"kbit benchmark {stats.get('metadata', {}).get('run_id', '')}".rstrip())
+    for column in ("#", "configuration", "n", "median load s [95% CI]", "IQR s", "ratio", "p (MWU)",
+                   "makespan median s", "records/s", "MB/s"):
+        table.add_column(column, justify="left" if column == "configuration" else "right",
+                         no_wrap=column == "configuration")
+    for entry in stats["comparison"]["load_time"]["ranking"]:
+        name = entry["name"]
+        s, m, t = (stats["statistical_analysis"][name], stats["makespan"]["statistical_analysis"][name],
+                   stats["throughput"][name])
+        table.add_row(str(entry["rank"]), name, str(s["count"]),
+                      f"{s['median']:.4f} [{s['median_ci_low']:.4f}, {s['median_ci_high']:.4f}]", f"{s['iqr']:.4f}",
+                      f"{entry['ratio']:.2f}", "–" if entry["p_value"] is None else f"{entry['p_value']:.3g}",
+                      f"{m['median']:.4f}", f"{t['records_per_s_median']:,.0f}", f"{t['mb_per_s_median']:.2f}")
+    return table
+
+
+def comparison_table(result: Any) -> Table:
+    table = Table(title=f"B vs A ({result.metric}, threshold {result.threshold:.0%}, alpha {result.alpha})")
+    for column in ("configuration", "A median s", "B median s", "change", "p (MWU)", "verdict"):
+        table.add_column(column, justify="left" if column in ("configuration", "verdict") else "right",
+                         no_wrap=column == "configuration")
+    for d in result.deltas:
+        verdict = "[red]REGRESSION[/]" if d.regression else "[green]improved[/]" if d.improvement else "same"
+        table.add_row(d.name, f"{d.a_median:.4f}", f"{d.b_median:.4f}", f"{d.change_pct:+.1f}%", f"{d.p_value:.3g}",
+                      verdict)
+    return table
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
+
+    @app.command()
+    def bench(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = False,
+              quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False) -> None:
+        """Benchmark loading every configured variant from Kafka across ranks (warm-up + N iterations)."""
+        from kbit_core.bench.runner import run_benchmark
+
+        cfg = run_guarded(load_cli_config, config, sets)
+        # With --json, stdout carries exactly one JSON document: worker output goes to stderr.
+        redirect = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+        with redirect:
+            result = run_guarded(run_benchmark, cfg, progress=not quiet)
+        if as_json:
+            print_json(result.to_dict())
+            return
+        Console().print(results_table(result.stats))
+        console.print(f"report: {result.report_dir}"
+                      + (f"  mlflow run: {result.parent_run_id}" if result.parent_run_id else ""))
+
+    @app.command()
+    def report(run_dir: Annotated[Path, typer.Argument(help="A benchmark report directory (holds raw_timings.csv).")],
+               as_json: JsonOpt = False) -> None:
+        """Rebuild every report file of RUN_DIR from its raw timings CSV."""
+        from kbit_core.bench.report import load_stats, rebuild_report
+
+        files = run_guarded(rebuild_report, run_dir)
+        stats = load_stats(files.stats_json)
+        if as_json:
+            print_json({"files": files.to_dict(), "comparison": stats["comparison"]})
+            return
+        Console().print(results_table(stats))
+        console.print(f"rebuilt {len(files.paths())} files in {run_dir}")
+
+    @app.command()
+    def compare(
+        a: Annotated[Path, typer.Argument(help="Baseline: report directory or its stats.json.")],
+        b: Annotated[Path, typer.Argument(help="Candidate: report directory or its stats.json.")],
+        threshold: Annotated[Optional[float], typer.Option(
+            help="Relative median slowdown that counts as a regression (default bench.regression_threshold).")] = None,
+        alpha: Annotated[float, typer.Option(help="Significance level of the Mann–Whitney U test.")] = 0.05,
+        makespan: Annotated[bool, typer.Option("--makespan", help="Compare per-run makespans, not per-rank times.")
+                            ] = False,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Compare run B against baseline A; exit code 1 when any configuration regressed."""
+        from kbit_core.bench.compare import compare_runs
+        from kbit_core.bench.report import load_stats
+        from kbit_core.config import BenchConfig
+
+        limit = threshold if threshold is not None else BenchConfig().regression_threshold
+        result = run_guarded(lambda: compare_runs(load_stats(a), load_stats(b), limit, alpha,
+                                                  "makespan" if makespan else "load_time"))
+        if as_json:
+            print_json(result.to_dict())
+        else:
+            Console().print(comparison_table(result))
+            for side, names in (("A", result.only_in_a), ("B", result.only_in_b)):
+                if names:
+                    console.print(f"only in {side}: {', '.join(names)}")
+            console.print(f"{len(result.regressions)} regression(s)")
+        if result.regressions:
+            raise typer.Exit(code=1)

@@ -1,9 +1,158 @@
-"""`kbit` commands for data (placeholder until its issue lands)."""
+"""`kbit produce` (write a dataset variant into Kafka, with its exact offset manifest) and `kbit inspect TOPIC`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, print_json, run_guarded
+from kbit_core.config import COMPRESSIONS, FORMATS, KbitConfig, deep_merge, load_config, parse_overrides
+from kbit_core.errors import TopicError
+from kbit_core.kafka import admin
+from kbit_core.kafka.admin import TopicCheck
+from kbit_core.kafka.manifest import Manifest, manifest_path
+
+out = Console()
+
+FormatOpt = Annotated[Optional[str], typer.Option("--format", "-f", help="|".join(FORMATS))]
+LayoutOpt = Annotated[Optional[str], typer.Option("--layout", "-l", help="list (floats in [0,1]) | bytes (uint8)")]
+CompressionOpt = Annotated[Optional[str], typer.Option("--compression", help="|".join(COMPRESSIONS))]
+RecordsOpt = Annotated[Optional[int], typer.Option("--records", "-n", help="Records to produce.")]
+PartitionsOpt = Annotated[Optional[int], typer.Option("--partitions", "-p", help="Topic partitions.")]
+TopicOpt = Annotated[Optional[str], typer.Option("--topic", "-t", help="Topic name (derived when unset).")]
+RecreateOpt = Annotated[bool, typer.Option("--recreate", help="Delete the topic and produce it again.")]
+PerMessageOpt = Annotated[Optional[int], typer.Option("--records-per-message", "-k",
+                                                      help="Records grouped into one message.")]
+ClientOpt = Annotated[Optional[str], typer.Option("--client", help="confluent | kafka-python")]
+
+
+def _config_with_flags(config: Path | None, sets: list[str] | None, flags: dict[str, Any]) -> KbitConfig:
+    """The profile, then --set overrides, then the explicit flags (the most specific wins)."""
+    overrides = parse_overrides(sets or [])
+    for dotted, value in flags.items():
+        if value is None:
+            continue
+        for key in reversed(dotted.split(".")):
+            value = {key: value}
+        overrides = deep_merge(overrides, value)
+    return load_config(config, overrides)
+
+
+def _mb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:,.2f}"
+
+
+def manifest_table(m: Manifest) -> Table:
+    table = Table(title=f"manifest {m.topic}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    ds = m.dataset
+    rows = [
+        ("dataset", f"{ds.name} seed={ds.seed} records={ds.num_records:,} shape={'x'.join(map(str, ds.image_shape))} "
+                    f"classes={ds.num_classes}"),
+        ("variant", f"{m.variant.name} ({m.variant.records_per_message} record(s)/message)"),
+        ("schema fingerprint", m.schema_fingerprint),
+        ("records / messages", f"{m.num_records:,} / {m.num_messages:,}"),
+        ("value MB / wire MB", f"{_mb(m.value_bytes)} / {_mb(m.wire_bytes)}"),
+        ("bytes per record", f"{m.value_bytes / max(m.num_records, 1):,.1f}"),
+        ("produce", f"{m.produce_seconds:.2f} s, {m.num_records / max(m.produce_seconds, 1e-9):,.0f} rec/s, "
+                    f"{m.value_bytes / 1e6 / max(m.produce_seconds, 1e-9):,.1f} MB/s ({m.client})"),
+        ("offsets", " ".join(m.offset_strings())),
+        ("created", f"{m.created_at:%Y-%m-%d %H:%M:%S %Z} by kbit {m.kbit_version}"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def partitions_table(m: Manifest, check: TopicCheck | None = None) -> Table:
+    table = Table(title="partitions")
+    columns = ["partition", "first", "last", "messages", "records", "value MB"]
+    if check is not None:
+        columns += ["broker earliest", "broker end", "live"]
+    for col in columns:
+        table.add_column(col, justify="right")
+    for p in m.partitions:
+        row = [str(p.partition), str(p.first_offset), str(p.last_offset), f"{p.num_messages:,}", f"{p.num_records:,}",
+               _mb(p.value_bytes)]
+        if check is not None:
+            row += [str(check.earliest.get(p.partition, "-")), str(check.ends.get(p.partition, "-")),
+                    "[red]differs[/]" if p.partition in check.differing else "[green]ok[/]"]
+        table.add_row(*row)
+    return table
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the root app."""
+    """Add `produce` and `inspect` to the root app."""
+
+    @app.command("produce")
+    def produce(
+        config: ConfigOpt = None,
+        sets: SetOpt = None,
+        fmt: FormatOpt = None,
+        layout: LayoutOpt = None,
+        compression: CompressionOpt = None,
+        records: RecordsOpt = None,
+        partitions: PartitionsOpt = None,
+        topic: TopicOpt = None,
+        recreate: RecreateOpt = False,
+        per_message: PerMessageOpt = None,
+        client: ClientOpt = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Produce the dataset into Kafka as one variant and print its offset manifest (reuses a matching topic)."""
+        cfg = run_guarded(_config_with_flags, config, sets, {
+            "produce.variant.format": fmt, "produce.variant.layout": layout,
+            "produce.variant.compression": compression, "produce.variant.records_per_message": per_message,
+            "dataset.num_records": records, "produce.partitions": partitions, "produce.topic": topic,
+            "produce.recreate": recreate or None, "produce.client": client,
+        })
+        # imported here so `kbit --help` does not load numpy, the dataset sources and every codec
+        from kbit_core.kafka.producer import produce_dataset
+
+        manifest = run_guarded(produce_dataset, cfg, progress=not as_json)
+        if as_json:
+            print_json({"manifest_path": str(manifest_path(cfg.workdir, manifest.topic)),
+                        **manifest.model_dump(mode="json")})
+            return
+        out.print(manifest_table(manifest))
+        out.print(partitions_table(manifest))
+        out.print(f"manifest: {manifest_path(cfg.workdir, manifest.topic)}")
+
+    @app.command("inspect")
+    def inspect(
+        topic: Annotated[str, typer.Argument(help="Topic to inspect.")],
+        config: ConfigOpt = None,
+        sets: SetOpt = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Show a topic's saved manifest and check it live: partitions and exact end offsets on the broker."""
+        cfg = run_guarded(_config_with_flags, config, sets, {})
+        check, manifest = run_guarded(_inspect, cfg, topic)
+        if as_json:
+            print_json({"topic": topic, "ok": check.holds_manifest, "exists": check.exists,
+                        "partitions": check.partitions, "earliest": check.earliest, "ends": check.ends,
+                        "problems": check.problems, "manifest": manifest.model_dump(mode="json")})
+        else:
+            out.print(manifest_table(manifest))
+            out.print(partitions_table(manifest, check))
+            for problem in check.problems:
+                out.print(f"[bold red]differs:[/] {problem}")
+            if check.holds_manifest:
+                out.print(f"[green]topic {topic} holds exactly its manifest[/]")
+        if not check.holds_manifest:
+            raise typer.Exit(code=1)
+
+
+def _inspect(cfg: KbitConfig, topic: str) -> tuple[TopicCheck, Manifest]:
+    path = manifest_path(cfg.workdir, topic)
+    if not path.is_file():
+        where = "exists on" if admin.topic_exists(cfg.kafka, topic) else "is not on"
+        raise TopicError(f"topic {topic!r} has no manifest at {path} and {where} the "
+                         f"{admin.describe_broker(cfg.kafka)}; produce it with `kbit produce`")
+    manifest = Manifest.load(path)
+    return admin.check_topic(cfg.kafka, manifest), manifest

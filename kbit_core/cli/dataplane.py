@@ -1,9 +1,73 @@
-"""`kbit` commands for dataplane (placeholder until its issue lands)."""
+"""`kbit bench-data`: produce, fetch and decode throughput per variant × client, and streaming memory."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
 import typer
+from rich.console import Console
+
+from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
+
+# wide tables: when piped (no terminal width), do not squeeze a dozen numeric columns into 80 characters
+out = Console(width=None if sys.stdout.isatty() else 220)
+
+
+def _sizes(text: str) -> list[int]:
+    sizes = [int(x) for x in text.split(",") if x.strip()]
+    if len(sizes) != 2 or sizes[0] >= sizes[1] or sizes[0] < 1:
+        raise typer.BadParameter("give two increasing record counts, e.g. 60000,600000")
+    return sizes
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the root app."""
+    """Add `bench-data` to the root app."""
+
+    @app.command("bench-data")
+    def bench_data(
+        config: ConfigOpt = None,
+        sets: SetOpt = None,
+        records: Annotated[Optional[int], typer.Option("--records", "-n", help="Records per topic.")] = None,
+        variants: Annotated[Optional[list[str]], typer.Option(
+            "--variants", "-v", help="format_layout_compression[_xN], repeatable (default: bench.variants).")] = None,
+        clients: Annotated[Optional[list[str]], typer.Option(
+            "--clients", help="confluent | kafka-python, repeatable (default: bench.clients).")] = None,
+        repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, help="Timed reads per cell (median).")] = 3,
+        rss: Annotated[bool, typer.Option("--rss/--no-rss", help="Measure streaming peak RSS on two topic sizes.")] = True,
+        rss_records: Annotated[str, typer.Option("--rss-records", help="Small,large topic sizes for the RSS check.")]
+        = "60000,600000",
+        keep_topics: Annotated[bool, typer.Option("--keep-topics", help="Keep the topics this run produced.")] = False,
+        output: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the results JSON here.")] = None,
+        markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Write the tables as markdown here.")]
+        = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Benchmark the data plane: every rate next to the raw fetch rate of the same topic, measured in the same run."""
+        from kbit_core.bench import data_plane
+
+        cfg = run_guarded(load_cli_config, config, sets)
+        chosen = [run_guarded(data_plane.parse_variant, v) for v in variants] if variants else None
+        for client in clients or []:
+            if client not in ("confluent", "kafka-python"):
+                raise typer.BadParameter(f"unknown client {client!r}; use confluent or kafka-python")
+        results = run_guarded(
+            data_plane.run_data_plane, cfg, records=records, variants=chosen, clients=clients or None,
+            repeats=repeats, rss_sizes=_sizes(rss_records) if rss else None, keep_topics=keep_topics,
+            progress=not as_json,
+        )
+        if output:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(json.dumps(results, indent=2))
+        if markdown:
+            markdown.parent.mkdir(parents=True, exist_ok=True)
+            markdown.write_text(data_plane.markdown(results))
+        if as_json:
+            print_json(results)
+            return
+        out.print(data_plane.results_table(results))
+        out.print(data_plane.targets_table(results))
+        if output:
+            out.print(f"results: {output}")

@@ -1,9 +1,84 @@
-"""`kbit` commands for stack (placeholder until its issue lands)."""
+"""`kbit stack up | down | status`: the local broker, Prefect server + worker and MLflow server."""
 
 from __future__ import annotations
 
+import shlex
+from typing import Annotated
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
+from kbit_core.stack import LocalStack, ServiceStatus
+
+stack_app = typer.Typer(help="Start, stop and inspect the local stack (broker, Prefect, MLflow).",
+                        no_args_is_help=True)
+out = Console()
+
+
+def _table(services: list[ServiceStatus]) -> Table:
+    table = Table(title="kbit stack")
+    for col in ("service", "state", "pid", "url", "log"):
+        table.add_column(col)
+    for s in services:
+        state = "[green]running[/]" if s.running else "[red]stopped[/]"
+        table.add_row(s.name, state, str(s.pid or "-"), s.url or "-", str(s.log_path or "-"))
+    return table
+
+
+def _report(services: list[ServiceStatus], as_json: bool) -> None:
+    if as_json:
+        print_json([{"name": s.name, "running": s.running, "pid": s.pid, "url": s.url,
+                     "log": str(s.log_path) if s.log_path else None} for s in services])
+    else:
+        out.print(_table(services))
+
+
+@stack_app.command("up")
+def up(
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+    broker_only: Annotated[bool, typer.Option("--broker-only", help="Start only the embedded broker.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start the broker, Prefect server, MLflow server; create the work pool, deploy, start the worker."""
+    cfg = run_guarded(load_cli_config, config, sets)
+    stack = LocalStack(cfg)
+    with out.status("starting the kbit stack (Prefect and MLflow take ~10 s each)..."):
+        services = run_guarded(stack.up, broker_only=broker_only)
+    _report(services, as_json)
+    if not broker_only and not as_json:
+        out.print(f"Prefect UI: {stack.prefect_ui_url}    MLflow UI: {stack.mlflow_url}")
+
+
+@stack_app.command("down")
+def down(config: ConfigOpt = None, sets: SetOpt = None) -> None:
+    """Stop every service this run directory started (by PID)."""
+    cfg = run_guarded(load_cli_config, config, sets)
+    stopped = run_guarded(LocalStack(cfg).down)
+    out.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+@stack_app.command("status")
+def status(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = False) -> None:
+    """Show each service with its PID, URL and log; exit code 1 when any is down."""
+    cfg = run_guarded(load_cli_config, config, sets)
+    services = run_guarded(LocalStack(cfg).status)
+    _report(services, as_json)
+    if not all(s.running for s in services):
+        raise typer.Exit(code=1)
+
+
+@stack_app.command("env")
+def env(config: ConfigOpt = None, sets: SetOpt = None) -> None:
+    """Print `export` lines that point the prefect and mlflow CLIs at this stack: eval "$(kbit stack env)"."""
+    cfg = run_guarded(load_cli_config, config, sets)
+    stack = LocalStack(cfg)
+    for key, value in {**stack.prefect_env(), "MLFLOW_TRACKING_URI": stack.mlflow_url}.items():
+        print(f"export {key}={shlex.quote(value)}")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the root app."""
+    """Add the `stack` command group to the root app."""
+    app.add_typer(stack_app, name="stack")

@@ -1,9 +1,76 @@
-"""`kbit` commands for train (placeholder until its issue lands)."""
+"""`kbit train` (one distributed training job from a profile) and `kbit bench-train` (training-path benchmark)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
+
+out = Console()
+
+# Per-step and per-epoch series are long; the table keeps the scalars and the JSON output keeps everything.
+_SERIES = ("loss_curve", "history", "train_loss", "train_accuracy", "val_loss", "val_accuracy")
+
+
+def metrics_table(result: dict[str, Any]) -> Table:
+    table = Table(title="training result", show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    for key, value in result.items():
+        if key in _SERIES:
+            continue
+        table.add_row(key, _format(value))
+    if result.get("val_accuracy"):
+        table.add_row("val_accuracy per epoch", " ".join(f"{v:.4f}" for v in result["val_accuracy"]))
+    return table
+
+
+def _format(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.4f}" if abs(value) < 1000 else f"{value:,.1f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def train_command(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = False) -> None:
+    """Train once: produce or reuse the topic, launch DDP/DeepSpeed through TorchDistributor, print final metrics."""
+    from kbit_core.train.api import train
+
+    cfg = run_guarded(load_cli_config, config, sets)
+    result = run_guarded(train, cfg, progress=not as_json)
+    if as_json:
+        print_json(result)
+    else:
+        out.print(metrics_table(result))
+
+
+def bench_train_command(
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="JSON results file.")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Launches per measured mode.")] = 1,
+    as_json: JsonOpt = False,
+) -> None:
+    """Kafka-streamed vs in-memory training throughput, launch overheads, and DeepSpeed vs DDP step time."""
+    from kbit_core.bench.train_bench import results_table, run_train_bench
+
+    cfg = run_guarded(load_cli_config, config, sets)
+    results = run_guarded(run_train_bench, cfg, output=output, repeats=repeats)
+    if as_json:
+        print_json(results)
+    else:
+        out.print(results_table(results))
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the root app."""
+    """Add `kbit train` and `kbit bench-train` to the root app."""
+    app.command("train")(train_command)
+    app.command("bench-train")(bench_train_command)

@@ -1,0 +1,45 @@
+"""Flow `benchmark`: produce, iterate, statistics, reports, MLflow; optionally gate on the previous run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from tasks.bench import compare_with_baseline, fail_on_regressions, run_benchmark_iterations
+from tasks.config import load_run_config
+from tasks.produce import ensure_dataset_topics
+from tasks.report import publish_benchmark_summary, publish_regression_check
+from tasks.tracking import mlflow_run_url, previous_benchmark
+
+
+@flow(name="benchmark", log_prints=True)
+def benchmark(profile: str = "smoke", overrides: dict[str, Any] | None = None,
+              compare_with_previous: bool = False) -> dict[str, Any]:
+    """Benchmark the profile's matrix of formats, layouts and compressions.
+
+    Steps:
+      1. Load and validate the profile with the overrides.
+      2. Ensure the topics of every ``bench.variants`` entry (matching manifests are reused).
+      3. Run the warm-up and measured iterations; statistics, reports and the MLflow parent run come out.
+      4. Publish the summary table with a link to the MLflow run as a markdown artifact.
+      5. With ``compare_with_previous`` (the nightly deployment): find the previous finished run of this
+         profile in MLflow, publish the comparison, and fail on a significant regression.
+    """
+    cfg = load_run_config(profile, overrides)
+    ensure_dataset_topics(cfg, cfg.bench.variants)
+    result = run_benchmark_iterations(cfg)
+    run_url = mlflow_run_url(cfg, result["mlflow_run_id"])
+    publish_benchmark_summary(cfg.profile, Path(result["summary_md"]).read_text(), run_url)
+    if compare_with_previous:
+        baseline = previous_benchmark(cfg, result["mlflow_run_id"])
+        if baseline is not None:
+            comparison = compare_with_baseline(baseline["stats"], result["stats_json"], cfg.bench.regression_threshold)
+            publish_regression_check(cfg.profile, comparison, baseline["run_id"])
+            fail_on_regressions(comparison, baseline["run_id"])
+    return result
+
+
+if __name__ == "__main__":
+    benchmark(profile="smoke")

@@ -1,0 +1,1 @@
+"""Benchmarks: statistics, the iteration runner, worker-side measurement, reports and run comparison."""

@@ -1,0 +1,305 @@
+"""Data-plane benchmark: per variant × client, how close read+decode gets to the raw fetch rate of the same topic.
+
+Every rate is measured in the same run against its own ceiling (``fetch``: the reader's exact-range fetch
+without decoding, same topic, same client), so results are ratios that survive a noisy, shared machine.
+``decode`` adds the codec; ``loader`` is the full per-rank path (block shuffle, batching, float32 tensors,
+prefetch thread). Produce throughput comes from the manifest. Streaming memory is measured in fresh
+subprocesses that stream a small and a large topic: peak RSS should not grow with the topic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.progress import Progress
+from rich.table import Table
+
+from kbit_core.config import COMPRESSIONS, FORMATS, ClientName, DataVariant, KbitConfig
+from kbit_core.errors import ConfigError
+from kbit_core.kafka import admin
+from kbit_core.kafka.manifest import Manifest, manifest_path
+from kbit_core.sharding import block_order, plan
+
+# Targets the results are reported against (see docs/data_plane_benchmark.md).
+TARGET_DECODE_RATIO = 0.8  # bytes layouts of raw, protobuf and bson vs. the raw fetch rate
+TARGET_DECODE_RATIO_FORMATS = ("raw", "protobuf", "bson")
+TARGET_CONFLUENT_RAW_RECORDS_PER_S = 100_000
+TARGET_RSS_GROWTH_MB = 100.0
+DEFAULT_RSS_RECORDS = (60_000, 600_000)
+RSS_VARIANT = DataVariant(format="raw", layout="bytes", compression="none")
+
+
+def parse_variant(name: str) -> DataVariant:
+    """``format_layout_compression[_xN]`` (e.g. ``mongodb_avro_list_lz4``, ``raw_bytes_zstd_x8``) -> variant."""
+    for fmt in sorted(FORMATS, key=len, reverse=True):
+        if name.startswith(fmt + "_"):
+            rest = name[len(fmt) + 1:].split("_")
+            break
+    else:
+        raise ConfigError(f"variant {name!r} does not start with a format ({', '.join(FORMATS)})")
+    if len(rest) not in (2, 3) or (len(rest) == 3 and not (rest[2].startswith("x") and rest[2][1:].isdigit())):
+        raise ConfigError(f"variant {name!r} is not format_layout_compression[_xN]")
+    if rest[1] not in COMPRESSIONS:
+        raise ConfigError(f"variant {name!r}: compression {rest[1]!r} is not one of {', '.join(COMPRESSIONS)}")
+    try:
+        return DataVariant(format=fmt, layout=rest[0], compression=rest[1],
+                           records_per_message=int(rest[2][1:]) if len(rest) == 3 else 1)
+    except ValueError as exc:
+        raise ConfigError(f"variant {name!r}: {exc}") from None
+
+
+@dataclass
+class DataPlaneRow:
+    """One variant read with one client; rates are medians over the repeats."""
+
+    variant: str
+    format: str
+    layout: str
+    compression: str
+    records_per_message: int
+    client: str
+    records: int
+    value_mb: float
+    bytes_per_record: float
+    produce_records_per_s: float
+    fetch_records_per_s: float
+    fetch_mb_per_s: float
+    decode_records_per_s: float
+    decode_mb_per_s: float
+    loader_records_per_s: float
+    decode_ratio: float  # decode / fetch
+    loader_ratio: float  # loader / fetch
+
+
+def _bench_config(cfg: KbitConfig, num_records: int | None, mode: str | None = None) -> KbitConfig:
+    """The run's config with the requested size and reader mode, and one split holding every record."""
+    data = cfg.to_secret_dict()
+    if num_records is not None:
+        data["dataset"]["num_records"] = num_records
+    if mode is not None:
+        data["reader"]["mode"] = mode
+    data["shard"]["split_rates"] = [1.0]
+    return KbitConfig.from_dict(data)
+
+
+def _whole_topic_blocks(cfg: KbitConfig, manifest: Manifest) -> list:
+    rpm = manifest.variant.records_per_message
+    shard = plan(manifest.ranges(), (1.0,), 1, records_per_message=rpm).shard("train", 0)
+    return [b.range for b in block_order(shard, 0, 0, max(1, cfg.shard.block_records // rpm), shuffle=False)]
+
+
+def _rate(count: float, seconds: float) -> float:
+    return count / seconds if seconds > 0 else float("nan")
+
+
+def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, repeats: int = 3) -> DataPlaneRow:
+    """Time fetch, decode and loader over the whole topic ``repeats`` times, interleaved, after a warm-up; medians."""
+    from kbit_core.data.loader import make_split_loader
+    from kbit_core.data.reader import RangeReader
+
+    ranges = _whole_topic_blocks(cfg, manifest)
+    loader = make_split_loader(cfg, manifest, "train", 0, 1, client=client)
+    fetch_s, decode_s, loader_s = [], [], []
+    with RangeReader(cfg.kafka, cfg.reader, manifest.topic, loader.codec, client) as reader:
+        # one untimed pass of each: connections, metadata and offset checks stay outside the timed region
+        sum(1 for _ in reader.read_raw(ranges))
+        sum(1 for _ in loader)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fetched = sum(len(records) for _, records in reader.read_raw(ranges))
+            fetch_s.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            decoded = sum(len(batch.labels) for _, batch in reader.read(ranges))
+            decode_s.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            loaded = sum(len(y) for _, y in loader)
+            loader_s.append(time.perf_counter() - t0)
+    loader.close()
+    if fetched != manifest.num_messages or decoded != manifest.num_records:
+        raise ConfigError(f"{manifest.topic}: read {fetched} messages / {decoded} records, the manifest has "
+                          f"{manifest.num_messages} / {manifest.num_records}")
+    n, mb = manifest.num_records, manifest.value_bytes / 1e6
+    f, d, ld = (statistics.median(x) for x in (fetch_s, decode_s, loader_s))
+    v = manifest.variant
+    return DataPlaneRow(
+        variant=v.name, format=v.format, layout=v.layout, compression=v.compression,
+        records_per_message=v.records_per_message, client=client, records=n, value_mb=round(mb, 3),
+        bytes_per_record=round(manifest.value_bytes / max(n, 1), 1),
+        produce_records_per_s=_rate(n, manifest.produce_seconds),
+        fetch_records_per_s=_rate(n, f), fetch_mb_per_s=_rate(mb, f),
+        decode_records_per_s=_rate(n, d), decode_mb_per_s=_rate(mb, d),
+        loader_records_per_s=_rate(loaded, ld), decode_ratio=f / d, loader_ratio=f / ld,
+    )
+
+
+def _produce(cfg: KbitConfig, variant: DataVariant, progress: bool) -> tuple[Manifest, bool]:
+    """(manifest, created by this call): an existing matching topic is reused and left in place."""
+    from kbit_core.kafka.producer import produce_dataset
+
+    started = datetime.now(timezone.utc)
+    manifest = produce_dataset(cfg, variant, progress=progress)
+    return manifest, manifest.created_at >= started
+
+
+def _drop_topic(cfg: KbitConfig, manifest: Manifest) -> None:
+    admin.delete_topic(cfg.kafka, manifest.topic)
+    manifest_path(cfg.workdir, manifest.topic).unlink(missing_ok=True)
+
+
+RSS_PROBE = """
+import json, resource, sys, time
+from kbit_core.config import KbitConfig
+from kbit_core.data.loader import make_split_loader
+from kbit_core.kafka.manifest import Manifest
+cfg = KbitConfig.from_dict(json.load(open(sys.argv[1])))
+loader = make_split_loader(cfg, Manifest.load(sys.argv[2]), "train", 0, 1)
+batches = iter(loader)
+next(batches)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+t0 = time.perf_counter()
+records = loader.batch_size + sum(len(y) for _, y in batches)
+seconds = time.perf_counter() - t0
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+loader.close()
+print(json.dumps({"records": records, "seconds": seconds, "rss_after_first_batch_mb": base, "peak_rss_mb": peak}))
+"""
+
+
+def measure_stream_rss(cfg: KbitConfig, sizes: Sequence[int] = DEFAULT_RSS_RECORDS, keep_topics: bool = False,
+                       progress: bool = True) -> dict[str, Any]:
+    """Peak RSS of a fresh process streaming a whole topic of each size (stream mode, one rank)."""
+    runs = []
+    for size in sizes:
+        size_cfg = _bench_config(cfg, size, mode="stream")
+        manifest, created = _produce(size_cfg, RSS_VARIANT, progress)
+        try:
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+                json.dump(size_cfg.to_secret_dict(), fh)
+            out = subprocess.run([sys.executable, "-c", RSS_PROBE, fh.name,
+                                  str(manifest_path(size_cfg.workdir, manifest.topic))],
+                                 capture_output=True, text=True, check=False, cwd=os.getcwd())
+            Path(fh.name).unlink(missing_ok=True)
+            if out.returncode:
+                raise ConfigError(f"RSS probe for {size} records failed:\n{out.stderr[-2000:]}")
+            runs.append({"records": size, "variant": RSS_VARIANT.name, **json.loads(out.stdout.strip().splitlines()[-1])})
+        finally:
+            if created and not keep_topics:
+                _drop_topic(size_cfg, manifest)
+    growth = runs[-1]["peak_rss_mb"] - runs[0]["peak_rss_mb"]
+    return {"runs": runs, "peak_growth_mb": growth, "target_mb": TARGET_RSS_GROWTH_MB,
+            "meets_target": growth <= TARGET_RSS_GROWTH_MB}
+
+
+def evaluate_targets(rows: Sequence[DataPlaneRow], rss: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each target with the measured value and whether it is met (None when not measured)."""
+    out = []
+    for r in rows:
+        if r.layout == "bytes" and r.format in TARGET_DECODE_RATIO_FORMATS:
+            out.append({"target": f"{r.variant} ({r.client}) decode >= {TARGET_DECODE_RATIO}x fetch",
+                        "value": round(r.decode_ratio, 3), "met": r.decode_ratio >= TARGET_DECODE_RATIO})
+        if r.client == "confluent" and r.format == "raw" and r.layout == "bytes":
+            out.append({"target": f"{r.variant} (confluent) decode >= {TARGET_CONFLUENT_RAW_RECORDS_PER_S:,} rec/s",
+                        "value": round(r.decode_records_per_s), "met":
+                        r.decode_records_per_s >= TARGET_CONFLUENT_RAW_RECORDS_PER_S})
+    if rss is not None:
+        out.append({"target": f"stream peak RSS growth {rss['runs'][0]['records']:,} -> {rss['runs'][-1]['records']:,} "
+                              f"records <= {TARGET_RSS_GROWTH_MB:.0f} MB",
+                    "value": round(rss["peak_growth_mb"], 1), "met": rss["meets_target"]})
+    return out
+
+
+def run_data_plane(cfg: KbitConfig, *, records: int | None = None, variants: Sequence[DataVariant] | None = None,
+                   clients: Sequence[ClientName] | None = None, repeats: int = 3,
+                   rss_sizes: Sequence[int] | None = DEFAULT_RSS_RECORDS, keep_topics: bool = False,
+                   progress: bool = True) -> dict[str, Any]:
+    """Run the whole benchmark and return the JSON-able results (meta, rows, rss, targets)."""
+    bench_cfg = _bench_config(cfg, records)
+    variants = list(variants or cfg.bench.variants)
+    clients = list(clients or cfg.bench.clients)
+    admin.require_embedded_listening(bench_cfg.kafka)
+    rows: list[DataPlaneRow] = []
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("data-plane benchmark", total=len(variants) * len(clients))
+        for variant in variants:
+            manifest, created = _produce(bench_cfg, variant, progress=False)
+            try:
+                for client in clients:
+                    bar.update(task, description=f"{variant.name} [{client}]")
+                    rows.append(measure_variant(bench_cfg, manifest, client, repeats))
+                    bar.advance(task)
+            finally:
+                if created and not keep_topics:
+                    _drop_topic(bench_cfg, manifest)
+    rss = measure_stream_rss(cfg, rss_sizes, keep_topics, progress) if rss_sizes else None
+    return {
+        "meta": {
+            "created_at": datetime.now(timezone.utc).isoformat(), "host": platform.node(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "dataset": bench_cfg.dataset.name,
+            "records": bench_cfg.dataset.num_records, "partitions": bench_cfg.produce.partitions,
+            "repeats": repeats, "block_records": bench_cfg.shard.block_records,
+            "per_rank_batch": bench_cfg.train.global_batch_size,
+            "broker": admin.describe_broker(bench_cfg.kafka),
+        },
+        "rows": [asdict(r) for r in rows],
+        "rss": rss,
+        "targets": evaluate_targets(rows, rss),
+    }
+
+
+_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("variant", "variant", str),
+    ("client", "client", str),
+    ("records", "records", lambda v: f"{v:,}"),
+    ("bytes_per_record", "B/rec", lambda v: f"{v:,.0f}"),
+    ("produce_records_per_s", "produce rec/s", lambda v: f"{v:,.0f}"),
+    ("fetch_records_per_s", "fetch rec/s", lambda v: f"{v:,.0f}"),
+    ("fetch_mb_per_s", "fetch MB/s", lambda v: f"{v:,.1f}"),
+    ("decode_records_per_s", "decode rec/s", lambda v: f"{v:,.0f}"),
+    ("decode_mb_per_s", "decode MB/s", lambda v: f"{v:,.1f}"),
+    ("decode_ratio", "decode/fetch", lambda v: f"{v:.2f}"),
+    ("loader_records_per_s", "loader rec/s", lambda v: f"{v:,.0f}"),
+    ("loader_ratio", "loader/fetch", lambda v: f"{v:.2f}"),
+]
+
+
+def results_table(results: dict[str, Any]) -> Table:
+    table = Table(title="data plane: read+decode against the raw fetch of the same topic (one rank)")
+    for _, header, _ in _COLUMNS:
+        table.add_column(header, justify="left" if header in ("variant", "client") else "right")
+    for row in results["rows"]:
+        table.add_row(*(fmt(row[key]) for key, _, fmt in _COLUMNS))
+    return table
+
+
+def targets_table(results: dict[str, Any]) -> Table:
+    table = Table(title="targets")
+    for col in ("target", "measured", "met"):
+        table.add_column(col)
+    for t in results["targets"]:
+        table.add_row(t["target"], f"{t['value']:,}", "[green]yes[/]" if t["met"] else "[red]no[/]")
+    return table
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The results as markdown tables (rows, RSS runs, targets)."""
+    lines = ["| " + " | ".join(h for _, h, _ in _COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    lines += ["| " + " | ".join(fmt(row[key]) for key, _, fmt in _COLUMNS) + " |" for row in results["rows"]]
+    if results["rss"]:
+        lines += ["", "| stream RSS: records | peak RSS MB | RSS after first batch MB | seconds |", "|---|---|---|---|"]
+        lines += [f"| {r['records']:,} | {r['peak_rss_mb']:.1f} | {r['rss_after_first_batch_mb']:.1f} | "
+                  f"{r['seconds']:.1f} |" for r in results["rss"]["runs"]]
+    lines += ["", "| target | measured | met |", "|---|---|---|"]
+    lines += [f"| {t['target']} | {t['value']:,} | {'yes' if t['met'] else 'no'} |" for t in results["targets"]]
+    return "\n".join(lines) + "\n"

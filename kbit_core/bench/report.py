@@ -1,0 +1,291 @@
+"""Benchmark reports from the raw timings: stats JSON, markdown summary, box/bar/stage plots.
+
+Everything is derived from the raw timings CSV (one row per iteration × rank × configuration), so
+``kbit report RUN_DIR`` can rebuild a report from that file alone. Warm-up rows stay in the CSV but never
+enter a statistic.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kbit_core.bench.compare import compare_configs
+from kbit_core.bench.measure import SAMPLE_COLUMNS, STAGES
+from kbit_core.bench.stats import BoxStats, boxplot_stats, rate_median
+from kbit_core.errors import StatisticsError
+
+RAW_CSV = "raw_timings.csv"
+STATS_JSON = "stats.json"
+SUMMARY_MD = "summary.md"
+BOXPLOT_PNG = "boxplot.png"
+MEAN_STD_PNG = "mean_std.png"
+STAGES_PNG = "stages.png"
+CONFIG_FIELDS = ("format", "layout", "compression", "records_per_message", "client", "batch_size", "world_size")
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """Paths of every file one report consists of."""
+
+    raw_csv: Path
+    stats_json: Path
+    summary_md: Path
+    boxplot_png: Path
+    mean_std_png: Path
+    stages_png: Path
+
+    @classmethod
+    def in_dir(cls, out_dir: Path) -> ReportFiles:
+        return cls(out_dir / RAW_CSV, out_dir / STATS_JSON, out_dir / SUMMARY_MD, out_dir / BOXPLOT_PNG,
+                   out_dir / MEAN_STD_PNG, out_dir / STAGES_PNG)
+
+    def to_dict(self) -> dict[str, str]:
+        return {k: str(v) for k, v in asdict(self).items()}
+
+    def paths(self) -> list[Path]:
+        return [Path(p) for p in asdict(self).values()]
+
+
+def timings_frame(rows: list[Mapping[str, Any]]) -> pd.DataFrame:
+    """Raw timing rows (``measure.Sample`` dicts) as a frame with the CSV's column order."""
+    frame = pd.DataFrame(list(rows), columns=list(SAMPLE_COLUMNS))
+    if frame.empty:
+        raise StatisticsError("no benchmark samples were recorded")
+    return frame
+
+
+def read_timings(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise StatisticsError(f"raw timings file not found: {path}")
+    frame = pd.read_csv(path, float_precision="round_trip")
+    missing = [c for c in SAMPLE_COLUMNS if c not in frame.columns]
+    if missing:
+        raise StatisticsError(f"raw timings file {path} lacks column(s) {missing}")
+    return frame[list(SAMPLE_COLUMNS)]
+
+
+def measured(timings: pd.DataFrame) -> pd.DataFrame:
+    rows = timings[~timings["warmup"].astype(bool)]
+    if rows.empty:
+        raise StatisticsError("the raw timings hold only warm-up iterations")
+    return rows
+
+
+def config_order(rows: pd.DataFrame) -> list[str]:
+    """Configurations in first-seen order of the matrix (stable across rebuilds of the same CSV)."""
+    return list(dict.fromkeys(rows.sort_values(["iteration", "order_position", "rank"])["config"]))
+
+
+def makespans(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per iteration and configuration: the slowest rank's load time and the records all ranks read."""
+    grouped = rows.groupby(["config", "iteration"], sort=False)
+    return grouped.agg(makespan_s=("load_s", "max"), records=("records", "sum"),
+                       bytes=("bytes", "sum")).reset_index()
+
+
+def iteration_orders(timings: pd.DataFrame) -> dict[str, list[str]]:
+    """The configuration order each iteration ran in (warm-ups included), from the CSV's order positions."""
+    firsts = timings.drop_duplicates(["iteration", "config"]).sort_values(["iteration", "order_position"])
+    return {str(it): list(group["config"]) for it, group in firsts.groupby("iteration", sort=True)}
+
+
+def analyze(timings: pd.DataFrame, *, bootstrap_resamples: int, seed: int) -> dict[str, Any]:
+    """The stats document (without metadata): raw samples, box statistics, makespan view, rates, stages."""
+    rows = measured(timings)
+    names = config_order(rows)
+    spans = makespans(rows)
+    by_config = {name: group for name, group in rows.groupby("config", sort=False)}
+    span_by_config = {name: group for name, group in spans.groupby("config", sort=False)}
+
+    def box(values: pd.Series, name: str) -> dict[str, Any]:
+        return boxplot_stats(values.to_numpy(), name=name, bootstrap_resamples=bootstrap_resamples,
+                             seed=seed).to_dict()
+
+    raw = {n: by_config[n]["load_s"].tolist() for n in names}
+    span_raw = {n: span_by_config[n]["makespan_s"].tolist() for n in names}
+    doc: dict[str, Any] = {
+        "configurations": {n: configuration_fields(by_config[n]) for n in names},
+        "raw_results": raw,
+        "statistical_analysis": {n: box(by_config[n]["load_s"], n) for n in names},
+        "makespan": {
+            "raw_results": span_raw,
+            "statistical_analysis": {n: box(span_by_config[n]["makespan_s"], f"{n} (makespan)") for n in names},
+        },
+        "throughput": {n: throughput(by_config[n], span_by_config[n], n) for n in names},
+        "stages": {n: {f"{s}_s": float(by_config[n][f"{s}_s"].median()) for s in STAGES} for n in names},
+        "comparison": {"load_time": compare_configs(raw).to_dict(),
+                       "makespan": compare_configs(span_raw).to_dict()},
+    }
+    training = {n: training_stats(by_config[n], n) for n in names if by_config[n]["train_epoch_s"].notna().any()}
+    if training:
+        doc["training"] = training
+    return doc
+
+
+def configuration_fields(rows: pd.DataFrame) -> dict[str, Any]:
+    """What a configuration consists of (format, layout, compression, client, sizes), from its first row."""
+    first = rows.iloc[0]
+    return {k: first[k].item() if hasattr(first[k], "item") else first[k] for k in CONFIG_FIELDS}
+
+
+def throughput(rows: pd.DataFrame, spans: pd.DataFrame, name: str) -> dict[str, float]:
+    """Median per-rank and per-run (all ranks over the makespan) rates, and the wire size of a record."""
+    records = float(rows["records"].sum())
+    return {
+        "records_per_s_median": rate_median(rows["records"], rows["load_s"], name=name),
+        "mb_per_s_median": rate_median(rows["bytes"], rows["load_s"], name=name, scale=1e6),
+        "makespan_records_per_s_median": rate_median(spans["records"], spans["makespan_s"], name=name),
+        "makespan_mb_per_s_median": rate_median(spans["bytes"], spans["makespan_s"], name=name, scale=1e6),
+        "records_per_rank_median": float(rows["records"].median()),
+        "bytes_per_record": float(rows["bytes"].sum()) / records if records else 0.0,
+    }
+
+
+def training_stats(rows: pd.DataFrame, name: str) -> dict[str, float]:
+    epoch = boxplot_stats(rows["train_epoch_s"].to_numpy(), name=f"{name} (train epoch)", bootstrap_resamples=100)
+    return {"epoch_s_median": epoch.median, "epoch_s_iqr": epoch.iqr,
+            "samples_per_s_median": float(rows["train_samples_per_s"].median())}
+
+
+def write_report(timings: pd.DataFrame, metadata: Mapping[str, Any], out_dir: Path, *, bootstrap_resamples: int,
+                 seed: int) -> ReportFiles:
+    """Write the raw CSV, stats JSON, markdown summary and plots into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = ReportFiles.in_dir(out_dir)
+    timings.to_csv(files.raw_csv, index=False)
+    doc = analyze(timings, bootstrap_resamples=bootstrap_resamples, seed=seed)
+    doc["metadata"] = {**metadata, "order": iteration_orders(timings),
+                       "bootstrap_resamples": bootstrap_resamples, "bootstrap_seed": seed}
+    files.stats_json.write_text(json.dumps(doc, indent=2, allow_nan=False))
+    files.summary_md.write_text(markdown_summary(doc))
+    plot_boxplots(doc, files.boxplot_png)
+    plot_mean_std(doc, files.mean_std_png)
+    plot_stages(doc, files.stages_png)
+    return files
+
+
+def rebuild_report(run_dir: Path) -> ReportFiles:
+    """Recompute every report file in ``run_dir`` from its raw CSV, keeping the recorded metadata."""
+    files = ReportFiles.in_dir(run_dir)
+    timings = read_timings(files.raw_csv)
+    metadata = load_stats(run_dir).get("metadata", {}) if files.stats_json.is_file() else {}
+    return write_report(timings, metadata, run_dir, bootstrap_resamples=int(metadata.get("bootstrap_resamples", 2000)),
+                        seed=int(metadata.get("bootstrap_seed", 0)))
+
+
+def load_stats(path: Path) -> dict[str, Any]:
+    """A stats JSON document from its file or from the report directory holding it."""
+    path = Path(path)
+    file = path / STATS_JSON if path.is_dir() else path
+    if not file.is_file():
+        raise StatisticsError(f"no benchmark stats at {file}")
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as exc:
+        raise StatisticsError(f"benchmark stats {file} is not valid JSON: {exc}") from None
+
+
+def ranked_names(doc: Mapping[str, Any]) -> list[str]:
+    return [e["name"] for e in doc["comparison"]["load_time"]["ranking"]]
+
+
+def markdown_summary(doc: Mapping[str, Any]) -> str:
+    """Tables of median load time (95 % bootstrap CI), makespan, throughput and stages, fastest first."""
+    meta = doc.get("metadata", {})
+    ranking = {e["name"]: e for e in doc["comparison"]["load_time"]["ranking"]}
+    lines = [
+        f"# kbit benchmark {meta.get('run_id', '')}".rstrip(), "",
+        f"{meta.get('iterations', '?')} measured iterations (+{meta.get('warmup', '?')} warm-up), "
+        f"world size {meta.get('world_size', '?')}, broker {meta.get('broker', '?')}, "
+        f"host {meta.get('hardware', {}).get('cpu_count', '?')} CPUs, commit {meta.get('git_commit', '?')}.", "",
+        "Load time = per rank, from the first fetch until the train/val/test loaders are ready "
+        "(pooled over ranks and iterations); makespan = slowest rank per run.", "",
+        "| # | configuration | n | median load s [95% CI] | IQR s | olympic mean s | ratio | p (MWU) "
+        "| makespan median s [95% CI] | records/s | MB/s | run records/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in ranked_names(doc):
+        s = doc["statistical_analysis"][name]
+        m = doc["makespan"]["statistical_analysis"][name]
+        t = doc["throughput"][name]
+        r = ranking[name]
+        p = "–" if r["p_value"] is None else f"{r['p_value']:.3g}"
+        lines.append(
+            f"| {r['rank']} | {name} | {s['count']} | {s['median']:.4f} [{s['median_ci_low']:.4f}, "
+            f"{s['median_ci_high']:.4f}] | {s['iqr']:.4f} | {s['olympic_mean']:.4f} | {r['ratio']:.2f} | {p} "
+            f"| {m['median']:.4f} [{m['median_ci_low']:.4f}, {m['median_ci_high']:.4f}] "
+            f"| {t['records_per_s_median']:,.0f} | {t['mb_per_s_median']:.2f} "
+            f"| {t['makespan_records_per_s_median']:,.0f} |"
+        )
+    lines += ["", "Median stage seconds per rank:", "",
+              "| configuration | " + " | ".join(STAGES) + " | bytes/record |",
+              "|---|" + "---|" * (len(STAGES) + 1)]
+    for name in ranked_names(doc):
+        st = doc["stages"][name]
+        lines.append(f"| {name} | " + " | ".join(f"{st[f'{s}_s']:.4f}" for s in STAGES)
+                     + f" | {doc['throughput'][name]['bytes_per_record']:.1f} |")
+    if "training" in doc:
+        lines += ["", "| configuration | epoch s (median) | samples/s (median) |", "|---|---|---|"]
+        for name, t in doc["training"].items():
+            lines.append(f"| {name} | {t['epoch_s_median']:.3f} | {t['samples_per_s_median']:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _figure(num_configs: int, panels: int = 1):
+    """A pyplot-free figure (no global state, safe off the main thread) sized for ``num_configs`` rows."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7 * panels, 1.5 + 0.45 * num_configs), layout="constrained")
+    return fig, fig.subplots(1, panels, squeeze=False)[0]
+
+
+def plot_boxplots(doc: Mapping[str, Any], path: Path) -> None:
+    """Tukey box plots (whis=1.5), fastest on top: pooled per-rank load times and per-run makespans."""
+    names = ranked_names(doc)[::-1]
+    fig, (pooled, span) = _figure(len(names), panels=2)
+    for ax, raw, title in ((pooled, doc["raw_results"], "load time per rank"),
+                           (span, doc["makespan"]["raw_results"], "makespan per run (slowest rank)")):
+        ax.boxplot([raw[n] for n in names], tick_labels=names, whis=1.5, orientation="horizontal")
+        ax.set_title(title)
+        ax.set_xlabel("seconds")
+        ax.grid(axis="x", alpha=0.3)
+    fig.savefig(path, dpi=120)
+
+
+def plot_mean_std(doc: Mapping[str, Any], path: Path) -> None:
+    """Mean ± sample standard deviation (ddof=1, as in the stats) of the per-rank load time."""
+    names = ranked_names(doc)[::-1]
+    stats = [BoxStats.from_dict(doc["statistical_analysis"][n]) for n in names]
+    fig, (ax,) = _figure(len(names))
+    y = np.arange(len(names))
+    ax.barh(y, [s.mean for s in stats], xerr=[s.std_dev for s in stats], capsize=3, color="tab:blue", alpha=0.8)
+    for yi, s in zip(y, stats):
+        ax.annotate(f"{s.mean:.3f}", (s.mean, yi), xytext=(4, 4), textcoords="offset points", fontsize=8)
+    ax.set_yticks(y, names)
+    ax.set_xlabel("seconds (mean ± std, ddof=1)")
+    ax.set_title("load time per rank")
+    fig.savefig(path, dpi=120)
+
+
+def plot_stages(doc: Mapping[str, Any], path: Path) -> None:
+    """Median connect/fetch/decode/collate seconds per rank, stacked."""
+    names = ranked_names(doc)[::-1]
+    fig, (ax,) = _figure(len(names))
+    y = np.arange(len(names))
+    left = np.zeros(len(names))
+    for stage in STAGES:
+        widths = np.array([doc["stages"][n][f"{stage}_s"] for n in names])
+        ax.barh(y, widths, left=left, label=stage)
+        left += widths
+    ax.set_yticks(y, names)
+    ax.set_xlabel("median seconds per rank")
+    ax.set_title("load time by stage")
+    fig.legend(loc="outside lower center", ncols=len(STAGES))
+    fig.savefig(path, dpi=120)

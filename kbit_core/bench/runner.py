@@ -1,0 +1,161 @@
+"""The benchmark protocol: the experiment matrix, warm-up plus measured iterations, reports and tracking.
+
+One iteration is one TorchDistributor job (fresh worker processes, as in the original) that runs every
+configuration once, in an order shuffled per iteration from ``(bench.seed, iteration)`` so broker caches
+and neighbour noise hit all configurations alike. Warm-up iterations run the same way and are recorded
+but excluded from every statistic. Topic production and the job launch stay off the clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kbit_core.bench.measure import Task, measure_iteration
+from kbit_core.bench.report import ReportFiles, load_stats, timings_frame, write_report
+from kbit_core.config import DataVariant, KbitConfig, deep_merge
+from kbit_core.errors import ConfigError
+from kbit_core.tracking import make_tracker, run_environment
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One configuration of the matrix: a data variant read with one client at one batch and world size."""
+
+    variant: DataVariant
+    client: str
+    batch_size: int
+    world_size: int
+    name: str
+
+
+def matrix(cfg: KbitConfig) -> list[Cell]:
+    """variants × clients × batch sizes × world sizes; names stay short when a sweep has one value.
+
+    The client is always part of the name (``avro_list_lz4.confluent``); ``.b<N>``/``.w<N>`` appear only
+    when bench.batch_sizes / bench.world_sizes are set, so names are stable across runs of one profile.
+    """
+    b = cfg.bench
+    batch_sizes = b.batch_sizes or [cfg.train.global_batch_size]
+    world_sizes = b.world_sizes or [cfg.launch.num_processes]
+    cells = []
+    for ws in world_sizes:
+        for bs in batch_sizes:
+            if bs < ws:
+                raise ConfigError(f"bench.batch_sizes has {bs}, smaller than world size {ws}")
+            for variant in b.variants:
+                for client in b.clients:
+                    name = f"{variant.name}.{client}"
+                    name += f".b{bs}" if b.batch_sizes else ""
+                    name += f".w{ws}" if b.world_sizes else ""
+                    cells.append(Cell(variant, client, bs, ws, name))
+    names = [c.name for c in cells]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"bench matrix repeats configuration(s) {duplicates}; remove duplicate variants/clients")
+    return cells
+
+
+def iteration_order(cfg: KbitConfig, cells: list[Cell], index: int) -> list[Cell]:
+    """The cells in the order iteration ``index`` (0-based over warm-up and measured) runs them."""
+    if not cfg.bench.shuffle_order:
+        return list(cells)
+    rng = np.random.default_rng([cfg.bench.seed, index])
+    return [cells[i] for i in rng.permutation(len(cells))]
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    run_id: str
+    report_dir: Path
+    files: ReportFiles
+    stats: dict[str, Any]
+    parent_run_id: str | None
+    child_run_ids: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Stats per configuration and the path of every report file (the ``kbit bench --json`` document)."""
+        s = self.stats
+        return {
+            "run_id": self.run_id, "report_dir": str(self.report_dir), "files": self.files.to_dict(),
+            "mlflow": {"parent_run_id": self.parent_run_id, "child_run_ids": self.child_run_ids},
+            "configurations": {
+                name: {"load_time": s["statistical_analysis"][name],
+                       "makespan": s["makespan"]["statistical_analysis"][name],
+                       "throughput": s["throughput"][name], "stages": s["stages"][name],
+                       **({"training": s["training"][name]} if name in s.get("training", {}) else {})}
+                for name in s["statistical_analysis"]},
+            "comparison": s["comparison"], "metadata": s["metadata"],
+        }
+
+
+def run_iterations(cfg: KbitConfig, cells: list[Cell], manifests: dict[str, str], *, progress: bool) -> list[dict]:
+    """Warm-up then measured iterations, one TorchDistributor job per iteration and world size; all raw rows."""
+    from kbit_core.launch.distributor import run_distributed
+
+    b = cfg.bench
+    world_sizes = sorted({c.world_size for c in cells})
+    jobs = [(i, ws) for i in range(b.warmup_iterations + b.iterations) for ws in world_sizes]
+    rows: list[dict[str, Any]] = []
+    with Progress(TextColumn("[bold]bench[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), disable=not progress) as bar:
+        task = bar.add_task("", total=len(jobs))
+        for index, ws in jobs:
+            iteration = index - b.warmup_iterations
+            label = f"warm-up {index + 1}" if iteration < 0 else f"iteration {iteration + 1}/{b.iterations}"
+            bar.update(task, description=f"{label} (world size {ws})")
+            order = [c for c in iteration_order(cfg, cells, index) if c.world_size == ws]
+            tasks = [Task(c.name, c.client, c.batch_size, manifests[c.name]) for c in order]
+            job_cfg = KbitConfig.from_dict(deep_merge(cfg.to_secret_dict(), {"launch": {"num_processes": ws}}))
+            rows += run_distributed(measure_iteration, job_cfg, job_cfg.to_secret_dict(), tasks, iteration,
+                                    iteration < 0, b.train_epoch)
+            bar.advance(task)
+    return rows
+
+
+def run_benchmark(cfg: KbitConfig, *, progress: bool = True) -> BenchResult:
+    """Produce missing topics, run warm-up + measured iterations, write the report, track it in MLflow.
+
+    The embedded broker is started for the run when the config uses it and nothing listens there yet.
+    Reports go to ``bench.output_dir/<UTC timestamp>/``.
+    """
+    from kbit_core.kafka.manifest import manifest_path
+    from kbit_core.kafka.producer import ensure_topics
+    from kbit_core.train.api import embedded_broker
+
+    cells = matrix(cfg)
+    started_at = datetime.now(timezone.utc)
+    run_id = started_at.strftime("%Y%m%dT%H%M%SZ")
+    report_dir = Path(cfg.bench.output_dir).resolve() / run_id
+    b = cfg.bench
+    with embedded_broker(cfg):
+        manifests = ensure_topics(cfg, [c.variant for c in cells], progress=progress)
+        tracker = make_tracker(cfg)
+        with tracker.run(cfg, name=f"bench-{run_id}", kind="benchmark", tags={"suite": cfg.profile}) as parent_id:
+            rows = run_iterations(cfg, cells, {c.name: m.model_dump_json() for c, m in zip(cells, manifests)},
+                                  progress=progress)
+            world_sizes = sorted({c.world_size for c in cells})
+            metadata = {
+                "run_id": run_id, "timestamp": started_at.isoformat(), "profile": cfg.profile,
+                "iterations": b.iterations, "warmup": b.warmup_iterations,
+                "world_size": world_sizes[0] if len(world_sizes) == 1 else world_sizes,
+                "shuffle_order": b.shuffle_order, "seed": b.seed, "launch": cfg.launch.model_dump(mode="json"),
+                "dataset": cfg.dataset.model_dump(mode="json"), "partitions": cfg.produce.partitions,
+                "topics": {c.name: m.topic for c, m in zip(cells, manifests)},
+                "mlflow_run_id": parent_id, **run_environment(cfg),
+            }
+            files = write_report(timings_frame(rows), metadata, report_dir, bootstrap_resamples=b.bootstrap_resamples,
+                                 seed=b.seed)
+            stats = load_stats(files.stats_json)
+            manifest_paths = sorted({manifest_path(cfg.workdir, m.topic) for m in manifests})
+            children = tracker.log_benchmark(parent_id, stats, rows, [*files.paths(), *manifest_paths])
+    log.info("benchmark %s: report in %s", run_id, report_dir)
+    return BenchResult(run_id, report_dir, files, stats, parent_id, children)

@@ -1,0 +1,36 @@
+"""Dataset sources: lazily generated or read images with labels, addressed by record index."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kbit_core.config import DatasetConfig
+from kbit_core.datasets.base import Batch, DatasetSource
+from kbit_core.datasets.idx import IdxFormatError, IdxSource
+from kbit_core.datasets.synthetic import SyntheticColor, SyntheticDigits
+from kbit_core.errors import ConfigError
+
+__all__ = ["Batch", "DatasetSource", "IdxFormatError", "open_source", "source_names"]
+
+_SYNTHETIC = {cls.name: cls for cls in (SyntheticDigits, SyntheticColor)}
+_IDX = ("mnist", "fashion_mnist")
+
+
+def source_names() -> tuple[str, ...]:
+    return (*_SYNTHETIC, *_IDX)
+
+
+def open_source(cfg: DatasetConfig) -> DatasetSource:
+    """Open the dataset that ``cfg`` describes.
+
+    Synthetic sources generate ``cfg.num_records`` records from ``cfg.seed``; IDX sources read
+    ``cfg.path`` (``cfg.split``), capped at ``cfg.num_records`` when it is set.
+    """
+    if cfg.name in _SYNTHETIC:
+        if cfg.num_records is None:
+            raise ConfigError(f"dataset {cfg.name!r} is generated and needs dataset.num_records")
+        return _SYNTHETIC[cfg.name](cfg.num_records, cfg.seed)
+    if cfg.name in _IDX:
+        assert cfg.path is not None  # DatasetConfig refuses IDX datasets without a path
+        return IdxSource(cfg.name, Path(cfg.path).expanduser(), cfg.split, cfg.num_records)
+    raise ConfigError(f"unknown dataset {cfg.name!r}; known: {', '.join(source_names())}")

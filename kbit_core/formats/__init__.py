@@ -1,0 +1,51 @@
+"""Serialization formats for image samples in Kafka: a Codec per format, looked up by name."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kbit_core.errors import ConfigError
+from kbit_core.formats.avro_codec import AvroCodec
+from kbit_core.formats.base import LAYOUTS, Codec, DecodedBatch
+from kbit_core.formats.bson_codec import BsonCodec
+from kbit_core.formats.json_codec import JsonCodec
+from kbit_core.formats.mongodb_avro_codec import MongoDBAvroCodec
+from kbit_core.formats.protobuf_codec import ProtobufCodec
+from kbit_core.formats.raw_codec import RawCodec
+
+__all__ = ["LAYOUTS", "Codec", "DecodedBatch", "codec_names", "get_codec", "supported"]
+
+_CODECS: dict[str, type[Codec]] = {
+    c.format: c for c in (JsonCodec, AvroCodec, ProtobufCodec, BsonCodec, MongoDBAvroCodec, RawCodec)
+}
+
+
+def codec_names() -> tuple[str, ...]:
+    """The format names get_codec accepts."""
+    return tuple(_CODECS)
+
+
+def supported(format: str, layout: str) -> bool:
+    """Whether ``format`` exists and has the pixel ``layout``."""
+    return format in _CODECS and layout in _CODECS[format].layouts
+
+
+def get_codec(format: str, layout: str, image_shape: Sequence[int], records_per_message: int = 1, *,
+              num_classes: int | None = None) -> Codec:
+    """The codec for ``format`` in ``layout`` for images of ``image_shape`` (C, H, W).
+
+    Args:
+        format: One of ``codec_names()``.
+        layout: ``"list"`` (floats in [0, 1]) or ``"bytes"`` (uint8).
+        image_shape: (C, H, W) of every sample.
+        records_per_message: Samples per Kafka message. Defaults to ``1``.
+        num_classes: When given, decoding refuses labels outside ``[0, num_classes)``.
+
+    Raises:
+        ConfigError: unknown format or layout, or a combination the format cannot carry.
+    """
+    try:
+        codec_class = _CODECS[format]
+    except KeyError:
+        raise ConfigError(f"unknown format {format!r}; known: {', '.join(_CODECS)}") from None
+    return codec_class(layout, image_shape, records_per_message, num_classes=num_classes)

@@ -1,0 +1,89 @@
+"""raw: the speed baseline, fixed little-endian binary decoded with one ``np.frombuffer`` per batch.
+
+Value layout::
+
+    header  <2s B x I H H H   magic b"KB", version, pad, record count, C, H, W     (14 bytes)
+    count × record:  <u8 index, <u2 label, uint8 pixels[C*H*W]                      (10 + C*H*W bytes)
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+from kbit_core.errors import ConfigError
+from kbit_core.formats.base import Codec, DecodedBatch, canonical_json
+
+MAGIC = b"KB"
+VERSION = 1
+HEADER = struct.Struct("<2sBxIHHH")
+MAX_LABEL = 2**16 - 1
+
+
+class RawCodec(Codec):
+    format = "raw"
+    layouts = ("bytes",)
+    unsupported_layout_reason = ("raw is the packed-uint8 speed baseline; floats would only make a slower copy "
+                                 "of it. Use layout 'bytes' (or another format for float lists).")
+
+    def __init__(self, layout: str, image_shape: Sequence[int], records_per_message: int = 1, *,
+                 num_classes: int | None = None) -> None:
+        super().__init__(layout, image_shape, records_per_message, num_classes=num_classes)
+        if any(d > 0xFFFF for d in self.image_shape):
+            raise ConfigError(f"raw stores C, H, W as uint16; image shape {self.image_shape} is too large")
+        self._record = np.dtype([("index", "<u8"), ("label", "<u2"), ("pixels", "u1", self.image_shape)])
+        self._full_header = self._header(self.records_per_message)
+        self._full_message = np.dtype([("header", "u1", HEADER.size),
+                                       ("records", self._record, (self.records_per_message,))])
+
+    def _header(self, count: int) -> bytes:
+        return HEADER.pack(MAGIC, VERSION, count, *self.image_shape)
+
+    def _encode(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> list[bytes]:
+        if labels.size and labels.max() > MAX_LABEL:
+            raise ValueError(f"{self.name}: label {labels.max()} does not fit raw's uint16 label field")
+        records = np.empty(len(indices), dtype=self._record)
+        records["index"], records["label"] = indices, labels
+        records["pixels"] = pixels.reshape(len(indices), *self.image_shape)
+        buffer, size, step = records.tobytes(), self._record.itemsize, self.records_per_message
+        return [self._header(min(step, len(indices) - i)) + buffer[i * size:(i + step) * size]
+                for i in range(0, len(indices), step)]
+
+    def _decode(self, values: Sequence[bytes]) -> DecodedBatch:
+        full = self._full_message.itemsize
+        if all(len(v) == full for v in values):
+            # Every value is a full group: one join, one frombuffer, one vectorised header check.
+            messages = np.frombuffer(b"".join(values), dtype=self._full_message)
+            bad = np.flatnonzero((messages["header"] != np.frombuffer(self._full_header, np.uint8)).any(axis=1))
+            if bad.size:
+                raise ValueError(self._header_problem(values[bad[0]]) or "bad header")
+            records = messages["records"].reshape(-1)
+        else:
+            problem = next(filter(None, map(self._header_problem, values)), "")
+            if problem:
+                raise ValueError(problem)
+            records = np.frombuffer(b"".join(v[HEADER.size:] for v in values), dtype=self._record)
+        return self._finish(records["index"].astype(np.int64), records["label"].astype(np.int64),
+                            np.ascontiguousarray(records["pixels"]))
+
+    def _header_problem(self, value: bytes) -> str:
+        """Why a value's header does not match this codec, or "" when it does."""
+        if len(value) < HEADER.size:
+            return f"shorter than the {HEADER.size}-byte header"
+        magic, version, count, *shape = HEADER.unpack_from(value)
+        if magic != MAGIC or version != VERSION:
+            return f"bad magic/version {magic!r}/{version}, expected {MAGIC!r}/{VERSION}"
+        if tuple(shape) != self.image_shape:
+            return f"shape {shape} does not match the codec's image shape {list(self.image_shape)}"
+        if not 1 <= count <= self.records_per_message:
+            return f"header count {count} is not in 1..{self.records_per_message}"
+        expected = HEADER.size + count * self._record.itemsize
+        if len(value) != expected:
+            return f"{len(value)} bytes, but a header count of {count} needs {expected}"
+        return ""
+
+    def _definition(self) -> str:
+        return canonical_json({"header": HEADER.format, "magic": MAGIC.decode(), "version": VERSION,
+                               "record": self._record.descr})

@@ -1,0 +1,245 @@
+"""Topic administration over confluent_kafka.admin, and exact end offsets that never trust ListOffsets(LATEST).
+
+Tansu 0.6.0 answers ListOffsets(LATEST) with "base offset of the last batch + 1", which is short whenever
+the last batch holds more than one record. The high watermark carried by every Fetch response is right,
+so :func:`exact_end_offsets` fetches once near the end of each partition and reads the watermark that
+came back. Keep every end-offset lookup behind that one function.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from kbit_core.config import KafkaConfig
+from kbit_core.errors import BrokerError, TopicError
+from kbit_core.kafka.broker import port_open
+from kbit_core.kafka.manifest import Manifest
+from kbit_core.kafka.settings import confluent_options
+
+log = logging.getLogger(__name__)
+
+# Bound for metadata round trips: a broker that is down must fail fast, not after request_timeout_s.
+METADATA_TIMEOUT_S = 5.0
+# Topic deletion is asynchronous on real clusters; wait this long for the name to disappear.
+DELETE_WAIT_S = 15.0
+
+
+class _DemotedLog(logging.LoggerAdapter):
+    """librdkafka logs every refused connection as an error; kbit raises its own clear error instead."""
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        self.logger.debug(msg, *args, **kwargs)
+
+
+_rdkafka_log = _DemotedLog(logging.getLogger("kbit_core.kafka.librdkafka"), {})
+
+
+def client_options(kcfg: KafkaConfig) -> dict[str, Any]:
+    """confluent connection options with librdkafka's own logging routed to Python logging at DEBUG."""
+    return {**confluent_options(kcfg), "logger": _rdkafka_log}
+
+
+def describe_broker(kcfg: KafkaConfig) -> str:
+    """'embedded broker host:port' or 'Kafka at host:port', for error messages."""
+    kind = "embedded broker" if kcfg.uses_embedded else "Kafka cluster at"
+    return f"{kind} {kcfg.resolved_bootstrap()}"
+
+
+def unreachable(kcfg: KafkaConfig, detail: str) -> BrokerError:
+    hint = " (start it with `kbit stack up`)" if kcfg.uses_embedded else ""
+    return BrokerError(f"cannot reach the {describe_broker(kcfg)}{hint}: {detail}")
+
+
+def require_embedded_listening(kcfg: KafkaConfig) -> None:
+    """Fail at once, instead of after a metadata timeout, when the embedded broker is not running."""
+    if kcfg.uses_embedded and not port_open(kcfg.embedded.host, kcfg.embedded.port):
+        raise unreachable(kcfg, "nothing listens there")
+
+
+def _admin(kcfg: KafkaConfig) -> AdminClient:
+    require_embedded_listening(kcfg)
+    return AdminClient(client_options(kcfg))
+
+
+def _metadata(admin: AdminClient, kcfg: KafkaConfig):
+    try:
+        return admin.list_topics(timeout=min(METADATA_TIMEOUT_S, kcfg.request_timeout_s))
+    except KafkaException as exc:
+        raise unreachable(kcfg, exc.args[0].str()) from None
+
+
+def list_topics(kcfg: KafkaConfig) -> list[str]:
+    """Names of the topics on the broker (internal '__' topics excluded), sorted."""
+    return sorted(t for t in _metadata(_admin(kcfg), kcfg).topics if not t.startswith("__"))
+
+
+def topic_exists(kcfg: KafkaConfig, topic: str) -> bool:
+    return topic in _metadata(_admin(kcfg), kcfg).topics
+
+
+def topic_partitions(kcfg: KafkaConfig, topic: str) -> list[int]:
+    """Sorted partition ids of ``topic``; TopicError naming it when it does not exist."""
+    meta = _metadata(_admin(kcfg), kcfg).topics.get(topic)
+    if meta is None or (meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+        raise TopicError(f"topic {topic!r} does not exist on the {describe_broker(kcfg)}")
+    if meta.error is not None:
+        raise TopicError(f"topic {topic!r}: {meta.error.str()}")
+    return sorted(meta.partitions)
+
+
+def create_topic(kcfg: KafkaConfig, topic: str, partitions: int, replication_factor: int = 1) -> None:
+    """Create ``topic``; TopicError when it already exists (callers decide whether to delete it first)."""
+    admin = _admin(kcfg)
+    _metadata(admin, kcfg)
+    future = admin.create_topics([NewTopic(topic, partitions, replication_factor)],
+                                 operation_timeout=kcfg.request_timeout_s)[topic]
+    try:
+        future.result(timeout=kcfg.request_timeout_s)
+    except KafkaException as exc:
+        err: KafkaError = exc.args[0]
+        if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            raise TopicError(f"topic {topic!r} already exists on the {describe_broker(kcfg)}") from None
+        raise TopicError(f"cannot create topic {topic!r} ({partitions} partitions): {err.str()}") from None
+    log.info("created topic %s with %d partition(s)", topic, partitions)
+
+
+def delete_topic(kcfg: KafkaConfig, topic: str) -> bool:
+    """Delete ``topic`` and wait until the broker no longer lists it; False when it did not exist."""
+    admin = _admin(kcfg)
+    if topic not in _metadata(admin, kcfg).topics:
+        return False
+    future = admin.delete_topics([topic], operation_timeout=kcfg.request_timeout_s)[topic]
+    try:
+        future.result(timeout=kcfg.request_timeout_s)
+    except KafkaException as exc:
+        err: KafkaError = exc.args[0]
+        if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return False
+        raise TopicError(f"cannot delete topic {topic!r}: {err.str()}") from None
+    deadline = time.monotonic() + DELETE_WAIT_S
+    while topic in _metadata(admin, kcfg).topics:
+        if time.monotonic() > deadline:
+            raise TopicError(f"topic {topic!r} is still listed {DELETE_WAIT_S:.0f}s after its deletion")
+        time.sleep(0.1)
+    log.info("deleted topic %s", topic)
+    return True
+
+
+def _offset_consumer(kcfg: KafkaConfig) -> Consumer:
+    require_embedded_listening(kcfg)
+    return Consumer({
+        **client_options(kcfg),
+        # never joins the group (assign only) and never commits; the id is required by librdkafka
+        "group.id": f"kbit-offsets-{uuid.uuid4().hex[:8]}",
+        "enable.auto.commit": False,
+        "enable.partition.eof": False,
+        "fetch.wait.max.ms": 10,
+        "fetch.max.bytes": 1024 * 1024,
+        "max.partition.fetch.bytes": 64 * 1024,
+    })
+
+
+def _checked_partitions(kcfg: KafkaConfig, topic: str, partitions: Iterable[int]) -> list[int]:
+    wanted = sorted(set(partitions))
+    present = set(topic_partitions(kcfg, topic))
+    missing = [p for p in wanted if p not in present]
+    if missing:
+        raise TopicError(f"topic {topic!r} has no partition(s) {missing} (it has {sorted(present)})")
+    return wanted
+
+
+def _query_watermarks(consumer: Consumer, kcfg: KafkaConfig, topic: str, partition: int) -> tuple[int, int]:
+    """(low, approximate high) from ListOffsets: low is right, high may be short on Tansu."""
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                              timeout=min(METADATA_TIMEOUT_S, kcfg.request_timeout_s), cached=False)
+    except KafkaException as exc:
+        raise unreachable(kcfg, f"listing offsets of {topic}[{partition}]: {exc.args[0].str()}") from None
+
+
+def earliest_offsets(kcfg: KafkaConfig, topic: str, partitions: Iterable[int] | None = None) -> dict[int, int]:
+    """partition -> first offset still stored (ListOffsets(EARLIEST) is correct on every broker)."""
+    parts = _checked_partitions(kcfg, topic, partitions if partitions is not None else topic_partitions(kcfg, topic))
+    consumer = _offset_consumer(kcfg)
+    try:
+        return {p: _query_watermarks(consumer, kcfg, topic, p)[0] for p in parts}
+    finally:
+        consumer.close()
+
+
+def exact_end_offsets(kcfg: KafkaConfig, topic: str, partitions: Iterable[int] | None = None) -> dict[int, int]:
+    """partition -> log-end offset (exclusive), taken from the high watermark of a real Fetch response."""
+    parts = _checked_partitions(kcfg, topic, partitions if partitions is not None else topic_partitions(kcfg, topic))
+    consumer = _offset_consumer(kcfg)
+    try:
+        starts = {}
+        for p in parts:
+            low, approx_high = _query_watermarks(consumer, kcfg, topic, p)
+            starts[p] = max(low, approx_high - 1)
+        consumer.assign([TopicPartition(topic, p, starts[p]) for p in parts])
+        ends: dict[int, int] = {}
+        deadline = time.monotonic() + kcfg.request_timeout_s
+        while len(ends) < len(parts):
+            if time.monotonic() > deadline:
+                raise unreachable(kcfg, f"no fetch response for {topic} partition(s) "
+                                        f"{sorted(set(parts) - set(ends))} within {kcfg.request_timeout_s:.0f}s")
+            for msg in consumer.consume(num_messages=len(parts), timeout=0.05):
+                if msg.error() is not None and msg.error().code() != KafkaError._PARTITION_EOF:
+                    raise TopicError(f"fetching {topic}[{msg.partition()}] failed: {msg.error().str()}")
+            for p in parts:
+                high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)[1]
+                if high >= 0:
+                    ends[p] = high
+        return ends
+    finally:
+        consumer.close()
+
+
+@dataclass(frozen=True)
+class TopicCheck:
+    """What the broker holds for a manifest's topic, and every way it differs from the manifest."""
+
+    topic: str
+    exists: bool
+    partitions: list[int] = field(default_factory=list)
+    earliest: dict[int, int] = field(default_factory=dict)
+    ends: dict[int, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    differing: frozenset[int] = frozenset()  # manifest partitions that are missing or differ on the broker
+
+    @property
+    def holds_manifest(self) -> bool:
+        return self.exists and not self.problems
+
+
+def check_topic(kcfg: KafkaConfig, manifest: Manifest) -> TopicCheck:
+    """Compare the live topic with ``manifest``: same partitions, every offset still stored, nothing appended."""
+    topic = manifest.topic
+    expected = [p.partition for p in manifest.partitions]
+    if not topic_exists(kcfg, topic):
+        missing = f"topic {topic!r} does not exist on the {describe_broker(kcfg)}"
+        return TopicCheck(topic, exists=False, problems=[missing], differing=frozenset(expected))
+    present = topic_partitions(kcfg, topic)
+    problems = [] if present == expected else [f"partitions: the broker has {present}, the manifest has {expected}"]
+    differing = set(expected) - set(present)
+    shared = [p for p in manifest.partitions if p.partition in present]
+    earliest = earliest_offsets(kcfg, topic, [p.partition for p in shared])
+    ends = exact_end_offsets(kcfg, topic, [p.partition for p in shared])
+    for part in shared:
+        if ends[part.partition] != part.stop_offset:
+            problems.append(f"partition {part.partition}: the broker ends at offset {ends[part.partition]}, "
+                            f"the manifest at {part.stop_offset}")
+            differing.add(part.partition)
+        if part.num_messages and earliest[part.partition] > part.first_offset:
+            problems.append(f"partition {part.partition}: offsets from {part.first_offset} are gone "
+                            f"(the earliest stored is {earliest[part.partition]})")
+            differing.add(part.partition)
+    return TopicCheck(topic, True, present, earliest, ends, problems, frozenset(differing))

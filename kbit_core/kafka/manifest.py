@@ -1,0 +1,153 @@
+"""The exact offset manifest of one produce run: which offsets of which partitions hold the dataset, in what form."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kbit_core.config import DataVariant
+from kbit_core.errors import TopicError
+
+MANIFEST_DIR = "manifests"
+# Kafka's own rule for topic names; it also keeps a topic from escaping the manifest directory.
+TOPIC_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetInfo(_Frozen):
+    name: str
+    seed: int
+    num_records: int = Field(ge=0)
+    image_shape: tuple[int, int, int]
+    num_classes: int = Field(ge=1)
+
+
+class PartitionManifest(_Frozen):
+    """One partition's share. Offsets are inclusive (the original's convention); an empty share has last = first - 1."""
+
+    partition: int = Field(ge=0)
+    first_offset: int = Field(ge=0)
+    last_offset: int = Field(ge=-1)
+    num_messages: int = Field(ge=0)
+    num_records: int = Field(ge=0)
+    value_bytes: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _offsets_cover_messages(self) -> PartitionManifest:
+        if self.last_offset - self.first_offset + 1 != self.num_messages:
+            raise ValueError(
+                f"partition {self.partition}: offsets {self.first_offset}..{self.last_offset} do not hold "
+                f"exactly {self.num_messages} messages"
+            )
+        return self
+
+    @property
+    def stop_offset(self) -> int:
+        """Exclusive end, the form kbit uses internally."""
+        return self.last_offset + 1
+
+
+class DataIdentity(_Frozen):
+    """What a topic's contents are, independent of when or how fast they were produced."""
+
+    dataset: DatasetInfo
+    variant: DataVariant
+    partitions: int = Field(ge=1)
+    schema_fingerprint: str
+
+    def differences(self, other: DataIdentity) -> list[str]:
+        """Human-readable 'field: ours != theirs' lines; empty when both describe the same data."""
+        diffs: list[str] = []
+        for section in ("dataset", "variant"):
+            ours, theirs = getattr(self, section).model_dump(), getattr(other, section).model_dump()
+            diffs += [f"{section}.{key}: {ours[key]!r} != {theirs.get(key)!r}"
+                      for key in ours if ours[key] != theirs.get(key)]
+        if self.partitions != other.partitions:
+            diffs.append(f"partitions: {self.partitions} != {other.partitions}")
+        if self.schema_fingerprint != other.schema_fingerprint:
+            diffs.append(f"schema_fingerprint: {self.schema_fingerprint} != {other.schema_fingerprint}")
+        return diffs
+
+
+class Manifest(_Frozen):
+    topic: str = Field(pattern=TOPIC_PATTERN)
+    dataset: DatasetInfo
+    variant: DataVariant
+    schema_fingerprint: str
+    partitions: list[PartitionManifest]
+    num_messages: int = Field(ge=0)
+    num_records: int = Field(ge=0)
+    value_bytes: int = Field(ge=0)
+    wire_bytes: int | None = Field(None, ge=0, description="Compressed record-batch bytes sent; None if unknown.")
+    dropped_records: int = Field(0, ge=0)
+    produce_seconds: float = Field(ge=0)
+    client: str
+    created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+    kbit_version: str
+
+    @model_validator(mode="after")
+    def _totals_add_up(self) -> Manifest:
+        ids = [p.partition for p in self.partitions]
+        if ids != list(range(len(ids))) or not ids:
+            raise ValueError(f"partitions must be 0..n-1 in order, got {ids}")
+        for total in ("num_messages", "num_records", "value_bytes"):
+            parts = sum(getattr(p, total) for p in self.partitions)
+            if parts != getattr(self, total):
+                raise ValueError(f"{total}={getattr(self, total)} but the partitions add up to {parts}")
+        return self
+
+    @property
+    def identity(self) -> DataIdentity:
+        return DataIdentity(dataset=self.dataset, variant=self.variant, partitions=len(self.partitions),
+                            schema_fingerprint=self.schema_fingerprint)
+
+    def matches(self, other: Manifest | DataIdentity) -> list[str]:
+        """Differences in what the data is (dataset, variant, partition count, schema); empty means the same."""
+        return self.identity.differences(other.identity if isinstance(other, Manifest) else other)
+
+    def ranges(self) -> dict[int, tuple[int, int]]:
+        """partition -> half-open (start, stop)."""
+        return {p.partition: (p.first_offset, p.stop_offset) for p in self.partitions}
+
+    def offset_strings(self) -> list[str]:
+        """The original's inclusive 'partition:start:last' strings."""
+        return [f"{p.partition}:{p.first_offset}:{p.last_offset}" for p in self.partitions]
+
+    def save(self, directory: Path) -> Path:
+        """Write ``<directory>/<topic>.json`` atomically (a crash never leaves half a manifest) and return its path."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{self.topic}.json"
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{self.topic}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(self.model_dump_json(indent=2))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> Manifest:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise TopicError(f"no manifest at {path}; produce the topic first (kbit produce)") from None
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as exc:
+            raise TopicError(f"manifest {path} is invalid: {exc}") from None
+
+
+def manifest_path(workdir: Path, topic: str) -> Path:
+    """Where the manifest of ``topic`` lives: ``<workdir>/manifests/<topic>.json``."""
+    return Path(workdir).resolve() / MANIFEST_DIR / f"{topic}.json"

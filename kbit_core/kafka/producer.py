@@ -1,0 +1,385 @@
+"""Produce a dataset into Kafka once per variant and record exactly where it went (a Manifest from delivery reports).
+
+Two producer backends (confluent-kafka and kafka-python) sit behind :class:`ProducerBackend`. Message
+number m goes to partition ``m % partitions`` with key = its first sample index, so partitions are
+balanced and the manifest can be checked message by message. Correctness never depends on
+ListOffsets(LATEST) (wrong on Tansu): offsets come from the delivery reports.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, ClassVar
+
+import crc32c  # noqa: F401  # kafka-python checksums in pure Python without it, 10x slower
+import kafka
+import kafka.errors
+from confluent_kafka import KafkaException, Producer
+from kafka.metrics.stats import Total
+from tqdm import tqdm
+
+from kbit_core.config import ClientName, Compression, DataVariant, KafkaConfig, KbitConfig, ProduceConfig
+from kbit_core.datasets import DatasetSource, open_source
+from kbit_core.errors import BrokerError, ConfigError, ManifestMismatchError, TopicError
+from kbit_core.formats import Codec, get_codec
+from kbit_core.kafka import admin
+from kbit_core.kafka.manifest import DataIdentity, DatasetInfo, Manifest, PartitionManifest, manifest_path
+from kbit_core.kafka.settings import kafka_python_options
+
+log = logging.getLogger(__name__)
+
+# Records encoded per chunk: bounds memory (images + encoded values) whatever the dataset size.
+CHUNK_RECORDS = 4096
+# Producer-side buffer; a full buffer makes send() wait for deliveries instead of growing memory.
+BUFFER_BYTES = 64 * 1024 * 1024
+# librdkafka emits statistics (with the compressed batch sizes) this often.
+STATS_INTERVAL_MS = 200
+
+# (partition, offset, error or None): how a backend reports one delivered (or failed) message.
+DeliveryCallback = Callable[[int, int, "str | None"], None]
+
+
+def _delivery_timeout_ms(kcfg: KafkaConfig) -> int:
+    """How long a message may wait for its acknowledgement before delivery counts as failed."""
+    return int(kcfg.request_timeout_s * 4 * 1000)
+
+
+class ProducerBackend(ABC):
+    """The small surface kbit needs from a Kafka producer: acks=all, idempotent, explicit partition."""
+
+    name: ClassVar[ClientName]
+
+    @abstractmethod
+    def send(self, topic: str, partition: int, key: bytes, value: bytes, on_delivery: DeliveryCallback) -> None:
+        """Queue one message; waits (serving deliveries) while the local buffer is full."""
+
+    @abstractmethod
+    def flush(self, timeout_s: float) -> None:
+        """Wait until every queued message is delivered or failed; BrokerError on timeout."""
+
+    @abstractmethod
+    def wire_bytes(self) -> int | None:
+        """Compressed record-batch bytes sent so far (after flush), or None when the client cannot tell."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class ConfluentProducer(ProducerBackend):
+    name = "confluent"
+
+    def __init__(self, kcfg: KafkaConfig, pcfg: ProduceConfig, compression: Compression) -> None:
+        self._batch_bytes = 0
+        self._stats_seen = 0
+        self._stats_cover_all = False
+        self._producer = Producer({
+            **admin.client_options(kcfg),
+            "acks": "all",
+            "enable.idempotence": True,
+            "compression.type": compression,
+            "linger.ms": pcfg.linger_ms,
+            "batch.size": pcfg.batch_size_bytes,
+            "queue.buffering.max.kbytes": BUFFER_BYTES // 1024,
+            "message.timeout.ms": _delivery_timeout_ms(kcfg),
+            "statistics.interval.ms": STATS_INTERVAL_MS,
+            "stats_cb": self._on_stats,
+        })
+
+    def _on_stats(self, payload: str) -> None:
+        # topics.<t>.batchsize is a window reset at every emission, so the windows add up to the total.
+        stats = json.loads(payload)
+        self._batch_bytes += sum(t.get("batchsize", {}).get("sum", 0) for t in stats.get("topics", {}).values())
+        self._stats_seen += 1
+
+    def send(self, topic: str, partition: int, key: bytes, value: bytes, on_delivery: DeliveryCallback) -> None:
+        def report(err: Any, msg: Any) -> None:
+            on_delivery(partition, msg.offset() if err is None else -1, None if err is None else err.str())
+
+        while True:
+            try:
+                self._producer.produce(topic, value=value, key=key, partition=partition, on_delivery=report)
+                break
+            except BufferError:
+                self._producer.poll(0.05)
+            except KafkaException as exc:
+                raise BrokerError(f"cannot produce a {len(value)}-byte message to {topic}[{partition}]: "
+                                  f"{exc.args[0].str()}") from None
+        self._producer.poll(0)
+
+    def flush(self, timeout_s: float) -> None:
+        left = self._producer.flush(timeout_s)
+        if left:
+            raise BrokerError(f"{left} message(s) still undelivered after {timeout_s:.0f}s")
+        # one more statistics emission after the last batch went out, so wire_bytes covers it
+        seen, deadline = self._stats_seen, time.monotonic() + 5 * STATS_INTERVAL_MS / 1000
+        while self._stats_seen == seen and time.monotonic() < deadline:
+            self._producer.poll(STATS_INTERVAL_MS / 1000)
+        self._stats_cover_all = self._stats_seen > seen
+
+    def wire_bytes(self) -> int | None:
+        return self._batch_bytes if self._stats_cover_all else None
+
+    def close(self) -> None:
+        # after a failure, drop what is still queued instead of waiting out the delivery timeout
+        self._producer.purge()
+        self._producer.close()
+
+
+class KafkaPythonProducer(ProducerBackend):
+    name = "kafka-python"
+
+    def __init__(self, kcfg: KafkaConfig, pcfg: ProduceConfig, compression: Compression) -> None:
+        timeout_ms = _delivery_timeout_ms(kcfg)
+        self._producer = kafka.KafkaProducer(
+            **kafka_python_options(kcfg),
+            acks="all",
+            enable_idempotence=True,
+            compression_type=None if compression == "none" else compression,
+            linger_ms=pcfg.linger_ms,
+            batch_size=pcfg.batch_size_bytes,
+            delivery_timeout_ms=max(timeout_ms, pcfg.linger_ms + kafka_python_options(kcfg)["request_timeout_ms"]),
+            max_block_ms=timeout_ms,
+        )
+        # The 'batch-size' sensor sees every compressed batch but only exposes avg/max; add a running total.
+        self._batch_total = self._producer._metrics.metric_name("batch-size-total", "producer-metrics")
+        self._producer._metrics.sensor("batch-size").add(self._batch_total, Total())
+        # kafka-python 3 has no buffer_memory bound, so kbit bounds the unacknowledged bytes itself
+        self._pending_bytes = 0
+        self._pending = threading.Condition()
+        self._max_block_s = timeout_ms / 1000
+
+    def send(self, topic: str, partition: int, key: bytes, value: bytes, on_delivery: DeliveryCallback) -> None:
+        size = len(value)
+        with self._pending:
+            if not self._pending.wait_for(lambda: self._pending_bytes < BUFFER_BYTES, timeout=self._max_block_s):
+                raise BrokerError(f"no acknowledgement from {topic} for {self._max_block_s:.0f}s "
+                                  f"({self._pending_bytes} bytes waiting)")
+            self._pending_bytes += size
+
+        def settled(offset: int, error: str | None) -> None:
+            with self._pending:
+                self._pending_bytes -= size
+                self._pending.notify()
+            on_delivery(partition, offset, error)
+
+        try:
+            future = self._producer.send(topic, value=value, key=key, partition=partition)
+        except (kafka.errors.KafkaError, ValueError) as exc:  # ValueError: partition not in the topic's metadata
+            raise BrokerError(f"cannot produce a {size}-byte message to {topic}[{partition}]: {exc}") from None
+        future.add_callback(lambda md: settled(md.offset, None))
+        future.add_errback(lambda exc: settled(-1, str(exc) or type(exc).__name__))
+
+    def flush(self, timeout_s: float) -> None:
+        try:
+            self._producer.flush(timeout=timeout_s)
+        except kafka.errors.KafkaTimeoutError:
+            raise BrokerError(f"messages still undelivered after {timeout_s:.0f}s") from None
+
+    def wire_bytes(self) -> int | None:
+        metric = self._producer._metrics.metrics.get(self._batch_total)
+        return int(metric.value()) if metric is not None else None
+
+    def close(self) -> None:
+        self._producer.close(timeout=5)
+
+
+BACKENDS: dict[str, type[ProducerBackend]] = {b.name: b for b in (ConfluentProducer, KafkaPythonProducer)}
+
+
+def make_producer(kcfg: KafkaConfig, pcfg: ProduceConfig, compression: Compression,
+                  client: str | None = None) -> ProducerBackend:
+    name = client or pcfg.client
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown producer client {name!r}; choose one of {sorted(BACKENDS)}")
+    return BACKENDS[name](kcfg, pcfg, compression)
+
+
+@dataclass
+class _PartitionTally:
+    first: int | None = None
+    last: int = -1
+    messages: int = 0
+    records: int = 0
+    value_bytes: int = 0
+
+
+class DeliveryLedger:
+    """Accumulates delivery reports (possibly from a client thread) into exact per-partition offsets."""
+
+    def __init__(self, topic: str, partitions: int) -> None:
+        self.topic = topic
+        self._tallies = [_PartitionTally() for _ in range(partitions)]
+        self._errors: dict[int, list[str]] = {}
+        self._lock = threading.Lock()
+        self.delivered_records = 0
+
+    def callback(self, num_records: int, value_bytes: int) -> DeliveryCallback:
+        """The delivery callback for one message of ``num_records`` records and ``value_bytes`` bytes."""
+        return partial(self._settle, num_records, value_bytes)
+
+    def _settle(self, num_records: int, value_bytes: int, partition: int, offset: int, error: str | None) -> None:
+        with self._lock:
+            if error is not None:
+                self._errors.setdefault(partition, []).append(error)
+                return
+            t = self._tallies[partition]
+            t.first = offset if t.first is None else min(t.first, offset)
+            t.last = max(t.last, offset)
+            t.messages += 1
+            t.records += num_records
+            t.value_bytes += value_bytes
+            self.delivered_records += num_records
+
+    def raise_errors(self) -> None:
+        """BrokerError naming the topic, each failed partition and its first error."""
+        with self._lock:
+            if not self._errors:
+                return
+            lines = [f"{self.topic}[{p}]: {len(errs)} message(s) failed, first error: {errs[0]}"
+                     for p, errs in sorted(self._errors.items())]
+        raise BrokerError("delivery failed:\n  " + "\n  ".join(lines))
+
+    def partitions(self) -> list[PartitionManifest]:
+        self.raise_errors()
+        out = []
+        for p, t in enumerate(self._tallies):
+            first = t.first if t.first is not None else 0
+            if t.messages and t.last - first + 1 != t.messages:
+                raise TopicError(f"{self.topic}[{p}]: {t.messages} messages landed at offsets {first}..{t.last}, "
+                                 f"which are not contiguous; did another producer write to the topic?")
+            out.append(PartitionManifest(partition=p, first_offset=first, last_offset=first + t.messages - 1,
+                                         num_messages=t.messages, num_records=t.records, value_bytes=t.value_bytes))
+        return out
+
+
+def kbit_version() -> str:
+    try:
+        return version("kbit")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _send_dataset(cfg: KbitConfig, variant: DataVariant, topic: str, source: DatasetSource, codec: Codec,
+                  backend: ProducerBackend, progress: bool) -> DeliveryLedger:
+    """Encode the source chunk by chunk and send every message; returns the filled ledger."""
+    partitions = cfg.produce.partitions
+    per_message = variant.records_per_message
+    # chunks hold whole messages, so message numbering and grouping continue across chunks
+    chunk = per_message * max(1, CHUNK_RECORDS // per_message)
+    ledger = DeliveryLedger(topic, partitions)
+    message_no = 0
+    with tqdm(total=source.num_records, unit="rec", unit_scale=True, desc=f"produce {variant.name}",
+              disable=not progress, file=sys.stderr) as bar:
+        for indices, images, labels in source.batches(0, source.num_records, chunk):
+            for j, value in enumerate(codec.encode(indices, images, labels)):
+                first = j * per_message
+                records = min(per_message, len(indices) - first)
+                backend.send(topic, message_no % partitions, str(int(indices[first])).encode("ascii"), value,
+                             ledger.callback(records, len(value)))
+                message_no += 1
+            ledger.raise_errors()
+            bar.update(len(indices))
+        backend.flush(_delivery_timeout_ms(cfg.kafka) / 1000)
+    return ledger
+
+
+def _requested_identity(cfg: KbitConfig, variant: DataVariant) -> tuple[DataIdentity, DatasetSource, Codec]:
+    source = open_source(cfg.dataset)
+    codec = get_codec(variant.format, variant.layout, source.image_shape, variant.records_per_message,
+                      num_classes=source.num_classes)
+    info = DatasetInfo(name=source.name, seed=cfg.dataset.seed, num_records=source.num_records,
+                       image_shape=tuple(source.image_shape), num_classes=source.num_classes)
+    identity = DataIdentity(dataset=info, variant=variant, partitions=cfg.produce.partitions,
+                            schema_fingerprint=codec.schema_fingerprint())
+    return identity, source, codec
+
+
+def _reusable(cfg: KbitConfig, topic: str, identity: DataIdentity) -> Manifest | None:
+    """The saved manifest when the topic still holds exactly it; None when the topic must be (re)produced.
+
+    Raises ManifestMismatchError when what exists differs from the request (the caller handles recreate).
+    """
+    path = manifest_path(cfg.workdir, topic)
+    exists = admin.topic_exists(cfg.kafka, topic)
+    if not path.is_file():
+        if exists:
+            raise ManifestMismatchError(f"topic {topic!r} exists but has no manifest at {path}, so its contents "
+                                        f"are unknown; pass --recreate (produce.recreate) to replace it")
+        return None
+    saved = Manifest.load(path)
+    diffs = saved.identity.differences(identity)
+    if diffs:
+        raise ManifestMismatchError(f"the manifest of topic {topic!r} ({path}) differs from the request "
+                                    "(manifest != request):\n  " + "\n  ".join(diffs))
+    check = admin.check_topic(cfg.kafka, saved)
+    if not check.exists:
+        log.warning("topic %s is gone from the %s (a memory-only broker loses topics on restart); producing it again",
+                    topic, admin.describe_broker(cfg.kafka))
+        return None
+    if check.problems:
+        raise ManifestMismatchError(f"topic {topic!r} no longer holds its manifest {path}:\n  "
+                                    + "\n  ".join(check.problems))
+    return saved
+
+
+def produce_dataset(cfg: KbitConfig, variant: DataVariant | None = None, *, recreate: bool | None = None,
+                    progress: bool = True, client: str | None = None) -> Manifest:
+    """Make sure the variant's topic holds the dataset, producing it if needed, and return its manifest.
+
+    A matching manifest whose offsets the broker still holds is reused as is; a topic that vanished
+    (embedded broker restarted) is produced again. Anything else that differs raises
+    ManifestMismatchError unless ``recreate`` (default ``cfg.produce.recreate``), which deletes and
+    produces afresh.
+    """
+    topic = cfg.produce.topic_for(cfg.dataset, variant)
+    variant = variant or cfg.produce.variant
+    recreate = cfg.produce.recreate if recreate is None else recreate
+    identity, source, codec = _requested_identity(cfg, variant)
+    path = manifest_path(cfg.workdir, topic)
+    if recreate:
+        path.unlink(missing_ok=True)
+        admin.delete_topic(cfg.kafka, topic)
+    else:
+        reused = _reusable(cfg, topic, identity)
+        if reused is not None:
+            log.info("reusing topic %s (%d records, manifest %s)", topic, reused.num_records, path)
+            return reused
+        path.unlink(missing_ok=True)
+
+    admin.create_topic(cfg.kafka, topic, cfg.produce.partitions)
+    backend = make_producer(cfg.kafka, cfg.produce, variant.compression, client)
+    started = time.perf_counter()
+    try:
+        ledger = _send_dataset(cfg, variant, topic, source, codec, backend, progress)
+        wire_bytes = backend.wire_bytes()
+    finally:
+        backend.close()
+    seconds = time.perf_counter() - started
+    partitions = ledger.partitions()
+    manifest = Manifest(
+        topic=topic, dataset=identity.dataset, variant=variant, schema_fingerprint=identity.schema_fingerprint,
+        partitions=partitions, num_messages=sum(p.num_messages for p in partitions),
+        num_records=sum(p.num_records for p in partitions), value_bytes=sum(p.value_bytes for p in partitions),
+        wire_bytes=wire_bytes, dropped_records=source.num_records - ledger.delivered_records,
+        produce_seconds=seconds, client=backend.name, kbit_version=kbit_version(),
+    )
+    if manifest.dropped_records:
+        raise TopicError(f"{topic}: {manifest.dropped_records} of {source.num_records} records were not delivered")
+    saved = manifest.save(cfg.manifest_dir)
+    log.info("produced %s: %d records in %d messages, %.1f MB in %.2fs; manifest %s", topic, manifest.num_records,
+             manifest.num_messages, manifest.value_bytes / 1e6, seconds, saved)
+    return manifest
+
+
+def ensure_topics(cfg: KbitConfig, variants: Iterable[DataVariant], *, progress: bool = True) -> list[Manifest]:
+    """produce_dataset for each variant (reusing whatever is already in place)."""
+    return [produce_dataset(cfg, v, progress=progress) for v in variants]

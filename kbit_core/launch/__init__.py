@@ -1,0 +1,1 @@
+"""Launching distributed work: the SparkSession from config and the TorchDistributor runner."""

@@ -1,0 +1,219 @@
+"""Run a function on every rank through Spark's TorchDistributor and bring worker failures back with their tracebacks.
+
+TorchDistributor reports any worker failure as a generic RuntimeError (local_mode=True) or
+Py4JJavaError (local_mode=False) and leaves the real traceback in the streamed logs. Each rank here
+runs inside :func:`_run_rank`, which writes its own traceback to ``<run_dir>/errors/rank<r>.txt``
+before re-raising, so the driver can raise one DistributedError that holds the worker's own words.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from kbit_core.config import KbitConfig
+from kbit_core.errors import DistributedError
+from kbit_core.launch.spark import check_barrier_slots, clean_worker_tmp, get_spark, spark_dir
+
+log = logging.getLogger(__name__)
+
+_RESULT_KEY = "kbit/rank0-result"
+_MAX_SECONDARY_LINES = 8
+# A rank whose collective broke because a peer died reports after the peer itself, but is not the cause.
+_PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "DistBackendError",
+                         "DistNetworkError", "DistStoreError", "ProcessGroupGloo", "NCCL communicator was aborted")
+
+# One TorchDistributor run at a time per process: runs share the session's worker TMPDIR and errors dir.
+_run_lock = threading.Lock()
+
+
+class WorkerFailedError(DistributedError):
+    """A rank raised; ``exception_type`` is the qualified name of what it raised (e.g. 'ValueError')."""
+
+    def __init__(self, message: str, *, rank: str, exception_type: str) -> None:
+        super().__init__(message)
+        self.rank, self.exception_type = rank, exception_type
+
+
+def errors_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "errors"
+
+
+def run_distributed(fn: Callable[..., Any], cfg: KbitConfig, *args: Any, **kwargs: Any) -> Any:
+    """Run ``fn(*args, **kwargs)`` on ``cfg.launch.num_processes`` ranks; return rank 0's result.
+
+    Every rank returns the same object (rank 0's). ``fn`` must be a module-level function; one from a
+    module the workers cannot import (a test file, a notebook helper) is shipped by value.
+
+    Raises:
+        DistributedError: the launch settings do not fit the SparkSession, or a worker raised (the
+            message holds that worker's traceback, also kept in ``<run_dir>/errors/``).
+    """
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    launch = cfg.launch
+    session = get_spark(cfg)
+    check_barrier_slots(session, launch)
+    _ship_by_value_if_needed(fn)
+    errors = errors_dir(cfg.run_dir)
+    with _run_lock:
+        shutil.rmtree(errors, ignore_errors=True)
+        try:
+            distributor = TorchDistributor(num_processes=launch.num_processes, local_mode=launch.local_mode,
+                                           use_gpu=launch.use_gpu)
+        except RuntimeError as exc:
+            raise DistributedError(f"TorchDistributor refused launch settings {_describe(cfg)}: {exc}") from exc
+        log.info("launching %s on %s", getattr(fn, "__qualname__", fn), _describe(cfg))
+        with _run_tmpdir(cfg.run_dir):
+            try:
+                return distributor.run(_run_rank, fn, str(errors), float(launch.timeout_s), args, kwargs)
+            except Exception as exc:
+                raise _worker_failure(exc, errors, cfg) from exc
+            finally:
+                clean_worker_tmp()
+
+
+def _describe(cfg: KbitConfig) -> str:
+    launch = cfg.launch
+    return (f"num_processes={launch.num_processes} local_mode={launch.local_mode} "
+            f"use_gpu={launch.use_gpu} master={launch.master}")
+
+
+def _run_rank(fn: Callable[..., Any], error_dir: str, timeout_s: float, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Any:
+    """Per-rank wrapper: run ``fn``, record a failure's traceback, and hand every rank rank 0's result."""
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        result = fn(*args, **kwargs)
+        return _rank0_result(result, rank, timeout_s)
+    except BaseException:
+        target = Path(error_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        (target / f"rank{rank}.txt").write_text(traceback.format_exc())
+        raise
+
+
+def _rank0_result(result: Any, rank: int, timeout_s: float) -> Any:
+    """Rank 0's ``result`` on every rank.
+
+    In local_mode=True every rank writes its return value to the same output file and the last
+    writer wins, so ranks must agree. The process group may already be destroyed by ``fn``; the
+    torchrun agent's store (which outlives the workers) carries the value then.
+    """
+    import torch.distributed as dist
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return result
+    if dist.is_available() and dist.is_initialized():
+        box = [result]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return result
+    from pyspark import cloudpickle
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world_size,
+                          is_master=False, timeout=timedelta(seconds=timeout_s))
+    if rank == 0:
+        store.set(_RESULT_KEY, cloudpickle.dumps(result))
+        return result
+    # The agent store is private to this torchrun job: only rank 0 of this job wrote the value.
+    return cloudpickle.loads(store.get(_RESULT_KEY))
+
+
+def _worker_failure(exc: Exception, errors: Path, cfg: KbitConfig) -> DistributedError:
+    reports = _rank_reports(errors)
+    if reports:
+        (first, text), *others = reports
+        lines = [f"distributed run failed ({_describe(cfg)}); {first} raised:", text]
+        for rank, other in others:
+            lines.append(f"--- {rank} also failed:")
+            lines.extend(other.splitlines()[-_MAX_SECONDARY_LINES:])
+        lines.append(f"(tracebacks kept in {errors})")
+        return WorkerFailedError("\n".join(lines), rank=first, exception_type=_exception_type(text))
+    text = str(exc)
+    if "BarrierJobSlotsNumberCheckFailed" in text:
+        return DistributedError(
+            f"Spark cannot schedule {cfg.launch.num_processes} barrier tasks at once on {cfg.launch.master} "
+            f"(local_mode=false needs one free task slot per process); add executors/cores or use local_mode=true"
+        )
+    return DistributedError(
+        f"distributed run failed ({_describe(cfg)}) before any worker reported a Python error; "
+        f"Spark said: {text[-3000:]}"
+    )
+
+
+def _rank_reports(errors: Path) -> list[tuple[str, str]]:
+    """(rank name, traceback) per failed rank, the likely cause first: own errors before peer-loss ones."""
+    if not errors.is_dir():
+        return []
+    reports = []
+    for path in errors.glob("rank*.txt"):
+        text = path.read_text().rstrip()
+        secondary = any(marker in text for marker in _PEER_FAILURE_MARKERS)
+        reports.append((secondary, path.stat().st_mtime, path.stem, text))
+    return [(rank, text) for _, _, rank, text in sorted(reports)]
+
+
+def _exception_type(traceback_text: str) -> str:
+    """'kbit_core.errors.ConfigError' from a traceback's last line 'kbit_core.errors.ConfigError: ...'."""
+    last = traceback_text.splitlines()[-1] if traceback_text else ""
+    return last.split(":", 1)[0].strip()
+
+
+@contextlib.contextmanager
+def _run_tmpdir(run_dir: Path) -> Iterator[Path]:
+    """Point TMPDIR (env and tempfile) at a fresh directory for one run and delete it afterwards.
+
+    TorchDistributor's tmp*/train.py and every torchrun agent's torchelastic_* land there, including
+    those a failed run would otherwise leave behind.
+    """
+    tmp = spark_dir(run_dir) / f"run-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    saved_env, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = str(tmp)
+    tempfile.tempdir = str(tmp)
+    try:
+        yield tmp
+    finally:
+        tempfile.tempdir = saved_tempdir
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _ship_by_value_if_needed(fn: Callable[..., Any]) -> None:
+    """cloudpickle sends module-level functions by reference; ship the module itself when workers can't import it."""
+    module_name = getattr(fn, "__module__", None)
+    if module_name in (None, "__main__") or module_name not in sys.modules:
+        return
+    if not _importable_in_fresh_python(module_name.split(".")[0]):
+        from pyspark import cloudpickle
+
+        log.info("workers cannot import %s; shipping it by value", module_name)
+        cloudpickle.register_pickle_by_value(sys.modules[module_name])
+
+
+@functools.lru_cache(maxsize=64)
+def _importable_in_fresh_python(top_level: str) -> bool:
+    """Whether a new interpreter with this environment (as torchrun starts them) finds ``top_level``."""
+    code = "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)"
+    with tempfile.TemporaryDirectory() as cwd:
+        done = subprocess.run([sys.executable, "-c", code, top_level], cwd=cwd, capture_output=True, timeout=60)
+    return done.returncode == 0

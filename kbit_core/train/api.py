@@ -1,0 +1,101 @@
+"""The driver side of training: make sure the data is in Kafka, launch the ranks, restart from checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kbit_core.config import KbitConfig
+from kbit_core.kafka.broker import EmbeddedBroker, port_open
+from kbit_core.launch.distributor import WorkerFailedError, run_distributed
+
+log = logging.getLogger(__name__)
+
+# A worker that raised one of these fails the same way again: restarting would only repeat it.
+NOT_RESTARTABLE = ("ConfigError", "ManifestMismatchError", "TopicError", "CorruptRecordError", "ModuleNotFoundError",
+                   "ImportError", "TrainingDivergedError")
+
+
+def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
+    """Train ``cfg`` end to end and return the workers' result (identical on every rank) plus driver facts.
+
+    Steps: start the embedded broker when the config uses it and nothing listens there; produce the
+    dataset's topic or reuse it (``produce_dataset``); run ``train_main`` on every rank through
+    TorchDistributor; when a worker fails, restart from the latest checkpoint up to
+    ``checkpoint.max_restarts`` times.
+
+    Raises:
+        DistributedError: a worker failed and no restart was left (or the failure is not one a restart fixes).
+    """
+    from kbit_core.kafka.manifest import manifest_path
+    from kbit_core.kafka.producer import produce_dataset
+    from kbit_core.train.worker import train_main
+
+    started = time.perf_counter()
+    with embedded_broker(cfg):
+        manifest = produce_dataset(cfg, progress=progress)
+        path = manifest_path(cfg.workdir, manifest.topic)
+        attempt_cfg = cfg
+        restarts = 0
+        while True:
+            try:
+                result = run_distributed(train_main, attempt_cfg, attempt_cfg.to_secret_dict(), str(path),
+                                         str(cfg.run_dir))
+                break
+            except WorkerFailedError as exc:
+                if restarts >= cfg.checkpoint.max_restarts or _not_restartable(exc):
+                    raise
+                restarts += 1
+                attempt_cfg = _resume_latest(cfg)
+                log.warning("training failed on %s with %s; restart %d of %d from %s", exc.rank, exc.exception_type,
+                            restarts, cfg.checkpoint.max_restarts, _restart_point(cfg))
+    return {**result, "topic": manifest.topic, "manifest_path": str(path), "restarts": restarts,
+            "wall_seconds": time.perf_counter() - started}
+
+
+@contextlib.contextmanager
+def embedded_broker(cfg: KbitConfig) -> Iterator[None]:
+    """Run the embedded broker for the duration of the block unless a broker already listens there.
+
+    A broker started here is stopped afterwards (it keeps topics in memory only, so they go with it).
+    """
+    host, port = cfg.kafka.embedded.host, cfg.kafka.embedded.port
+    if not cfg.kafka.uses_embedded or port_open(host, port):
+        yield
+        return
+    broker = EmbeddedBroker(cfg.run_dir, host, port)
+    log.info("starting the embedded broker on %s for this run", broker.bootstrap)
+    broker.start()
+    try:
+        yield
+    finally:
+        broker.stop()
+
+
+def _not_restartable(exc: WorkerFailedError) -> bool:
+    return exc.exception_type.rsplit(".", 1)[-1] in NOT_RESTARTABLE
+
+
+def _checkpoint_dir(cfg: KbitConfig) -> Path | None:
+    # The worker resolves a relative checkpoint.dir against the run directory it is given (cfg.run_dir).
+    return cfg.run_dir / cfg.checkpoint.dir if cfg.checkpoint.dir is not None else None
+
+
+def _resume_latest(cfg: KbitConfig) -> KbitConfig:
+    data = cfg.to_secret_dict()
+    data["checkpoint"]["resume"] = "latest"
+    return KbitConfig.from_dict(data)
+
+
+def _restart_point(cfg: KbitConfig) -> str:
+    from kbit_core.train.checkpoint import latest_checkpoint
+
+    directory = _checkpoint_dir(cfg)
+    if directory is None:
+        return "scratch (checkpoint.dir is unset)"
+    latest = latest_checkpoint(directory)
+    return str(latest) if latest is not None else f"scratch (no checkpoint in {directory} yet)"

@@ -1,0 +1,271 @@
+"""DDP and DeepSpeed engines behind one small interface: accumulate, forward, backward, step, predict, checkpoint.
+
+The loop never branches on the engine. Each engine owns its model, optimizer, LR schedule, loss scaler and
+EMA copy, and knows how to save them (DDP: one rank-0 file; DeepSpeed: its own sharded checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from abc import ABC, abstractmethod
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from kbit_core.config import KbitConfig
+from kbit_core.errors import ConfigError, DistributedError
+from kbit_core.train import checkpoint as ckpt
+from kbit_core.train.deepspeed_config import build_deepspeed_config, engine_name
+from kbit_core.train.distributed import DistEnv
+from kbit_core.train.ema import build_ema
+from kbit_core.train.optim import build_optimizer, build_scheduler, effective_lr
+from kbit_core.train.precision import Precision
+
+
+class Engine(ABC):
+    """One rank's model + optimizer + schedule, wrapped for data parallelism."""
+
+    name: str
+
+    @abstractmethod
+    def accumulation(self, boundary: bool) -> contextlib.AbstractContextManager[object]:
+        """Context for one micro-batch's forward and backward; gradients are synchronised only at a boundary."""
+
+    @abstractmethod
+    def forward(self, x: Tensor) -> Tensor:
+        """Training forward pass: logits for a float32 batch."""
+
+    @abstractmethod
+    def backward(self, loss: Tensor) -> None:
+        """Back-propagate one micro-batch's mean loss (scaled by 1/grad_accum_steps)."""
+
+    @abstractmethod
+    def step(self) -> None:
+        """Optimizer step (with clipping, loss scaling, LR schedule and EMA update), then clear gradients."""
+
+    @abstractmethod
+    def predict(self, x: Tensor) -> Tensor:
+        """Evaluation logits, from the EMA weights when enabled; call under torch.no_grad()."""
+
+    @abstractmethod
+    def train(self, mode: bool = True) -> None:
+        """Switch the trained model (and EMA copy) between train and eval mode."""
+
+    @abstractmethod
+    def save_checkpoint(self, writer: ckpt.Checkpointer | None, name: str, meta: dict[str, Any]) -> Path:
+        """Collective: save everything needed to resume. ``writer`` and ``meta`` are used on rank 0 only."""
+
+    @abstractmethod
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Collective: restore from ``path`` and return its meta (train state and per-rank entries)."""
+
+    @abstractmethod
+    def current_lr(self) -> float:
+        """Learning rate of the first parameter group."""
+
+
+class DDPEngine(Engine):
+    """torch DistributedDataParallel with autocast, GradScaler (fp16), clipping, no_sync accumulation and EMA."""
+
+    name = "ddp"
+
+    def __init__(self, model: nn.Module, cfg: KbitConfig, env: DistEnv, steps_per_epoch: int, total_steps: int):
+        train = cfg.train
+        if env.device.type == "cuda" and train.sync_batchnorm:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        self.module = model.to(env.device)
+        self.ddp = DistributedDataParallel(self.module, device_ids=[env.device] if env.device.type == "cuda" else None)
+        lr = effective_lr(train.optim, env.world_size, train.grad_accum_steps)
+        self.optimizer = build_optimizer(self.module.parameters(), train.optim, lr)
+        self.scheduler = build_scheduler(self.optimizer, train.optim, steps_per_epoch, total_steps)
+        self.precision = Precision(train.precision, env.device)
+        self.scaler = self.precision.grad_scaler()
+        self.ema = build_ema(self.module, train.ema_decay) if train.ema_decay else None
+        self.grad_accum_steps = train.grad_accum_steps
+        self.grad_clip_norm = train.grad_clip_norm
+
+    def accumulation(self, boundary: bool) -> contextlib.AbstractContextManager[object]:
+        return contextlib.nullcontext() if boundary else self.ddp.no_sync()
+
+    def forward(self, x: Tensor) -> Tensor:
+        with self.precision.autocast():
+            return self.ddp(x)
+
+    def backward(self, loss: Tensor) -> None:
+        loss = loss / self.grad_accum_steps
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def step(self) -> None:
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        if self.grad_clip_norm:
+            nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip_norm)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update_parameters(self.module)
+
+    def predict(self, x: Tensor) -> Tensor:
+        model = self.ema.module if self.ema is not None else self.module
+        with self.precision.autocast():
+            return model(x)
+
+    def train(self, mode: bool = True) -> None:
+        self.module.train(mode)
+        if self.ema is not None:
+            self.ema.train(mode)
+
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            ckpt.MODEL: self.module.state_dict(),
+            ckpt.OPTIMIZER: self.optimizer.state_dict(),
+            ckpt.SCHEDULER: self.scheduler.state_dict(),
+            ckpt.GRAD_SCALER: self.scaler.state_dict() if self.scaler else None,
+            ckpt.EMA: self.ema.state_dict() if self.ema is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state[ckpt.MODEL])
+        self.optimizer.load_state_dict(state[ckpt.OPTIMIZER])
+        self.scheduler.load_state_dict(state[ckpt.SCHEDULER])
+        if self.scaler and state[ckpt.GRAD_SCALER] is not None:
+            self.scaler.load_state_dict(state[ckpt.GRAD_SCALER])
+        if self.ema is not None:
+            if state[ckpt.EMA] is None:
+                raise ConfigError("train.ema_decay is set but the checkpoint being resumed has no EMA weights")
+            self.ema.load_state_dict(state[ckpt.EMA])
+
+    def save_checkpoint(self, writer: ckpt.Checkpointer | None, name: str, meta: dict[str, Any]) -> Path:
+        # Every rank holds identical weights after the all-reduce, so rank 0 alone writes.
+        if writer is None:
+            return Path(name)
+        return writer.write_file(name, {**self.state_dict(), **meta})
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        if ckpt.is_sharded(path):
+            raise ConfigError(f"{path} is a DeepSpeed checkpoint; resume it with deepspeed.enabled=true")
+        state = ckpt.read_file(path)
+        self.load_state_dict(state)
+        return {ckpt.TRAIN_STATE: state[ckpt.TRAIN_STATE], ckpt.RANKS: state[ckpt.RANKS]}
+
+
+class DeepSpeedEngine(Engine):
+    """A DeepSpeed ZeRO engine around a plain torch optimizer; the loop sets accumulation boundaries itself."""
+
+    def __init__(self, deepspeed: ModuleType, model: nn.Module, cfg: KbitConfig, env: DistEnv,
+                 steps_per_epoch: int, total_steps: int):
+        train, ds = cfg.train, cfg.deepspeed
+        if train.ema_decay and ds.zero_stage == 3:
+            raise ConfigError("train.ema_decay needs whole parameters on every rank; it does not work with ZeRO-3")
+        self.name = engine_name(cfg)
+        ds_config = build_deepspeed_config(cfg, env.world_size, env.device.type == "cuda")
+        if ds.activation_checkpointing:
+            deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
+            model = _checkpoint_children(model, deepspeed.checkpointing.checkpoint)
+        optimizer = build_optimizer(model.parameters(), train.optim,
+                                    effective_lr(train.optim, env.world_size, train.grad_accum_steps))
+        # Built on the client optimizer: DeepSpeed's wrappers share its param_groups, so the LR set here is used.
+        self.scheduler = build_scheduler(optimizer, train.optim, steps_per_epoch, total_steps)
+        self.ds, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        self.input_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(train.precision, torch.float32)
+        self.ema = build_ema(self.ds.module, train.ema_decay) if train.ema_decay else None
+
+    def accumulation(self, boundary: bool) -> contextlib.AbstractContextManager[object]:
+        self.ds.set_gradient_accumulation_boundary(boundary)
+        return contextlib.nullcontext()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.ds(x.to(self.input_dtype))
+
+    def backward(self, loss: Tensor) -> None:
+        self.ds.backward(loss)  # divides by gradient_accumulation_steps itself
+
+    def step(self) -> None:
+        self.ds.step()
+        # fp16 dynamic loss scaling skips overflowing steps; the schedule must not advance for those.
+        if self.ds.was_step_applied():
+            self.scheduler.step()
+            if self.ema is not None:
+                self.ema.update_parameters(self.ds.module)
+
+    def predict(self, x: Tensor) -> Tensor:
+        model = self.ema.module if self.ema is not None else self.ds
+        return model(x.to(self.input_dtype))
+
+    def train(self, mode: bool = True) -> None:
+        self.ds.train(mode)
+        if self.ema is not None:
+            self.ema.train(mode)
+
+    def current_lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def save_checkpoint(self, writer: ckpt.Checkpointer | None, name: str, meta: dict[str, Any]) -> Path:
+        directory = writer.directory if writer is not None else None
+        # All ranks write their shards; only rank 0 knows the directory, so it is broadcast first.
+        holder = [str(directory) if directory else None]
+        torch.distributed.broadcast_object_list(holder, src=0)
+        client_state = {ckpt.SCHEDULER: self.scheduler.state_dict(),
+                        ckpt.EMA: self.ema.state_dict() if self.ema is not None else None}
+        self.ds.save_checkpoint(holder[0], tag=name, client_state=client_state, save_latest=False)
+        torch.distributed.barrier()
+        if writer is None:
+            return Path(holder[0]) / name
+        return writer.write_side_file(name, meta)
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        if not ckpt.is_sharded(path):
+            raise ConfigError(f"{path} is a DDP checkpoint file; resume it with deepspeed.enabled=false")
+        loaded, client_state = self.ds.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
+                                                       load_lr_scheduler_states=False)
+        if loaded is None:
+            raise DistributedError(f"DeepSpeed could not load the checkpoint {path}")
+        self.scheduler.load_state_dict(client_state[ckpt.SCHEDULER])
+        if self.ema is not None:
+            if client_state.get(ckpt.EMA) is None:
+                raise ConfigError("train.ema_decay is set but the checkpoint being resumed has no EMA weights")
+            self.ema.load_state_dict(client_state[ckpt.EMA])
+        return ckpt.read_side_file(path)
+
+
+class _Checkpointed(nn.Module):
+    """Recompute this block's activations in backward instead of storing them."""
+
+    def __init__(self, block: nn.Module, checkpoint_fn: Any) -> None:
+        super().__init__()
+        self.block = block
+        self.checkpoint_fn = checkpoint_fn
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.checkpoint_fn(self.block, x) if self.training else self.block(x)
+
+
+def _checkpoint_children(model: nn.Module, checkpoint_fn: Any) -> nn.Module:
+    """Wrap each top-level child (the model's stages) for activation checkpointing."""
+    for child_name, child in list(model.named_children()):
+        setattr(model, child_name, _Checkpointed(child, checkpoint_fn))
+    return model
+
+
+def build_engine(model: nn.Module, cfg: KbitConfig, env: DistEnv, steps_per_epoch: int, total_steps: int,
+                 deepspeed: ModuleType | None) -> Engine:
+    """The DeepSpeed engine when ``deepspeed`` is given (DeepSpeed enabled and importable), else DDP."""
+    if deepspeed is None:
+        if cfg.deepspeed.activation_checkpointing:
+            warnings.warn("deepspeed.activation_checkpointing is ignored by the DDP engine", RuntimeWarning,
+                          stacklevel=2)
+        return DDPEngine(model, cfg, env, steps_per_epoch, total_steps)
+    return DeepSpeedEngine(deepspeed, model, cfg, env, steps_per_epoch, total_steps)

@@ -1,0 +1,295 @@
+"""The flat train loop: epochs of accumulated micro-batches, validation, checkpoints, resume, final test."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+from kbit_core.config import KbitConfig
+from kbit_core.errors import ConfigError, DistributedError, TrainingDivergedError
+from kbit_core.train import checkpoint as ckpt
+from kbit_core.train.distributed import DistEnv, broadcast_from_main, gather_to_main
+from kbit_core.train.engine import Engine
+from kbit_core.train.metrics import SpikeDetector, reduce_batch, reduce_throughput
+
+log = logging.getLogger(__name__)
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class Loader(Protocol):
+    """What the loop needs from a split loader (kbit_core.data.loader.ShardLoader satisfies it)."""
+
+    def __iter__(self) -> Iterator[Batch]: ...
+    def __len__(self) -> int: ...
+    def set_epoch(self, epoch: int) -> None: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class SplitLoaders:
+    """This rank's loaders; val and test are absent when shard.split_rates has fewer entries."""
+
+    train: Loader
+    val: Loader | None = None
+    test: Loader | None = None
+
+
+@dataclass
+class TrainState:
+    """Everything about progress that a checkpoint must carry, as plain JSON-able values."""
+
+    epoch: int = 0
+    batch_in_epoch: int = 0  # micro-batches of `epoch` already trained
+    step: int = 0  # optimizer steps taken
+    skipped_batches: int = 0  # non-finite micro-batches dropped under nan_policy=skip
+    epoch_sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # loss_sum, correct, count so far
+    history: list[dict[str, Any]] = field(default_factory=list)
+    loss_curve: list[float] = field(default_factory=list)
+
+
+def batches_per_epoch(cfg: KbitConfig, loader_length: int) -> int:
+    """Micro-batches trained per epoch: the loader's length, capped by train.max_steps_per_epoch."""
+    cap = cfg.train.max_steps_per_epoch
+    return loader_length if cap is None else min(loader_length, cap * cfg.train.grad_accum_steps)
+
+
+def steps_per_epoch(cfg: KbitConfig, loader_length: int) -> int:
+    """Optimizer steps per epoch (a trailing partial accumulation window still steps)."""
+    return math.ceil(batches_per_epoch(cfg, loader_length) / cfg.train.grad_accum_steps)
+
+
+class Trainer:
+    """Runs one rank's share of training; every collective is reached by all ranks in the same order."""
+
+    def __init__(self, cfg: KbitConfig, env: DistEnv, engine: Engine, loaders: SplitLoaders,
+                 checkpointer: ckpt.Checkpointer | None) -> None:
+        self.cfg, self.env, self.engine, self.loaders = cfg, env, engine, loaders
+        self.checkpointer = checkpointer  # rank 0 only
+        self.state = TrainState()
+        self.spikes = SpikeDetector(cfg.train.loss_spike_factor)
+        self.console = Console(stderr=False)
+        self.last_checkpoint: str | None = None
+
+    # ---- sizes -------------------------------------------------------------------------------------------
+
+    def batches_per_epoch(self) -> int:
+        return batches_per_epoch(self.cfg, len(self.loaders.train))
+
+    # ---- checkpoints -------------------------------------------------------------------------------------
+
+    def resume(self, path: Path) -> None:
+        """Restore engine, RNG, loader position and progress from ``path`` (every rank reads it)."""
+        meta = self.engine.load_checkpoint(path)
+        ranks = meta[ckpt.RANKS]
+        if len(ranks) != self.env.world_size:
+            raise ConfigError(f"checkpoint {path} was written by {len(ranks)} ranks; this run has "
+                              f"{self.env.world_size} (each rank's data shard would differ)")
+        self.state = TrainState(**meta[ckpt.TRAIN_STATE])
+        mine = ranks[self.env.rank]
+        ckpt.set_rng_state(mine["rng"], self.env.device)
+        if self.state.batch_in_epoch:
+            self.loaders.train.set_epoch(self.state.epoch)
+            self.loaders.train.load_state_dict(mine["loader"])
+        for loss in self.state.loss_curve:
+            self.spikes.observe(loss)
+        self.last_checkpoint = str(path)
+        if self.env.is_main:
+            self.console.print(f"resumed from {path}: epoch {self.state.epoch}, "
+                               f"batch {self.state.batch_in_epoch}, step {self.state.step}")
+
+    def save(self) -> None:
+        """Collective: gather each rank's RNG and loader position, then let the engine write the checkpoint."""
+        mid_epoch = self.state.batch_in_epoch > 0
+        mine = {"rng": ckpt.rng_state(self.env.device),
+                "loader": self.loaders.train.state_dict() if mid_epoch else None}
+        ranks = gather_to_main(mine, self.env)
+        meta = {ckpt.TRAIN_STATE: asdict(self.state), ckpt.RANKS: ranks}
+        path = self.engine.save_checkpoint(self.checkpointer, ckpt.checkpoint_name(self.state.step), meta)
+        self.last_checkpoint = str(path) if self.env.is_main else None
+
+    # ---- evaluation --------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self, loader: Loader, epoch: int) -> dict[str, float]:
+        """Global mean loss and accuracy of the (EMA, when enabled) model over ``loader``."""
+        self.engine.train(False)
+        loader.set_epoch(epoch)
+        sums = torch.zeros(3, dtype=torch.float64, device=self.env.device)
+        for x, y in loader:
+            x, y = x.to(self.env.device, non_blocking=True), y.to(self.env.device, non_blocking=True)
+            logits = self.engine.predict(x).float()
+            sums += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
+                                 (logits.argmax(dim=1) == y).sum().double(),
+                                 torch.tensor(float(y.numel()), dtype=torch.float64, device=self.env.device)])
+        torch.distributed.all_reduce(sums)
+        self.engine.train(True)
+        loss_sum, correct, count = sums.tolist()
+        if count == 0:
+            raise DistributedError("evaluation loader yielded no samples on any rank")
+        return {"loss": loss_sum / count, "accuracy": correct / count}
+
+    # ---- training ----------------------------------------------------------------------------------------
+
+    def train_epoch(self, epoch: int) -> dict[str, Any]:
+        """Train the rest of ``epoch`` (from state.batch_in_epoch) and return its global train metrics."""
+        train, st = self.cfg.train, self.state
+        num_batches = self.batches_per_epoch()
+        if st.batch_in_epoch == 0:
+            self.loaders.train.set_epoch(epoch)
+        batches: Iterator[Batch] = iter(self.loaders.train)
+        window_loss = window_count = 0.0
+        in_window = 0
+        data_wait = 0.0
+        start = time.perf_counter()
+        trained_samples = 0.0
+        progress = tqdm(total=num_batches, initial=st.batch_in_epoch, desc=f"epoch {epoch + 1}/{train.epochs}",
+                        disable=not (self.env.is_main and sys.stderr.isatty()), leave=False)
+        for index in range(st.batch_in_epoch, num_batches):
+            fetch = time.perf_counter()
+            x, y = self._next_batch(batches, epoch, index, len(self.loaders.train))
+            x, y = x.to(self.env.device, non_blocking=True), y.to(self.env.device, non_blocking=True)
+            data_wait += time.perf_counter() - fetch
+            boundary = in_window + 1 == train.grad_accum_steps or index == num_batches - 1
+            with self.engine.accumulation(boundary):
+                logits = self.engine.forward(x)
+                loss = F.cross_entropy(logits.float(), y)
+                stats = reduce_batch(loss, logits, y)
+                if stats.finite:
+                    self.engine.backward(loss)
+            st.batch_in_epoch = index + 1
+            progress.update(1)
+            if not stats.finite:
+                self._diverged(epoch, index, stats.nonfinite_ranks)
+                continue
+            in_window += 1
+            window_loss += stats.loss_sum
+            window_count += stats.count
+            trained_samples += stats.count
+            st.epoch_sums = [st.epoch_sums[0] + stats.loss_sum, st.epoch_sums[1] + stats.correct,
+                             st.epoch_sums[2] + stats.count]
+            if not boundary:
+                continue
+            self.engine.step()
+            st.step += 1
+            step_loss = window_loss / window_count
+            st.loss_curve.append(step_loss)
+            window_loss = window_count = 0.0
+            in_window = 0
+            running = self.spikes.observe(step_loss)
+            if running is not None and self.env.is_main:
+                log.warning("loss spike at epoch %d step %d: %.4g > %.1f × running mean %.4g",
+                            epoch, st.step, step_loss, train.loss_spike_factor, running)
+            progress.set_postfix(loss=f"{step_loss:.4f}", lr=f"{self.engine.current_lr():.3g}")
+            every = self.cfg.checkpoint.every_steps
+            epoch_end_save = self.cfg.checkpoint.every_epoch and index == num_batches - 1
+            if self.cfg.checkpoint.dir and every and st.step % every == 0 and not epoch_end_save:
+                self.save()
+        progress.close()
+        loss_sum, correct, count = st.epoch_sums
+        speed = reduce_throughput(trained_samples, time.perf_counter() - start, data_wait, self.env.device)
+        return {"loss": loss_sum / count if count else float("nan"), "accuracy": correct / count if count else 0.0,
+                "samples_per_s": speed.samples_per_s, "data_wait_fraction": speed.data_wait_fraction,
+                "peak_memory_mb": speed.peak_memory_mb}
+
+    def _next_batch(self, batches: Iterator[Batch], epoch: int, index: int, length: int) -> Batch:
+        try:
+            return next(batches)
+        except StopIteration:
+            raise DistributedError(f"train loader ended after {index} batches in epoch {epoch}, but its len() "
+                                   f"is {length}: ranks would fall out of step") from None
+
+    def _diverged(self, epoch: int, index: int, ranks: int) -> None:
+        """A non-finite loss on ``ranks`` ranks: fail, or drop the micro-batch everywhere and count it."""
+        where = f"epoch {epoch}, batch {index} (optimizer step {self.state.step + 1})"
+        if self.cfg.train.nan_policy == "fail":
+            raise TrainingDivergedError(f"loss is NaN/inf at {where} on {ranks} rank(s); "
+                                        "lower the learning rate, enable grad_clip_norm, or set train.nan_policy=skip")
+        self.state.skipped_batches += 1
+        if self.env.is_main:
+            log.warning("skipped a non-finite loss at %s (%d skipped so far)", where, self.state.skipped_batches)
+
+    def fit(self) -> dict[str, Any]:
+        """Train the remaining epochs, validating (and checkpointing) after each, then test once."""
+        st = self.state
+        while st.epoch < self.cfg.train.epochs:
+            epoch = st.epoch
+            epoch_start = time.perf_counter()
+            metrics = {"epoch": epoch, **{f"train_{k}": v for k, v in self.train_epoch(epoch).items()}}
+            if self.loaders.val is not None:
+                metrics.update({f"val_{k}": v for k, v in self.evaluate(self.loaders.val, epoch).items()})
+            metrics["epoch_seconds"] = time.perf_counter() - epoch_start
+            metrics["steps"] = st.step
+            st.history.append(metrics)
+            st.epoch, st.batch_in_epoch, st.epoch_sums = epoch + 1, 0, [0.0, 0.0, 0.0]
+            self._print_epoch(metrics)
+            if self.cfg.checkpoint.dir and self.cfg.checkpoint.every_epoch:
+                self.save()
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
+        test = self.evaluate(self.loaders.test, st.epoch) if self.loaders.test is not None else None
+        return self._result(test)
+
+    # ---- reporting ---------------------------------------------------------------------------------------
+
+    def _print_epoch(self, m: dict[str, Any]) -> None:
+        if not self.env.is_main:
+            return
+        val = f"  val loss {m['val_loss']:.4f} acc {m['val_accuracy']:.4f}" if "val_loss" in m else ""
+        self.console.print(f"epoch {m['epoch'] + 1}/{self.cfg.train.epochs}: train loss {m['train_loss']:.4f} "
+                           f"acc {m['train_accuracy']:.4f}{val}  {m['train_samples_per_s']:.0f} samples/s  "
+                           f"data wait {m['train_data_wait_fraction']:.0%}")
+
+    def _result(self, test: dict[str, float] | None) -> dict[str, Any]:
+        st = self.state
+        last = st.history[-1] if st.history else {}
+        result = {
+            "engine": self.engine.name,
+            "backend": self.env.backend,
+            "world_size": self.env.world_size,
+            "epochs": st.epoch,
+            "steps": st.step,
+            "skipped_batches": st.skipped_batches,
+            "test_loss": test["loss"] if test else None,
+            "test_accuracy": test["accuracy"] if test else None,
+            "train_loss": [h["train_loss"] for h in st.history],
+            "train_accuracy": [h["train_accuracy"] for h in st.history],
+            "val_loss": [h["val_loss"] for h in st.history if "val_loss" in h],
+            "val_accuracy": [h["val_accuracy"] for h in st.history if "val_accuracy" in h],
+            "samples_per_s": last.get("train_samples_per_s"),
+            "data_wait_fraction": last.get("train_data_wait_fraction"),
+            "peak_memory_mb": max((h["train_peak_memory_mb"] for h in st.history), default=None),
+            "checkpoint": self.last_checkpoint,
+            "history": st.history,
+            "loss_curve": st.loss_curve,
+        }
+        if self.env.is_main:
+            self.console.print(_history_table(st.history, test))
+        return broadcast_from_main(result)
+
+
+def _history_table(history: Iterable[dict[str, Any]], test: dict[str, float] | None) -> Table:
+    table = Table(title="training")
+    for column in ("epoch", "train loss", "train acc", "val loss", "val acc", "samples/s", "data wait"):
+        table.add_column(column, justify="right")
+    for h in history:
+        table.add_row(str(h["epoch"] + 1), f"{h['train_loss']:.4f}", f"{h['train_accuracy']:.4f}",
+                      f"{h['val_loss']:.4f}" if "val_loss" in h else "-",
+                      f"{h['val_accuracy']:.4f}" if "val_accuracy" in h else "-",
+                      f"{h['train_samples_per_s']:.0f}", f"{h['train_data_wait_fraction']:.0%}")
+    if test:
+        table.caption = f"test loss {test['loss']:.4f}  test accuracy {test['accuracy']:.4f}"
+    return table

@@ -1,0 +1,94 @@
+"""The per-rank entry point that TorchDistributor (or torchrun) runs: set up, train, return one result everywhere."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from kbit_core.config import KbitConfig
+from kbit_core.train import checkpoint as ckpt
+from kbit_core.train.distributed import (DistEnv, import_deepspeed, init_process_group, read_env, seed_everything,
+                                         teardown)
+from kbit_core.train.engine import build_engine
+from kbit_core.train.loop import SplitLoaders, Trainer, steps_per_epoch
+from kbit_core.train.models import ImageShape, build_model
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val", "test")
+RESULT_FILE = "train_result.json"
+
+LoaderFactory = Callable[[KbitConfig, DistEnv], SplitLoaders]
+
+
+def train_main(config: dict[str, Any], manifest_path: str, run_dir: str) -> dict[str, Any]:
+    """Train on the Kafka topic described by the manifest at ``manifest_path``; the same dict returns on every rank.
+
+    Args:
+        config: ``KbitConfig.to_secret_dict()`` (secrets revealed: this runs inside the job's own processes).
+        manifest_path: The produce run's manifest (topic, partitions, offsets, image shape, classes).
+        run_dir: Directory for this run's outputs; relative checkpoint paths are resolved against it.
+    """
+    from kbit_core.data.loader import make_split_loader
+    from kbit_core.kafka.manifest import Manifest
+
+    cfg = KbitConfig.from_dict(config)
+    manifest = Manifest.load(Path(manifest_path))
+    if cfg.train.data == "memory":
+        # The in-memory baseline: each rank reads its whole shard before training starts.
+        cfg = cfg.model_copy(update={"reader": cfg.reader.model_copy(update={"mode": "eager"})})
+
+    def kafka_loaders(cfg: KbitConfig, env: DistEnv) -> SplitLoaders:
+        splits = SPLITS[: len(cfg.shard.split_rates)]
+        made = {s: make_split_loader(cfg, manifest, s, env.rank, env.world_size) for s in splits}
+        return SplitLoaders(**made)
+
+    return run_worker(cfg, run_dir, kafka_loaders, manifest.dataset.image_shape, manifest.dataset.num_classes)
+
+
+def run_worker(cfg: KbitConfig, run_dir: str | Path, make_loaders: LoaderFactory, image_shape: ImageShape,
+               num_classes: int) -> dict[str, Any]:
+    """Join the process group, train with the loaders ``make_loaders`` builds, leave cleanly.
+
+    ``train_main`` calls it with Kafka loaders; any other source of (x, y) batches with the ShardLoader
+    interface trains the same way.
+    """
+    env = read_env(cfg.launch.use_gpu)
+    deepspeed = import_deepspeed(env.device) if cfg.deepspeed.enabled else None
+    init_process_group(env, cfg.launch.timeout_s, deepspeed)
+    # Model, wrapper and optimizer live only inside _train, so they are freed before the group is destroyed.
+    result = _train(cfg, env, deepspeed, Path(run_dir), make_loaders, image_shape, num_classes)
+    teardown()
+    return result
+
+
+def _train(cfg: KbitConfig, env: DistEnv, deepspeed: ModuleType | None, run_dir: Path,
+           make_loaders: LoaderFactory, image_shape: ImageShape, num_classes: int) -> dict[str, Any]:
+    loaders = make_loaders(cfg, env)
+    # The same seed on every rank gives identical initial weights; then each rank gets its own stream.
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.train.model, image_shape, num_classes)
+    seed_everything(cfg.train.seed, env.rank, cfg.train.deterministic, env.device)
+    per_epoch = steps_per_epoch(cfg, len(loaders.train))
+    engine = build_engine(model, cfg, env, per_epoch, per_epoch * cfg.train.epochs, deepspeed)
+
+    directory = run_dir / cfg.checkpoint.dir if cfg.checkpoint.dir is not None else None
+    if env.is_main and deepspeed is not None and cfg.checkpoint.async_save:
+        log.warning("checkpoint.async_save is ignored with DeepSpeed, which writes its own sharded checkpoints")
+    writer = ckpt.Checkpointer(directory, cfg.checkpoint.keep_last, cfg.checkpoint.async_save and deepspeed is None) \
+        if directory is not None and env.is_main else None
+    trainer = Trainer(cfg, env, engine, loaders, writer)
+    resume_from = ckpt.resolve_resume(cfg.checkpoint, directory, run_dir)
+    if resume_from is not None:
+        trainer.resume(resume_from)
+    result = trainer.fit()
+    if env.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2))
+    return result

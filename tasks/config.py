@@ -1,0 +1,48 @@
+"""Resolve a flow's `profile` + `overrides` into the validated KbitConfig (bad config fails here, never retried)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from pydantic import SecretStr
+
+from kbit_core.config import KbitConfig, load_config
+from kbit_core.errors import ConfigError
+
+DEPLOYMENTS_DIR = Path(__file__).resolve().parents[1] / "deployments"
+SASL_PASSWORD_ENV = "KBIT_KAFKA_SASL_PASSWORD"
+
+
+def profile_path(profile: str) -> Path:
+    """A YAML path as given, else a profile name looked up in deployments/profiles/ then deployments/."""
+    given = Path(profile).expanduser()
+    if given.is_file():
+        return given
+    name = given.name if given.suffix in (".yaml", ".yml") else f"{given.name}.yaml"
+    for folder in (DEPLOYMENTS_DIR / "profiles", DEPLOYMENTS_DIR):
+        if (folder / name).is_file():
+            return folder / name
+    known = sorted({p.stem for p in DEPLOYMENTS_DIR.glob("**/*.yaml")})
+    raise ConfigError(f"profile {profile!r} is neither a YAML file nor a profile name; known profiles: {known}")
+
+
+@task(name="load-config", retries=0)
+def load_run_config(profile: str, overrides: dict[str, Any] | None = None) -> KbitConfig:
+    """Load and validate the profile with overrides, completed from the flow-run environment.
+
+    A deployment's job environment names the stack's MLflow server in MLFLOW_TRACKING_URI; it is
+    used unless the profile or the overrides choose a tracking URI themselves. The Kafka SASL password
+    comes from KBIT_KAFKA_SASL_PASSWORD (the worker's environment) so that it never appears among
+    the flow-run parameters that Prefect stores and shows.
+    """
+    cfg = load_config(profile_path(profile), overrides or {})
+    env_uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if env_uri and cfg.tracking.tracking_uri is None:
+        cfg.tracking.tracking_uri = env_uri
+    env_password = os.environ.get(SASL_PASSWORD_ENV)
+    if env_password and cfg.kafka.sasl_password is None:
+        cfg.kafka.sasl_password = SecretStr(env_password)
+    return cfg

@@ -1,0 +1,56 @@
+"""Prefect markdown artifacts: the benchmark summary with its MLflow link, the regression check, the sweep table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+
+
+def _key(text: str) -> str:
+    """Artifact keys allow lowercase letters, digits and dashes only."""
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+
+
+@task(name="publish-benchmark-summary")
+def publish_benchmark_summary(profile: str, summary_markdown: str, mlflow_run_url: str | None) -> str:
+    """Publish the summary table (and where to find the run in MLflow); returns the artifact id."""
+    link = f"\n\nMLflow run: [{mlflow_run_url}]({mlflow_run_url})\n" if mlflow_run_url else ""
+    artifact_id = create_markdown_artifact(markdown=f"# kbit benchmark `{profile}`\n\n{summary_markdown}{link}",
+                                           key=_key(f"kbit-benchmark-{profile}"),
+                                           description=f"kbit benchmark summary ({profile})")
+    return str(artifact_id)
+
+
+@task(name="publish-regression-check")
+def publish_regression_check(profile: str, comparison: dict[str, Any], baseline_run_id: str) -> str:
+    """Publish the run-to-run comparison as a table, regressions first."""
+    rows = sorted(comparison["deltas"], key=lambda d: (not d["regression"], -d["change_pct"]))
+    lines = [f"Baseline MLflow run `{baseline_run_id}`; threshold {comparison['threshold']:.0%}, "
+             f"alpha {comparison['alpha']}, metric `{comparison['metric']}`.", "",
+             "| configuration | baseline median | median | change | p | verdict |", "|---|---|---|---|---|---|"]
+    for d in rows:
+        verdict = "REGRESSION" if d["regression"] else "improvement" if d["improvement"] else "same"
+        lines.append(f"| {d['name']} | {d['a_median']:.4g} | {d['b_median']:.4g} | {d['change_pct']:+.1f}% | "
+                     f"{d['p_value']:.3g} | {verdict} |")
+    for side, names in (("only in the baseline", comparison["only_in_a"]), ("new", comparison["only_in_b"])):
+        if names:
+            lines.append(f"\n{side}: {', '.join(names)}")
+    artifact_id = create_markdown_artifact(markdown="\n".join(lines), key=_key(f"kbit-regression-{profile}"),
+                                           description=f"kbit run-to-run comparison ({profile})")
+    return str(artifact_id)
+
+
+@task(name="publish-sweep-table")
+def publish_sweep_table(results: list[dict[str, Any]], best: dict[str, Any], metric: str) -> str:
+    """Publish one row per trial (parameters and the chosen metric), the best one marked."""
+    keys = sorted(results[0]["params"]) if results else []
+    lines = ["| trial | " + " | ".join(keys) + f" | {metric} | MLflow run | |", "|---" * (len(keys) + 4) + "|"]
+    for r in results:
+        mark = "best" if r["trial"] == best["trial"] else ""
+        lines.append(f"| {r['trial']} | " + " | ".join(str(r["params"][k]) for k in keys)
+                     + f" | {r['metrics'][metric]:.4g} | {r['mlflow_run_id'] or '-'} | {mark} |")
+    artifact_id = create_markdown_artifact(markdown="\n".join(lines), key="kbit-sweep",
+                                           description=f"kbit sweep trials by {metric}")
+    return str(artifact_id)

@@ -1,0 +1,72 @@
+"""Flow `benchmark` on the real broker and Spark, and the nightly regression gate."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+from prefect.artifacts import Artifact
+
+from flows.benchmark import benchmark
+from kbit_core.kafka.broker import EmbeddedBroker
+from tasks.bench import RegressionError, compare_with_baseline, fail_on_regressions
+from tests.flows.helpers import delete_topics, flow_overrides, task_runs
+
+TINY_BENCH = {"bench": {"iterations": 2, "warmup_iterations": 0, "bootstrap_resamples": 100,
+                        "variants": [{"format": "raw", "layout": "bytes", "compression": "none"}]},
+              "tracking": {"system_metrics": False}}
+
+
+@pytest.fixture
+def own_topics(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[None]:
+    yield
+    delete_topics(broker, tmp_path)
+
+
+def stats_doc(samples: dict[str, list[float]]) -> dict:
+    """The part of a stats document the run-to-run comparison reads."""
+    return {"raw_results": samples}
+
+
+def test_gate_passes_noise_and_fails_a_real_slowdown(tmp_path: Path) -> None:
+    baseline = stats_doc({"avro": [1.0, 1.01, 0.99, 1.02, 0.98, 1.0], "json": [2.0, 2.02, 1.98, 2.01, 1.99, 2.0]})
+    current = tmp_path / "stats.json"
+    current.write_text('{"raw_results": {"avro": [1.0, 1.02, 0.98, 1.01, 0.99, 1.0],'
+                       ' "json": [3.0, 3.1, 2.9, 3.05, 2.95, 3.0]}}')
+
+    comparison = compare_with_baseline.fn(baseline, str(current), threshold=0.10)
+
+    assert comparison["regressions"] == ["json"]
+    with pytest.raises(RegressionError, match=r"1 configuration\(s\) regressed against MLflow run base-1 beyond "
+                                              r"10%: json \+50\.0%"):
+        fail_on_regressions.fn(comparison, "base-1")
+    fail_on_regressions.fn({**comparison, "deltas": [d for d in comparison["deltas"] if d["name"] == "avro"]},
+                           "base-1")
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.slow
+def test_benchmark_reports_publishes_and_compares_with_the_previous_run(
+        broker: EmbeddedBroker, tmp_path: Path, own_topics: None) -> None:
+    # A threshold no noise reaches: this checks the wiring; the gate itself is tested above.
+    overrides = flow_overrides(broker, tmp_path, {**TINY_BENCH, "bench": {**TINY_BENCH["bench"],
+                                                                           "regression_threshold": 100.0}})
+
+    first = benchmark(profile="smoke", overrides=overrides, compare_with_previous=True, return_state=True)
+    second = benchmark(profile="smoke", overrides=overrides, compare_with_previous=True, return_state=True)
+
+    assert first.is_completed(), first.message
+    assert second.is_completed(), second.message
+    a, b = first.result(), second.result()
+    assert Path(b["stats_json"]).is_file() and Path(b["summary_md"]).read_text().startswith("# kbit benchmark")
+    client = MlflowClient(overrides["tracking"]["tracking_uri"])
+    assert client.get_run(b["mlflow_run_id"]).data.tags["kbit.kind"] == "benchmark"
+    # The first run is the baseline; the second is compared with it.
+    assert "compare-runs" not in task_runs(first) and task_runs(second)["compare-runs"].state.is_completed()
+    summary = Artifact.get("kbit-benchmark-smoke")
+    assert summary is not None and "raw_bytes_none" in summary.data
+    regression = Artifact.get("kbit-regression-smoke")
+    assert regression is not None and a["mlflow_run_id"] in regression.data

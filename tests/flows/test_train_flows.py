@@ -1,0 +1,54 @@
+"""Flows `train` and `sweep` on the real broker and Spark: trained, recorded in MLflow, best trial chosen."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from flows.sweep import sweep
+from flows.train import train
+from kbit_core.kafka.broker import EmbeddedBroker
+from tests.flows.helpers import delete_topics, flow_overrides, task_runs
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.prefect]
+
+TINY_TRAINING = {"train": {"epochs": 1, "model": {"name": "mlp"}}, "tracking": {"log_models": False,
+                                                                                "system_metrics": False}}
+
+
+@pytest.fixture(autouse=True)
+def own_topics(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[None]:
+    yield
+    delete_topics(broker, tmp_path)
+
+
+def test_train_flow_trains_and_records_the_run(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    overrides = flow_overrides(broker, tmp_path, TINY_TRAINING)
+
+    state = train(profile="smoke", overrides=overrides, return_state=True)
+
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert 0.0 <= summary["metrics"]["val_accuracy"] <= 1.0 and summary["metrics"]["epochs"] == 1
+    run = MlflowClient(overrides["tracking"]["tracking_uri"]).get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and run.data.params["train.model.name"] == "mlp"
+    assert {"ensure-topics", "train", "log-training-run"} <= set(task_runs(state))
+
+
+@pytest.mark.slow
+def test_sweep_trains_every_trial_and_picks_the_best(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    overrides = flow_overrides(broker, tmp_path, TINY_TRAINING)
+
+    state = sweep(profile="smoke", overrides=overrides, space={"train.optim.lr": [1e-4, 3e-3]},
+                  metric="val_loss", mode="min", return_state=True)
+
+    assert state.is_completed(), state.message
+    out = state.result()
+    assert [t["params"] for t in out["trials"]] == [{"train.optim.lr": 1e-4}, {"train.optim.lr": 3e-3}]
+    assert out["best"]["metrics"]["val_loss"] == min(t["metrics"]["val_loss"] for t in out["trials"])
+    client = MlflowClient(overrides["tracking"]["tracking_uri"])
+    lrs = {client.get_run(t["mlflow_run_id"]).data.params["train.optim.lr"] for t in out["trials"]}
+    assert lrs == {"0.0001", "0.003"}

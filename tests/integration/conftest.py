@@ -1,0 +1,63 @@
+"""Integration fixtures for launching: one SparkSession per test session and a per-session TMPDIR to audit."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kbit_core.config import KbitConfig
+from kbit_core.launch.spark import get_spark, stop_spark
+
+
+@pytest.fixture(scope="session")
+def spark_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("spark-session")
+
+
+@pytest.fixture(scope="session")
+def spark(spark_run_dir: Path) -> Iterator[object]:
+    """The process's SparkSession (local[2], as the launch defaults), stopped with its JVM at the end."""
+    session = get_spark(KbitConfig.from_dict({"workdir": str(spark_run_dir)}))
+    yield session
+    stop_spark()
+
+
+@pytest.fixture
+def audited_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A TMPDIR of its own, so a test can assert that a run left no torchelastic_* or tmp*/train.py there."""
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    yield tmp
+
+
+def launch_debris(*roots: Path) -> list[str]:
+    """Leftovers of torchrun / TorchDistributor under ``roots``."""
+    found: list[str] = []
+    for root in roots:
+        if root.is_dir():
+            found += [str(p) for p in root.rglob("torchelastic_*")]
+            found += [str(p) for p in root.rglob("train.py")]
+    return found
+
+
+def java_children() -> list[int]:
+    """PIDs of java processes whose parent is this Python process (the py4j gateway JVM)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError):
+            continue
+        if comm == "java" and ppid == os.getpid():
+            pids.append(int(proc.name))
+    return pids

@@ -1,0 +1,61 @@
+"""Models that inject one fault into a real training run, for the launcher's failure tests.
+
+Workers import this module through ``train.model.name='fault_models:<factory>'`` (the tests put this
+directory on PYTHONPATH). Each factory wraps the built-in CNN; the fault fires inside a training
+forward pass on one rank, so it hits the real loop, loaders and checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from torch import Tensor, nn
+
+from kbit_core.config import ModelConfig
+from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.train.models import build_model
+
+
+class FaultAt(nn.Module):
+    """The wrapped model, except that training forward call number ``at_call`` on ``rank`` runs ``fault``."""
+
+    def __init__(self, inner: nn.Module, rank: int, at_call: int, fault: Callable[[], None]) -> None:
+        super().__init__()
+        self.inner = inner
+        self._armed = int(os.environ.get("RANK", "0")) == rank
+        self._at_call, self._fault, self._calls = at_call, fault, 0
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training and self._armed:
+            self._calls += 1
+            if self._calls == self._at_call:
+                self._fault()
+        return self.inner(x)
+
+
+def _cnn(image_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return build_model(ModelConfig(name="cnn"), image_shape, num_classes)
+
+
+def crash_once(*, image_shape: tuple[int, ...], num_classes: int, at_step: int, marker: str) -> nn.Module:
+    """Rank 1 raises at training step ``at_step`` of the first attempt only (``marker`` records that it did)."""
+
+    def fault() -> None:
+        if Path(marker).exists():
+            return
+        Path(marker).write_text("fired")
+        raise RuntimeError(f"injected fault at step {at_step}")
+
+    return FaultAt(_cnn(image_shape, num_classes), rank=1, at_call=at_step, fault=fault)
+
+
+def stop_broker(*, image_shape: tuple[int, ...], num_classes: int, at_step: int, broker_dir: str,
+                port: int) -> nn.Module:
+    """Rank 0 stops the embedded broker (by its PID file in ``broker_dir``) at training step ``at_step``."""
+
+    def fault() -> None:
+        EmbeddedBroker(Path(broker_dir), port=port).stop()
+
+    return FaultAt(_cnn(image_shape, num_classes), rank=0, at_call=at_step, fault=fault)

@@ -1,0 +1,95 @@
+"""Both consumer backends against the real embedded broker: explicit offsets, re-seeks, errors as kbit errors."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from confluent_kafka import Producer
+
+from kbit_core.config import KbitConfig
+from kbit_core.errors import ConfigError
+from kbit_core.kafka import admin
+from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.kafka.consumers import ConfluentConsumer, KafkaPythonConsumer, RawRecord, make_consumer
+
+pytestmark = pytest.mark.kafka
+
+CLIENTS = ["confluent", "kafka-python"]
+PER_PARTITION = 300
+
+
+def produce_values(bootstrap: str, topic: str, partitions: int, per_partition: int, compression: str = "lz4") -> None:
+    """Message i of partition p holds b'p:i', sent in multi-record batches."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": compression})
+    for i in range(per_partition):
+        for p in range(partitions):
+            producer.produce(topic, value=f"{p}:{i}".encode(), partition=p)
+    assert producer.flush(30) == 0
+
+
+@pytest.fixture(scope="module")
+def topic(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    kcfg = KbitConfig.from_dict({"kafka": {"embedded": {"port": broker.port}}}).kafka
+    name = f"test-consumers-{time.monotonic_ns() % 10**8}"
+    admin.create_topic(kcfg, name, 2)
+    produce_values(broker.bootstrap, name, 2, PER_PARTITION)
+    yield name
+    admin.delete_topic(kcfg, name)
+
+
+def poll_until(consumer, count: int, timeout_s: float = 20.0) -> list[RawRecord]:
+    out: list[RawRecord] = []
+    deadline = time.monotonic() + timeout_s
+    while len(out) < count and time.monotonic() < deadline:
+        out += consumer.poll(count - len(out), 0.2)
+    return out
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_assign_reads_from_explicit_offsets_in_order(make_config: Callable[..., KbitConfig], topic: str, client: str):
+    cfg = make_config()
+    with make_consumer(cfg.kafka, cfg.reader, client) as consumer:
+        assert consumer.client == client
+        consumer.assign(topic, {1: 250})
+        records = poll_until(consumer, PER_PARTITION - 250)
+        assert [(r.partition, r.offset) for r in records] == [(1, o) for o in range(250, PER_PARTITION)]
+        assert [r.value for r in records] == [f"1:{o}".encode() for o in range(250, PER_PARTITION)]
+        assert consumer.poll(10, 0.3) == [], "nothing exists past the end"
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_reassign_moves_backwards_and_across_partitions(make_config: Callable[..., KbitConfig], topic: str,
+                                                         client: str):
+    cfg = make_config()
+    with make_consumer(cfg.kafka, cfg.reader, client) as consumer:
+        consumer.assign(topic, {0: 100})
+        first = poll_until(consumer, 5)
+        consumer.assign(topic, {0: 7})
+        again = poll_until(consumer, 3)
+        consumer.assign(topic, {1: 0})
+        other = poll_until(consumer, 2)
+    assert [r.offset for r in first[:5]] == list(range(100, 105))
+    assert [(r.partition, r.offset) for r in again[:3]] == [(0, 7), (0, 8), (0, 9)]
+    assert [(r.partition, r.value) for r in other[:2]] == [(1, b"1:0"), (1, b"1:1")]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_poll_respects_max_records(make_config: Callable[..., KbitConfig], topic: str, client: str):
+    cfg = make_config()
+    with make_consumer(cfg.kafka, cfg.reader, client) as consumer:
+        consumer.assign(topic, {0: 0})
+        sizes = []
+        deadline = time.monotonic() + 20
+        while sum(sizes) < PER_PARTITION and time.monotonic() < deadline:
+            sizes.append(len(consumer.poll(7, 0.2)))
+    assert sum(sizes) == PER_PARTITION and max(sizes) <= 7
+
+
+def test_make_consumer_picks_the_configured_client(make_config: Callable[..., KbitConfig]):
+    cfg = make_config(kafka__client="kafka-python")
+    with make_consumer(cfg.kafka, cfg.reader) as default, make_consumer(cfg.kafka, cfg.reader, "confluent") as c:
+        assert isinstance(default, KafkaPythonConsumer) and isinstance(c, ConfluentConsumer)
+    with pytest.raises(ConfigError, match="unknown Kafka client 'librdkafka'"):
+        make_consumer(cfg.kafka, cfg.reader, "librdkafka")  # type: ignore[arg-type]

@@ -1,0 +1,92 @@
+"""TorchDistributor launches through kbit_core.launch: results, worker errors, bad environments, no debris."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from kbit_core.errors import DistributedError
+from kbit_core.launch.distributor import errors_dir, run_distributed
+from kbit_core.launch.spark import worker_tmp_dir
+
+from conftest import launch_debris  # noqa: I001  (tests/integration is on sys.path under pytest)
+
+pytestmark = [pytest.mark.spark]
+
+
+def rank_report(delay_rank0_s: float) -> dict[str, int]:
+    """All-reduce the ranks, tear the group down, and return this rank's view.
+
+    Rank 0 finishes last on purpose: without the launcher's rank-0 hand-off, the other rank's
+    value would be the last one written and come back to the driver.
+    """
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    total = torch.tensor([rank])
+    dist.all_reduce(total)
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        time.sleep(delay_rank0_s)
+    return {"rank": rank, "world_size": world_size, "rank_sum": int(total.item()), "pid": os.getpid()}
+
+
+def fail_on_rank(bad_rank: int) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    try:
+        if dist.get_rank() == bad_rank:
+            raise ValueError(f"batch 7 has 3 labels for 4 images on rank {bad_rank}")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _assert_no_debris(cfg, tmpdir: Path) -> None:
+    assert launch_debris(tmpdir, cfg.run_dir, worker_tmp_dir()) == []
+
+
+@pytest.mark.parametrize("local_mode", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_every_rank_returns_rank0_result(spark, make_config, audited_tmpdir, local_mode):
+    cfg = make_config(launch__local_mode=local_mode)
+    result = run_distributed(rank_report, cfg, delay_rank0_s=1.0)
+    assert {k: result[k] for k in ("rank", "world_size", "rank_sum")} == {"rank": 0, "world_size": 2,
+                                                                          "rank_sum": 1}
+    assert result["pid"] != os.getpid()
+    _assert_no_debris(cfg, audited_tmpdir)
+
+
+@pytest.mark.parametrize("local_mode", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_worker_exception_reaches_driver_with_its_traceback(spark, make_config, audited_tmpdir, local_mode):
+    cfg = make_config(launch__local_mode=local_mode)
+    with pytest.raises(DistributedError) as info:
+        run_distributed(fail_on_rank, cfg, 1)
+    message = str(info.value)
+    assert "rank1 raised:" in message
+    assert "ValueError: batch 7 has 3 labels for 4 images on rank 1" in message
+    assert "in fail_on_rank" in message
+    assert "ValueError" in (errors_dir(cfg.run_dir) / "rank1.txt").read_text()
+    _assert_no_debris(cfg, audited_tmpdir)
+
+
+def test_more_barrier_tasks_than_slots_is_refused_before_launch(spark, make_config):
+    cfg = make_config(launch__local_mode=False, launch__num_processes=3, launch__master="local[4]",
+                      train__global_batch_size=64)
+    started = time.monotonic()
+    with pytest.raises(DistributedError, match=r"needs 3 concurrent barrier tasks .*SparkSession \(local\[2\]\) has 2 slot"):
+        run_distributed(rank_report, cfg, delay_rank0_s=0.0)
+    assert time.monotonic() - started < 5
+
+
+def test_gpu_launch_without_gpu_resources_is_a_clear_error(spark, make_config):
+    cfg = make_config(launch__use_gpu=True)
+    with pytest.raises(DistributedError, match="TorchDistributor refused launch settings .*use_gpu=True.*GPU"):
+        run_distributed(rank_report, cfg, delay_rank0_s=0.0)

@@ -1,0 +1,114 @@
+"""MLflow tracking against a real sqlite store in tmp_path: parent/child runs, metrics, artifacts, models."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from kbit_core.bench.report import timings_frame, write_report
+from kbit_core.config import KbitConfig
+from kbit_core.tracking import MlflowTracker, NoopTracker, log_training_run, make_tracker
+from kbit_core.train.models import build_model
+from tests.unit.test_report import CONFIGS, synthetic_rows
+
+
+def tracked_config(tmp_path: Path, **tracking: object) -> KbitConfig:
+    return KbitConfig.from_dict({
+        "workdir": str(tmp_path / "kbit"), "profile": "test",
+        "kafka": {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "u",
+                  "sasl_password": "hunter2", "extra": {"ssl.key.password": "also-secret"}},
+        "tracking": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "system_metrics": False, **tracking},
+    })
+
+
+def client_for(cfg: KbitConfig) -> MlflowClient:
+    return MlflowClient(cfg.tracking_uri())
+
+
+def test_benchmark_parent_and_children(tmp_path: Path) -> None:
+    cfg = tracked_config(tmp_path)
+    rows = synthetic_rows(iterations=3)
+    files = write_report(timings_frame(rows), {"iterations": 3}, tmp_path / "report", bootstrap_resamples=100, seed=0)
+    doc = json.loads(files.stats_json.read_text())
+    tracker = make_tracker(cfg)
+    assert isinstance(tracker, MlflowTracker)
+    with tracker.run(cfg, name="bench", kind="benchmark") as parent_id:
+        children = tracker.log_benchmark(parent_id, doc, rows, files.paths())
+
+    client = client_for(cfg)
+    exp = client.get_experiment_by_name("kbit-test")
+    parent = client.get_run(parent_id)
+    assert parent.info.status == "FINISHED" and parent.info.experiment_id == exp.experiment_id
+    params = parent.data.params
+    assert params["kafka.sasl_password"] != "hunter2" and params["kafka.extra.ssl.key.password"] == "***"
+    assert "hunter2" not in json.dumps(params) and "also-secret" not in json.dumps(params)
+    assert params["bench.iterations"] == "30" and json.loads(params["bench.clients"]) == ["confluent"]
+    assert parent.data.tags["git_commit"] and "torch" in json.loads(parent.data.tags["versions"])
+    assert parent.data.tags["fastest_configuration"] == CONFIGS[0]
+
+    found = client.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
+    assert {r.info.run_id for r in found} == set(children.values())
+    child = client.get_run(children[CONFIGS[1]])
+    assert child.data.tags["format"] == "json" and child.data.tags["compression"] == "none"
+    stats = doc["statistical_analysis"][CONFIGS[1]]
+    assert child.data.metrics["load_time_median_s"] == pytest.approx(stats["median"])
+    assert child.data.metrics["load_time_count"] == 6
+    assert child.data.metrics["load_time_ratio_to_fastest"] > 1
+    assert "throughput_records_per_s_median" in child.data.metrics
+    history = client.get_metric_history(child.info.run_id, "makespan_s")
+    assert sorted(m.step for m in history) == [0, 1, 2]  # warm-up iteration -1 is not logged
+    assert len(client.get_metric_history(child.info.run_id, "load_time_s_rank1")) == 3
+
+    artifacts = {a.path for a in client.list_artifacts(parent_id, "benchmark")}
+    assert artifacts == {f"benchmark/{p.name}" for p in files.paths()}
+
+
+def test_a_failing_body_marks_the_run_failed(tmp_path: Path) -> None:
+    cfg = tracked_config(tmp_path)
+    tracker = make_tracker(cfg)
+    with pytest.raises(RuntimeError, match="boom"):
+        with tracker.run(cfg, name="bench", kind="benchmark") as run_id:
+            raise RuntimeError("boom")
+    assert client_for(cfg).get_run(run_id).info.status == "FAILED"
+
+
+def test_disabled_tracking_records_nothing(tmp_path: Path) -> None:
+    cfg = tracked_config(tmp_path, enabled=False)
+    tracker = make_tracker(cfg)
+    assert isinstance(tracker, NoopTracker)
+    assert log_training_run(cfg, {"history": [{"epoch": 0, "loss": 1.0}]}) is None
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_training_run_with_epochs_system_metrics_and_model(tmp_path: Path) -> None:
+    cfg = tracked_config(tmp_path, system_metrics=True)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"model": cfg.train.model.model_copy(
+        update={"name": "mlp"})})})
+    model = build_model(cfg.train.model, (1, 28, 28), 10)
+    torch.save({"model": model.state_dict(), "epoch": 1}, tmp_path / "ckpt.pt")
+    result = {"history": [{"epoch": 0, "train_loss": 2.0, "val_accuracy": 0.5},
+                          {"epoch": 1, "train_loss": 1.0, "val_accuracy": 0.8}],
+              "test_accuracy": 0.79, "samples_per_s": 1234.0}
+    tracker = make_tracker(cfg)
+    with tracker.run(cfg, name="train", kind="training") as run_id:
+        time.sleep(2.5)  # the training itself, long enough for system-metric samples at 1 s
+        tracker.log_training(run_id, result, model_path=tmp_path / "ckpt.pt")
+
+    client = client_for(cfg)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(0, 2.0), (1, 1.0)]
+    assert run.data.metrics["test_accuracy"] == 0.79
+    assert any(k.startswith("system/") for k in run.data.metrics), sorted(run.data.metrics)
+    import mlflow
+
+    models = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
+    assert [m.source_run_id for m in models] == [run_id]
+    loaded = mlflow.pytorch.load_model(models[0].model_uri)
+    x = torch.rand(5, 1, 28, 28)
+    torch.testing.assert_close(loaded(x), model.eval()(x))

@@ -1,0 +1,103 @@
+"""Training end to end through TorchDistributor on data streamed from the real broker: DDP, DeepSpeed, failures."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from kbit_core.config import load_config
+from kbit_core.errors import DistributedError
+from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.launch.spark import worker_tmp_dir
+from kbit_core.train.api import train
+
+from conftest import launch_debris  # noqa: I001  (tests/integration is on sys.path under pytest)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+# A small run: 2000 records, one epoch of 25 steps per rank at global batch 64.
+SMALL = {
+    "dataset": {"num_records": 2000},
+    "produce": {"partitions": 2, "variant": {"format": "raw", "layout": "bytes", "compression": "lz4"}},
+    "shard": {"split_rates": [0.8, 0.1, 0.1]},
+    "train": {"epochs": 1, "global_batch_size": 64},
+    "tracking": {"enabled": False},
+}
+
+
+@pytest.fixture
+def fault_models_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun children inherit the driver's environment, so they can import fault_models too."""
+    monkeypatch.setenv("PYTHONPATH", f"{HERE}:{REPO}")
+
+
+@pytest.mark.slow
+def test_train_smoke_profile_reaches_90_percent(spark, broker, tmp_path, topic_name, audited_tmpdir):
+    cfg = load_config(REPO / "deployments" / "train-smoke.yaml", {
+        "workdir": str(tmp_path / "kbit"), "kafka": {"embedded": {"port": broker.port}},
+        "produce": {"topic": topic_name},
+    })
+    result = train(cfg, progress=False)
+    assert result["test_accuracy"] >= 0.90, result
+    assert result["engine"] == "ddp" and result["backend"] == "gloo" and result["world_size"] == 2
+    assert result["samples_per_s"] > 0 and result["restarts"] == 0
+    assert Path(result["checkpoint"]).is_file()
+    assert launch_debris(audited_tmpdir, cfg.run_dir, worker_tmp_dir()) == []
+
+
+def test_deepspeed_zero_trains(spark, make_config, topic_name):
+    cfg = make_config(SMALL, produce__topic=topic_name, deepspeed__enabled=True, deepspeed__zero_stage=2,
+                      train__model={"name": "mlp"}, train__optim={"name": "adam", "lr": 0.003})
+    result = train(cfg, progress=False)
+    assert result["engine"] == "deepspeed-zero2"
+    curve = result["loss_curve"]
+    assert len(curve) == result["steps"] == 25
+    assert sum(curve[-5:]) / 5 < 0.9 * sum(curve[:5]) / 5, curve
+
+
+def test_worker_failure_restarts_from_the_latest_checkpoint(spark, make_config, topic_name, tmp_path,
+                                                           fault_models_importable, caplog):
+    marker = tmp_path / "fault-fired"
+    cfg = make_config(SMALL, produce__topic=topic_name,
+                      train__model={"name": "fault_models:crash_once", "kwargs": {"at_step": 15, "marker": str(marker)}},
+                      checkpoint={"dir": "checkpoints", "every_steps": 10, "max_restarts": 1})
+    with caplog.at_level(logging.WARNING, logger="kbit_core.train.api"):
+        result = train(cfg, progress=False)
+    assert marker.exists(), "the fault never fired, so nothing was restarted"
+    assert result["restarts"] == 1 and result["steps"] == 25
+    restart_logs = [r.getMessage() for r in caplog.records if "restart 1 of 1" in r.getMessage()]
+    assert len(restart_logs) == 1 and "RuntimeError" in restart_logs[0] and "step-00000010" in restart_logs[0]
+
+
+def test_without_restarts_left_the_worker_failure_is_raised(spark, make_config, topic_name, tmp_path,
+                                                           fault_models_importable):
+    cfg = make_config(SMALL, produce__topic=topic_name,
+                      train__model={"name": "fault_models:crash_once",
+                                    "kwargs": {"at_step": 3, "marker": str(tmp_path / "fired")}})
+    with pytest.raises(DistributedError, match=r"rank1 raised:(.|\n)*RuntimeError: injected fault at step 3"):
+        train(cfg, progress=False)
+
+
+def test_broker_gone_mid_epoch_is_a_clear_error(spark, make_config, topic_name, tmp_path, fault_models_importable):
+    from tests.conftest import free_port
+
+    own = EmbeddedBroker(tmp_path / "own-broker", port=free_port())
+    own.start()
+    try:
+        cfg = make_config(
+            {**SMALL, "dataset": {"num_records": 8000}},
+            produce__topic=topic_name, kafka__embedded__port=own.port, reader__deadline_s=3.0,
+            train__model={"name": "fault_models:stop_broker",
+                          "kwargs": {"at_step": 2, "broker_dir": str(own.run_dir), "port": own.port}})
+        with pytest.raises(DistributedError) as info:
+            train(cfg, progress=False)
+    finally:
+        own.stop()
+    message = str(info.value)
+    assert "ReadTimeoutError" in message or "BrokerError" in message, message
+    assert f"topic={topic_name}" in message and "partition=" in message, message

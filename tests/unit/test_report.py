@@ -1,0 +1,102 @@
+"""Reports written from synthetic raw timings: files exist, the numbers in them match the raw rows."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kbit_core.bench.measure import Sample
+from kbit_core.bench.report import ReportFiles, rebuild_report, timings_frame, write_report
+from kbit_core.errors import StatisticsError
+
+CONFIGS = ("avro_list_lz4.confluent", "json_list_none.confluent")
+
+
+def synthetic_rows(iterations: int = 4, warmup: int = 1, world_size: int = 2, seed: int = 0) -> list[dict]:
+    """Raw rows as the runner records them; json is about twice as slow as avro, warm-ups 10× slower."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for it in range(-warmup, iterations):
+        for pos, ci in enumerate(rng.permutation(len(CONFIGS))):
+            name = CONFIGS[ci]
+            fmt, layout, comp = name.split(".")[0].split("_")
+            for rank in range(world_size):
+                stages = rng.uniform(0.05, 0.1, size=4) * (ci + 1) * (10 if it < 0 else 1)
+                rows.append(asdict(Sample(
+                    iteration=it, warmup=it < 0, config=name, format=fmt, layout=layout, compression=comp,
+                    records_per_message=1, client="confluent", batch_size=64, world_size=world_size, rank=rank,
+                    order_position=pos, connect_s=stages[0], fetch_s=stages[1], decode_s=stages[2],
+                    collate_s=stages[3], load_s=float(stages.sum()), records=500, bytes=500 * 3200,
+                    train_epoch_s=float("nan"), train_samples_per_s=float("nan"), makespan=False)))
+    return rows
+
+
+@pytest.fixture
+def report(tmp_path: Path) -> tuple[ReportFiles, list[dict]]:
+    rows = synthetic_rows()
+    files = write_report(timings_frame(rows), {"iterations": 4, "warmup": 1, "world_size": 2}, tmp_path,
+                         bootstrap_resamples=200, seed=0)
+    return files, rows
+
+
+def test_every_file_is_written_and_non_empty(report: tuple[ReportFiles, list[dict]]) -> None:
+    files, _ = report
+    for path in files.paths():
+        assert path.is_file() and path.stat().st_size > 0, path
+    for png in (files.boxplot_png, files.mean_std_png, files.stages_png):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_stats_json_matches_the_raw_rows(report: tuple[ReportFiles, list[dict]]) -> None:
+    files, rows = report
+    doc = json.loads(files.stats_json.read_text())
+    measured = [r for r in rows if not r["warmup"]]
+    for name in CONFIGS:
+        mine = [r for r in measured if r["config"] == name]
+        assert doc["raw_results"][name] == [r["load_s"] for r in mine]  # warm-ups excluded
+        assert doc["statistical_analysis"][name]["count"] == 8
+        assert doc["statistical_analysis"][name]["median"] == pytest.approx(np.median([r["load_s"] for r in mine]))
+        spans = [max(r["load_s"] for r in mine if r["iteration"] == it) for it in range(4)]
+        assert doc["makespan"]["raw_results"][name] == pytest.approx(spans)
+        assert doc["throughput"][name]["bytes_per_record"] == 3200.0
+        assert doc["configurations"][name]["format"] == name.split("_")[0]
+    assert doc["comparison"]["load_time"]["fastest"] == "avro_list_lz4.confluent"
+    assert set(doc["metadata"]["order"]) == {"-1", "0", "1", "2", "3"}
+    assert all(sorted(o) == sorted(CONFIGS) for o in doc["metadata"]["order"].values())
+    assert doc["metadata"]["world_size"] == 2
+
+
+def test_summary_lists_the_fastest_first(report: tuple[ReportFiles, list[dict]]) -> None:
+    files, _ = report
+    table = [line for line in files.summary_md.read_text().splitlines() if line.startswith("| 1 |")]
+    assert len(table) == 1 and "avro_list_lz4.confluent" in table[0]
+
+
+def test_rebuild_from_the_csv_reproduces_the_stats(report: tuple[ReportFiles, list[dict]]) -> None:
+    files, _ = report
+    before = json.loads(files.stats_json.read_text())
+    for path in files.paths():
+        if path != files.raw_csv:
+            path.unlink()
+    files.stats_json.write_text(json.dumps({"metadata": before["metadata"]}))
+    rebuilt = rebuild_report(files.raw_csv.parent)
+    after = json.loads(rebuilt.stats_json.read_text())
+    assert after["statistical_analysis"] == before["statistical_analysis"]
+    assert after["metadata"] == before["metadata"]
+    assert all(p.stat().st_size > 0 for p in rebuilt.paths())
+
+
+def test_only_warmup_rows_is_an_error(tmp_path: Path) -> None:
+    rows = [r for r in synthetic_rows() if r["warmup"]]
+    with pytest.raises(StatisticsError, match="only warm-up"):
+        write_report(timings_frame(rows), {}, tmp_path, bootstrap_resamples=100, seed=0)
+
+
+def test_missing_csv_column_is_named(tmp_path: Path) -> None:
+    (tmp_path / "raw_timings.csv").write_text("iteration,config\n0,a\n")
+    with pytest.raises(StatisticsError, match="lacks column"):
+        rebuild_report(tmp_path)

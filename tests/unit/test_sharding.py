@@ -1,0 +1,264 @@
+"""Invariants of the pure shard planner: exactly-once, equal ranks, determinism, and the original's bugs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kbit_core.sharding import (
+    OffsetRange,
+    RankShard,
+    block_order,
+    parse_offset_strings,
+    plan,
+    split_counts,
+)
+
+RATE_SETS = [(6 / 7, 1 / 14, 1 / 14), (0.5, 0.5), (1.0,), (0.85715, 0.071425, 0.071425), (0.8, 0.1, 0.1)]
+
+
+def offsets_of(ranges) -> list[tuple[int, int]]:
+    return [(r.partition, o) for r in ranges for o in r.offsets()]
+
+
+def all_offsets(partitions) -> set[tuple[int, int]]:
+    return {(p, o) for p, (a, b) in partitions.items() for o in range(a, b)}
+
+
+partitions_st = st.dictionaries(
+    st.integers(0, 7),
+    st.tuples(st.integers(0, 50), st.integers(0, 120)).map(lambda t: (t[0], t[0] + t[1])),
+    min_size=1,
+    max_size=6,
+)
+rates_st = st.sampled_from(RATE_SETS)
+
+
+# --- splits ---------------------------------------------------------------------------------------
+
+@given(partitions_st, rates_st, st.integers(1, 9))
+def test_every_offset_lands_in_exactly_one_split(partitions, rates, world_size):
+    p = plan(partitions, rates, world_size)
+    seen = Counter(o for ranges in p.splits.values() for o in offsets_of(ranges))
+    assert set(seen) == all_offsets(partitions)
+    assert max(seen.values(), default=1) == 1
+
+
+def test_uneven_partitions_do_not_overlap_regression():
+    """The original gave partition 1 train [0,49] and val [49,49]: offset 49 in two splits."""
+    p = plan(parse_offset_strings(["0:0:99", "1:0:49"]), rates=(0.5, 0.5), world_size=1)
+    assert p.splits["train"] == (OffsetRange(0, 0, 50), OffsetRange(1, 0, 25))
+    assert p.splits["val"] == (OffsetRange(0, 50, 100), OffsetRange(1, 25, 50))
+    train, val = set(offsets_of(p.splits["train"])), set(offsets_of(p.splits["val"]))
+    assert not train & val
+
+
+def test_default_rates_on_the_original_layout():
+    """3 × 20,000 at 6/7, 1/14, 1/14: exact per-partition apportionment, nothing lost (original: off by one)."""
+    p = plan(parse_offset_strings(["0:0:19999", "1:0:19999", "2:0:19999"]), world_size=3)
+    assert p.splits["train"][0] == OffsetRange(0, 0, 17143)
+    assert [len(r) for r in p.splits["val"]] == [1429] * 3
+    assert [len(r) for r in p.splits["test"]] == [1428] * 3
+    assert sum(v["messages"] for v in p.report().values()) == 60_000
+
+
+@pytest.mark.parametrize(
+    ("n", "rates", "expected"),
+    [
+        (70_000, (6 / 7, 1 / 14, 1 / 14), [60_000, 5_000, 5_000]),
+        (10, (0.5, 0.5), [5, 5]),
+        (3, (0.5, 0.5), [2, 1]),  # ties go to the earlier split
+        (7, (1 / 3, 1 / 3, 1 / 3), [3, 2, 2]),
+        (0, (0.8, 0.1, 0.1), [0, 0, 0]),
+        (1, (0.8, 0.1, 0.1), [1, 0, 0]),
+    ],
+)
+def test_split_counts_largest_remainder(n, rates, expected):
+    exact = [Fraction(r).limit_denominator(1_000_000) for r in rates]
+    assert split_counts(n, exact) == expected
+
+
+# --- ranks ----------------------------------------------------------------------------------------
+
+@settings(max_examples=150)
+@given(partitions_st, rates_st, st.integers(1, 9), st.integers(0, 5), st.integers(0, 3))
+def test_drop_gives_equal_disjoint_rank_shards(partitions, rates, world_size, epoch, seed):
+    p = plan(partitions, rates, world_size, epoch=epoch, seed=seed, remainder="drop")
+    for name, ranges in p.splits.items():
+        split_offsets = set(offsets_of(ranges))
+        shards = [p.shard(name, r) for r in range(world_size)]
+        per_rank = [offsets_of(s.ranges) for s in shards]
+        assert {len(o) for o in per_rank} == {len(split_offsets) // world_size}
+        assert all(s.num_messages == len(o) for s, o in zip(shards, per_rank))
+        flat = [o for rank in per_rank for o in rank]
+        assert len(flat) == len(set(flat)), "a message went to two ranks"
+        assert set(flat) <= split_offsets
+        assert len(split_offsets) - len(flat) == shards[0].dropped < world_size
+
+
+@settings(max_examples=150)
+@given(partitions_st, rates_st, st.integers(1, 9))
+def test_pad_covers_every_message_and_repeats_only_own_or_earliest(partitions, rates, world_size):
+    p = plan(partitions, rates, world_size, remainder="pad")
+    for name, ranges in p.splits.items():
+        split_offsets = offsets_of(ranges)
+        shards = [p.shard(name, r) for r in range(world_size)]
+        counts = {len(offsets_of(s.ranges)) for s in shards}
+        assert len(counts) == 1
+        if not split_offsets:
+            assert counts == {0}
+            continue
+        assert counts == {-(-len(split_offsets) // world_size)}
+        owned = Counter()
+        for s in shards:
+            offs = offsets_of(s.ranges)
+            real = offs[: len(offs) - s.padded]
+            owned.update(real)
+            # padding repeats the rank's own messages, or the split's earliest when it owns none
+            assert set(offs[len(real):]) <= (set(real) or set(split_offsets[: s.padded]))
+        assert set(owned) == set(split_offsets) and max(owned.values()) == 1
+        assert sum(s.padded for s in shards) == p.report()[name]["padded"] < world_size * max(counts)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("remainder", ["drop", "pad"])
+def test_equal_partitions_equal_ranks_read_their_own_partition(world_size, remainder):
+    """The original's layout: W partitions of equal size, rank r reads partition r's slice."""
+    p = plan({q: (10, 10 + 700) for q in range(world_size)}, world_size=world_size, remainder=remainder)
+    for name in ("train", "val", "test"):
+        for r in range(world_size):
+            shard = p.shard(name, r)
+            assert {x.partition for x in shard.ranges} == {r}
+            assert shard.padded == shard.dropped == 0
+
+
+@pytest.mark.parametrize(("num_partitions", "world_size"), [(1, 2), (1, 4), (2, 3), (3, 2), (4, 3), (12, 5)])
+def test_partitions_and_ranks_of_any_shape(num_partitions, world_size):
+    parts = {q: (0, 97 + q) for q in range(num_partitions)}
+    p = plan(parts, world_size=world_size)
+    total_read = sum(p.shard(s, r).num_messages for s in p.splits for r in range(world_size))
+    total_dropped = sum(v["dropped"] for v in p.report().values())
+    assert total_read + total_dropped == sum(b - a for a, b in parts.values())
+
+
+def test_dropped_window_rotates_with_epoch():
+    parts = {0: (0, 101)}
+    seen_over_epochs = set()
+    dropped_sets = set()
+    for epoch in range(12):
+        p = plan(parts, rates=(1.0,), world_size=4, epoch=epoch, seed=3)
+        read = {o for r in range(4) for o in offsets_of(p.shard("train", r).ranges)}
+        seen_over_epochs |= read
+        dropped_sets.add(frozenset(set(range(101)) - {o for _, o in read}))
+    assert len(dropped_sets) > 1
+    assert {o for _, o in seen_over_epochs} == set(range(101))
+
+
+def test_plan_is_deterministic_and_fingerprinted():
+    parts = {0: (0, 1000), 1: (5, 777), 2: (0, 3)}
+    a = plan(parts, world_size=3, epoch=2, seed=7)
+    b = plan(dict(reversed(parts.items())), world_size=3, epoch=2, seed=7)
+    assert a.shards == b.shards and a.fingerprint() == b.fingerprint()
+    assert plan(parts, world_size=2, epoch=2, seed=7).fingerprint() != a.fingerprint()
+
+
+def test_num_records_counts_records_per_message():
+    p = plan({0: (0, 40)}, rates=(1.0,), world_size=2, records_per_message=8)
+    assert p.shard("train", 1).num_records == 20 * 8
+
+
+# --- block shuffle --------------------------------------------------------------------------------
+
+def _shard(n: int, rank: int = 0) -> RankShard:
+    return RankShard("train", rank, (OffsetRange(0, 0, n // 2), OffsetRange(3, 100, 100 + n - n // 2)), n, 0, 0)
+
+
+@given(st.integers(1, 400), st.integers(1, 64), st.integers(0, 5), st.integers(0, 5))
+def test_block_order_is_a_permutation_of_the_shard(n, block_size, seed, epoch):
+    shard = _shard(n)
+    blocks = block_order(shard, seed, epoch, block_size)
+    assert all(1 <= len(b.range) <= block_size for b in blocks)
+    assert sorted(offsets_of(b.range for b in blocks)) == sorted(offsets_of(shard.ranges))
+    assert block_order(shard, seed, epoch, block_size) == blocks
+
+
+def test_block_order_changes_with_epoch_but_keeps_the_set():
+    shard = _shard(1000)
+    e0, e1 = block_order(shard, 1, 0, 10), block_order(shard, 1, 1, 10)
+    assert [b.range for b in e0] != [b.range for b in e1]
+    assert sorted(b.range for b in e0) == sorted(b.range for b in e1)
+    perm0 = e0[0].permutation(10)
+    assert sorted(perm0) == list(range(10))
+    assert any(list(b0.permutation(10)) != list(b1.permutation(10)) for b0, b1 in zip(e0, e1))
+
+
+def test_block_order_differs_between_ranks():
+    assert [b.range for b in block_order(_shard(600, 0), 0, 0, 10)] != [
+        b.range for b in block_order(_shard(600, 1), 0, 0, 10)
+    ]
+
+
+def test_unshuffled_order_is_sequential_and_identity():
+    blocks = block_order(_shard(25), 0, 0, 4, shuffle=False)
+    assert offsets_of(b.range for b in blocks) == offsets_of(_shard(25).ranges)
+    assert all(list(b.permutation(3)) == [0, 1, 2] for b in blocks)
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"world_size": 0}, "world_size must be >= 1"),
+        ({"partitions": {}}, "partitions is empty"),
+        ({"partitions": {0: (10, 5)}}, r"partition 0 has an invalid range \[10, 5\)"),
+        ({"partitions": {-1: (0, 5)}}, "partition -1"),
+        ({"rates": (0.5, 0.4)}, "must sum to 1"),
+        ({"rates": (1.2, -0.2)}, "must be positive"),
+        ({"rates": ()}, "1 to 3 entries"),
+        ({"rates": (0.25,) * 4}, "1 to 3 entries"),
+        ({"remainder": "fill"}, "remainder must be"),
+        ({"records_per_message": 0}, "records_per_message"),
+    ],
+)
+def test_plan_rejects_bad_input(kwargs, match):
+    args = {"partitions": {0: (0, 10)}, "world_size": 2} | kwargs
+    with pytest.raises(ValueError, match=match):
+        plan(**args)
+
+
+def test_shard_rejects_unknown_split_and_rank():
+    p = plan({0: (0, 10)}, rates=(0.5, 0.5), world_size=2)
+    with pytest.raises(ValueError, match="unknown split 'test'"):
+        p.shard("test", 0)
+    with pytest.raises(ValueError, match="rank 2 is outside world size 2"):
+        p.shard("train", 2)
+
+
+@pytest.mark.parametrize(
+    ("strings", "match"),
+    [
+        (["0:0"], "'0:0' is not 'partition:start:last'"),
+        (["a:0:9"], "'a:0:9'"),
+        (["0:5:3"], "last < start - 1"),
+        (["0:0:9", "0:10:19"], "repeats partition 0"),
+    ],
+)
+def test_parse_offset_strings_rejects_bad_strings(strings, match):
+    with pytest.raises(ValueError, match=match):
+        parse_offset_strings(strings)
+
+
+def test_parse_offset_strings_inclusive_to_half_open_and_back():
+    parsed = parse_offset_strings(["2:0:5833", "11:0:5832", "3:7:6"])
+    assert parsed == {2: (0, 5834), 11: (0, 5833), 3: (7, 7)}
+    assert OffsetRange(2, 0, 5834).inclusive_string() == "2:0:5833"
+
+
+def test_block_order_rejects_zero_block_size():
+    with pytest.raises(ValueError, match="block_size must be >= 1"):
+        block_order(_shard(10), 0, 0, 0)
