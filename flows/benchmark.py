@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow
@@ -31,7 +30,7 @@ def benchmark(profile: str = "smoke", overrides: dict[str, Any] | None = None,
     ensure_dataset_topics(cfg, cfg.bench.variants)
     result = run_benchmark_iterations(cfg)
     run_url = mlflow_run_url(cfg, result["mlflow_run_id"])
-    publish_benchmark_summary(cfg.profile, Path(result["summary_md"]).read_text(), run_url)
+    publish_benchmark_summary(cfg.profile, result["summary_md"], run_url)
     if compare_with_previous:
         baseline = previous_benchmark(cfg, result["mlflow_run_id"])
         if baseline is not None:

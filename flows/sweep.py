@@ -58,7 +58,7 @@ def best_trial(results: list[dict[str, Any]], metric: str, mode: Literal["max", 
 
 
 @flow(name="sweep", log_prints=True)
-def sweep(profile: str = "smoke", overrides: dict[str, Any] | None = None,
+def sweep(profile: str = "train", overrides: dict[str, Any] | None = None,
           space: dict[str, list[Any]] | None = None, num_trials: int | None = None,
           metric: str = "val_accuracy", mode: Literal["max", "min"] = "max", seed: int = 0) -> dict[str, Any]:
     """Train one model per point of a search space and pick the best by ``metric``.
@@ -66,7 +66,7 @@ def sweep(profile: str = "smoke", overrides: dict[str, Any] | None = None,
     Steps:
       1. Expand ``space`` (dotted config keys -> values; a grid, or ``num_trials`` sampled from it).
       2. Load and validate every trial's config before anything runs.
-      3. Ensure the training topic once (all trials share the data).
+      3. Ensure the first trial's topic once (a trial whose point changes data settings produces its own).
       4. Train each trial in turn (each uses every Spark slot); each trial is its own MLflow run.
       5. Choose the best trial by ``metric`` (``mode`` max or min) and publish the trial table.
     """
@@ -81,4 +81,4 @@ def sweep(profile: str = "smoke", overrides: dict[str, Any] | None = None,
 
 
 if __name__ == "__main__":
-    sweep(profile="smoke")
+    sweep(profile="train")

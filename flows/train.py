@@ -12,7 +12,7 @@ from tasks.train import log_training, train_model
 
 
 @flow(name="train", log_prints=True)
-def train(profile: str = "smoke", overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def train(profile: str = "train", overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train once on the profile's dataset variant.
 
     Steps:
@@ -28,4 +28,4 @@ def train(profile: str = "smoke", overrides: dict[str, Any] | None = None) -> di
 
 
 if __name__ == "__main__":
-    train(profile="smoke")
+    train(profile="train")

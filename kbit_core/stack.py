@@ -27,6 +27,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # How often the worker asks the server for runs; Prefect's default of 10 s dominates a smoke run.
 WORKER_QUERY_SECONDS = "2"
 
+SET_WORKING_DIRECTORY = "prefect.deployments.steps.set_working_directory"
+
 
 class StackError(KbitError):
     """A stack service cannot start, is unhealthy, its port is taken, or a deployment is wrong."""
@@ -172,6 +174,7 @@ class Service:
         while time.monotonic() < deadline and _pid_alive(pid):
             time.sleep(0.1)
         _signal_group(pid, signal.SIGKILL)
+        _reap(pid)
         log.info("%s stopped (pid %d)", self.name, pid)
         return True
 
@@ -180,6 +183,14 @@ class Service:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "<no log>"
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status when the service is our own child, so no zombie outlives it here."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -337,8 +348,8 @@ class LocalStack:
             raise StackError(f"no deployments found at {self.prefect_api_url} after deploying {PROJECT_ROOT}")
         for dep in deployments:
             where = f"deployment {dep['name']!r} (entrypoint {dep.get('entrypoint')})"
-            dirs = [step["prefect.deployments.steps.set_working_directory"]["directory"]
-                    for step in dep.get("pull_steps") or [] if "prefect.deployments.steps.set_working_directory" in step]
+            dirs = [step[SET_WORKING_DIRECTORY]["directory"]
+                    for step in dep.get("pull_steps") or [] if SET_WORKING_DIRECTORY in step]
             if not dirs:
                 raise StackError(f"{where} has no set_working_directory pull step")
             for directory in dirs:

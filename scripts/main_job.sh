@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 text = sys.stdin.read().strip()
 artifacts = json.loads(text) if text.startswith("[") else []
-Console().print(Markdown(artifacts[0]["data"]) if artifacts else "no benchmark summary was published")
+Console(width=None if sys.stdout.isatty() else 200).print(Markdown(artifacts[0]["data"]) if artifacts else "no benchmark summary was published")
 ' || true
 
 echo "Prefect UI: ${PREFECT_API_URL%/api}    MLflow UI: ${MLFLOW_TRACKING_URI}"

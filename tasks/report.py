@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import task
@@ -14,10 +15,11 @@ def _key(text: str) -> str:
 
 
 @task(name="publish-benchmark-summary")
-def publish_benchmark_summary(profile: str, summary_markdown: str, mlflow_run_url: str | None) -> str:
-    """Publish the summary table (and where to find the run in MLflow); returns the artifact id."""
+def publish_benchmark_summary(profile: str, summary_md: str, mlflow_run_url: str | None) -> str:
+    """Publish the report's summary tables (file ``summary_md``) and where to find the run in MLflow."""
     link = f"\n\nMLflow run: [{mlflow_run_url}]({mlflow_run_url})\n" if mlflow_run_url else ""
-    artifact_id = create_markdown_artifact(markdown=f"# kbit benchmark `{profile}`\n\n{summary_markdown}{link}",
+    summary = Path(summary_md).read_text()
+    artifact_id = create_markdown_artifact(markdown=f"# kbit benchmark `{profile}`\n\n{summary}{link}",
                                            key=_key(f"kbit-benchmark-{profile}"),
                                            description=f"kbit benchmark summary ({profile})")
     return str(artifact_id)

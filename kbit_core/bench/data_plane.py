@@ -173,7 +173,7 @@ records = loader.batch_size + sum(len(y) for _, y in batches)
 seconds = time.perf_counter() - t0
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 loader.close()
-print(json.dumps({"records": records, "seconds": seconds, "rss_after_first_batch_mb": base, "peak_rss_mb": peak}))
+print(json.dumps({"records_read": records, "seconds": seconds, "rss_after_first_batch_mb": base, "peak_rss_mb": peak}))
 """
 
 

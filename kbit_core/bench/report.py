@@ -205,8 +205,10 @@ def markdown_summary(doc: Mapping[str, Any]) -> str:
         f"{meta.get('iterations', '?')} measured iterations (+{meta.get('warmup', '?')} warm-up), "
         f"world size {meta.get('world_size', '?')}, broker {meta.get('broker', '?')}, "
         f"host {meta.get('hardware', {}).get('cpu_count', '?')} CPUs, commit {meta.get('git_commit', '?')}.", "",
-        "Load time = per rank, from the first fetch until the train/val/test loaders are ready "
-        "(pooled over ranks and iterations); makespan = slowest rank per run.", "",
+        "Load time = per rank, from a barrier-synchronised start until its train/val/test loaders are ready "
+        "(pooled over ranks and iterations); makespan = the slowest rank of each run. "
+        "CI = percentile-bootstrap 95 % interval of the median; ratio and Mann–Whitney p are against the "
+        "fastest median.", "",
         "| # | configuration | n | median load s [95% CI] | IQR s | olympic mean s | ratio | p (MWU) "
         "| makespan median s [95% CI] | records/s | MB/s | run records/s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",

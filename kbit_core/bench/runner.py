@@ -82,7 +82,7 @@ class BenchResult:
     child_run_ids: dict[str, str]
 
     def to_dict(self) -> dict[str, Any]:
-        """Stats per configuration and the path of every report file (the ``kbit bench --json`` document)."""
+        """Stats and raw samples per configuration and the path of every report file (``kbit bench --json``)."""
         s = self.stats
         return {
             "run_id": self.run_id, "report_dir": str(self.report_dir), "files": self.files.to_dict(),
@@ -90,6 +90,7 @@ class BenchResult:
             "configurations": {
                 name: {"load_time": s["statistical_analysis"][name],
                        "makespan": s["makespan"]["statistical_analysis"][name],
+                       "raw_load_s": s["raw_results"][name], "raw_makespan_s": s["makespan"]["raw_results"][name],
                        "throughput": s["throughput"][name], "stages": s["stages"][name],
                        **({"training": s["training"][name]} if name in s.get("training", {}) else {})}
                 for name in s["statistical_analysis"]},
@@ -137,7 +138,9 @@ def run_benchmark(cfg: KbitConfig, *, progress: bool = True) -> BenchResult:
     report_dir = Path(cfg.bench.output_dir).resolve() / run_id
     b = cfg.bench
     with embedded_broker(cfg):
-        manifests = ensure_topics(cfg, [c.variant for c in cells], progress=progress)
+        variants = list({c.variant.name: c.variant for c in cells}.values())
+        produced = dict(zip((v.name for v in variants), ensure_topics(cfg, variants, progress=progress)))
+        manifests = [produced[c.variant.name] for c in cells]
         tracker = make_tracker(cfg)
         with tracker.run(cfg, name=f"bench-{run_id}", kind="benchmark", tags={"suite": cfg.profile}) as parent_id:
             rows = run_iterations(cfg, cells, {c.name: m.model_dump_json() for c, m in zip(cells, manifests)},
@@ -155,7 +158,7 @@ def run_benchmark(cfg: KbitConfig, *, progress: bool = True) -> BenchResult:
             files = write_report(timings_frame(rows), metadata, report_dir, bootstrap_resamples=b.bootstrap_resamples,
                                  seed=b.seed)
             stats = load_stats(files.stats_json)
-            manifest_paths = sorted({manifest_path(cfg.workdir, m.topic) for m in manifests})
+            manifest_paths = [manifest_path(cfg.workdir, m.topic) for m in produced.values()]
             children = tracker.log_benchmark(parent_id, stats, rows, [*files.paths(), *manifest_paths])
     log.info("benchmark %s: report in %s", run_id, report_dir)
     return BenchResult(run_id, report_dir, files, stats, parent_id, children)

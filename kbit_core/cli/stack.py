@@ -20,7 +20,7 @@ out = Console()
 def _table(services: list[ServiceStatus]) -> Table:
     table = Table(title="kbit stack")
     for col in ("service", "state", "pid", "url", "log"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # URLs and paths are copied from here: never elide them
     for s in services:
         state = "[green]running[/]" if s.running else "[red]stopped[/]"
         table.add_row(s.name, state, str(s.pid or "-"), s.url or "-", str(s.log_path or "-"))

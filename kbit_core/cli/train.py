@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -45,7 +47,9 @@ def train_command(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOp
     from kbit_core.train.api import train
 
     cfg = run_guarded(load_cli_config, config, sets)
-    result = run_guarded(train, cfg, progress=not as_json)
+    # TorchDistributor copies the workers' output to stdout; with --json, stdout carries the JSON alone.
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        result = run_guarded(train, cfg, progress=not as_json)
     if as_json:
         print_json(result)
     else:
@@ -63,7 +67,8 @@ def bench_train_command(
     from kbit_core.bench.train_bench import results_table, run_train_bench
 
     cfg = run_guarded(load_cli_config, config, sets)
-    results = run_guarded(run_train_bench, cfg, output=output, repeats=repeats)
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        results = run_guarded(run_train_bench, cfg, output=output, repeats=repeats)
     if as_json:
         print_json(results)
     else:

@@ -10,6 +10,7 @@ in-memory baseline).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import threading
@@ -96,8 +97,12 @@ class _Rows:
 
 
 def _to_batch(pixels: np.ndarray, labels: np.ndarray, indices: np.ndarray) -> Batch:
-    x = torch.from_numpy(np.ascontiguousarray(pixels))
-    x = x.to(torch.float32).div_(255.0) if x.dtype == torch.uint8 else x.to(torch.float32)
+    # uint8 -> [0, 1] in numpy, not torch: torch's intra-op threads spin against the training threads
+    # (measured 6.5 ms instead of 26 us per 64-image batch on 2 busy cores); dividing by 255 in float32
+    # gives exactly the list layout's floats.
+    if pixels.dtype == np.uint8:
+        pixels = np.divide(pixels, np.float32(255), dtype=np.float32)
+    x = torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32))
     return Batch(x, torch.from_numpy(labels.astype(np.int64, copy=False)),
                  torch.from_numpy(indices.astype(np.int64, copy=False)))
 
@@ -127,14 +132,24 @@ class ShardLoader:
     # -- plan and length -----------------------------------------------------------------------------
 
     def _make_plan(self, epoch: int) -> Plan:
-        return plan(self.manifest.ranges(), self.cfg.shard.split_rates, self.world_size, epoch=epoch,
-                    seed=self.cfg.shard.seed, remainder=self.cfg.shard.remainder,
-                    records_per_message=self._rpm)
+        try:
+            return plan(self.manifest.ranges(), self.cfg.shard.split_rates, self.world_size, epoch=epoch,
+                        seed=self.cfg.shard.seed, remainder=self.cfg.shard.remainder,
+                        records_per_message=self._rpm)
+        except ValueError as exc:
+            raise ConfigError(f"cannot plan shards of topic {self.manifest.topic!r}: {exc}") from None
+
+    def _plan_hash(self, p: Plan) -> str:
+        return hashlib.sha256(f"{self.manifest.topic}|{p.fingerprint()}".encode()).hexdigest()[:16]
 
     def _set_plan(self, epoch: int) -> None:
         self.epoch = epoch
         self.plan = self._make_plan(epoch)
-        self.shard: RankShard = self.plan.shard(self.split, self.rank)
+        try:
+            self.shard: RankShard = self.plan.shard(self.split, self.rank)
+        except ValueError as exc:
+            raise ConfigError(f"topic {self.manifest.topic!r} with shard.split_rates={self.cfg.shard.split_rates}: "
+                              f"{exc}") from None
 
     @property
     def num_records(self) -> int:
@@ -156,7 +171,7 @@ class ShardLoader:
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "epoch": self.epoch, "batches_done": self.batches_done,
-                "seed": self.cfg.shard.seed, "world_size": self.world_size, "plan_hash": self.plan.fingerprint()}
+                "seed": self.cfg.shard.seed, "world_size": self.world_size, "plan_hash": self._plan_hash(self.plan)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the first batch not yet seen in ``state['epoch']``; the plan must be the same."""
@@ -166,9 +181,9 @@ class ShardLoader:
             raise ConfigError(f"the loader state was saved with world size {state['world_size']}, this run has "
                               f"{self.world_size}; resuming mid-epoch needs the same world size")
         resumed = self._make_plan(state["epoch"])
-        if state["seed"] != self.cfg.shard.seed or state["plan_hash"] != resumed.fingerprint():
+        if state["seed"] != self.cfg.shard.seed or state["plan_hash"] != self._plan_hash(resumed):
             raise ConfigError(f"the shard plan changed since the loader state was saved (plan {state['plan_hash']} "
-                              f"seed {state['seed']}, now {resumed.fingerprint()} seed {self.cfg.shard.seed}): "
+                              f"seed {state['seed']}, now {self._plan_hash(resumed)} seed {self.cfg.shard.seed}): "
                               f"topic, split rates, remainder or seed differ")
         self._set_plan(state["epoch"])
         self.batches_done = self._resume_at = int(state["batches_done"])

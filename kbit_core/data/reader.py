@@ -45,7 +45,8 @@ class ReaderStats:
 class RangeReader:
     """Reads planned :class:`OffsetRange` s of ``topic`` with one consumer, reused across calls.
 
-    Consecutive ranges that continue where the previous one stopped are read without a new seek.
+    Consecutive ranges of one call that continue where the previous one stopped are read without a new seek;
+    between calls the consumer holds no assignment.
     Callers bound memory through the size of the ranges they pass (see ``sharding.block_order``).
     """
 
@@ -88,9 +89,18 @@ class RangeReader:
     def read_raw(self, ranges: Sequence[OffsetRange]) -> Iterator[tuple[OffsetRange, list[RawRecord]]]:
         """Yield each non-empty range with its records, in the order given, after :meth:`check`."""
         self.check(ranges)
-        for r in ranges:
-            if len(r):
-                yield r, self._fetch(r)
+        try:
+            for r in ranges:
+                if len(r):
+                    yield r, self._fetch(r)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        # An idle assigned consumer keeps prefetching past the last range and polling the log end.
+        if self._consumer is not None and self._position is not None:
+            self._consumer.assign(self.topic, {})
+        self._position, self._carry = None, []
 
     def _consumer_at(self, partition: int, offset: int) -> ConsumerBackend:
         if self._consumer is None:

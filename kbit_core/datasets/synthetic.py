@@ -17,6 +17,7 @@ from kbit_core.datasets.base import DatasetSource
 from kbit_core.datasets.glyphs import TEMPLATE_RES, digit_templates, shape_templates
 
 BLOCK = 1024
+WARP_SLICE = 256
 
 
 class SyntheticSource(DatasetSource):
@@ -35,12 +36,14 @@ class SyntheticSource(DatasetSource):
             yield self._read(lo, min(lo + batch_size, stop))
 
     def _read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        first, last = start // BLOCK, (stop - 1) // BLOCK
-        blocks = [self._block(b) for b in range(first, last + 1)]
-        lo, hi = start - first * BLOCK, stop - first * BLOCK
-        images = np.concatenate([b[0] for b in blocks])[lo:hi]
-        labels = np.concatenate([b[1] for b in blocks])[lo:hi]
-        return images, labels
+        images, labels = [], []
+        for block_no in range(start // BLOCK, (stop - 1) // BLOCK + 1):
+            block_images, block_labels = self._block(block_no)
+            lo = max(start - block_no * BLOCK, 0)
+            hi = min(stop - block_no * BLOCK, BLOCK)
+            images.append(block_images[lo:hi])
+            labels.append(block_labels[lo:hi])
+        return np.concatenate(images), np.concatenate(labels)
 
     def _block(self, block_no: int) -> tuple[np.ndarray, np.ndarray]:
         # One cached block makes batch sizes that are not multiples of BLOCK cost no regeneration.
@@ -65,7 +68,7 @@ def _warp(templates: np.ndarray, template_ids: np.ndarray, rng: np.random.Genera
     """
     n = len(template_ids)
     angle = np.deg2rad(rng.uniform(-max_rotation_deg, max_rotation_deg, n))
-    s = rng.uniform(*scale, n)
+    zoom = rng.uniform(*scale, n)
     aspect = rng.uniform(0.85, 1.15, n)
     shear = rng.uniform(-max_shear, max_shear, n)
     shift = rng.uniform(-max_shift_px, max_shift_px, (n, 2)) / box
@@ -76,23 +79,27 @@ def _warp(templates: np.ndarray, template_ids: np.ndarray, rng: np.random.Genera
     # Forward map glyph -> output is rotation · (scale, aspect) · shear; sample with its inverse.
     cos, sin = np.cos(angle), np.sin(angle)
     fwd = np.empty((n, 2, 2))
-    fwd[:, 0, 0] = s * aspect * cos
-    fwd[:, 0, 1] = s * (aspect * cos * shear - sin / aspect)
-    fwd[:, 1, 0] = s * aspect * sin
-    fwd[:, 1, 1] = s * (aspect * sin * shear + cos / aspect)
+    fwd[:, 0, 0] = zoom * aspect * cos
+    fwd[:, 0, 1] = zoom * (aspect * cos * shear - sin / aspect)
+    fwd[:, 1, 0] = zoom * aspect * sin
+    fwd[:, 1, 1] = zoom * (aspect * sin * shear + cos / aspect)
     inv = (np.linalg.inv(fwd) * TEMPLATE_RES).astype(np.float32)
     shift, freq, phase, amp = (a.astype(np.float32) for a in (shift, freq, phase, amp))
 
     c = (((np.arange(size) + 0.5) - size / 2) / box).astype(np.float32)
-    gx, gy = np.meshgrid(c, c, indexing="xy")
-    px = gx.ravel()[None, :] - shift[:, :1]
-    py = gy.ravel()[None, :] - shift[:, 1:]
-    px += amp[:, :1] * np.sin(freq[:, :1] * py + phase[:, :1])
-    py += amp[:, 1:] * np.sin(freq[:, 1:] * px + phase[:, 1:])
+    gx, gy = (g.ravel()[None, :] for g in np.meshgrid(c, c, indexing="xy"))
     centre = (TEMPLATE_RES - 1) / 2
-    u = inv[:, 0, :1] * px + inv[:, 0, 1:] * py + centre
-    v = inv[:, 1, :1] * px + inv[:, 1, 1:] * py + centre
-    return _bilinear(templates, template_ids, u, v).reshape(n, size, size)
+    out = np.empty((n, size * size), dtype=np.float32)
+    # Sampling in slices bounds the index/weight temporaries; all random draws happened above.
+    for s in (slice(i, i + WARP_SLICE) for i in range(0, n, WARP_SLICE)):
+        px = gx - shift[s, :1]
+        py = gy - shift[s, 1:]
+        px += amp[s, :1] * np.sin(freq[s, :1] * py + phase[s, :1])
+        py += amp[s, 1:] * np.sin(freq[s, 1:] * px + phase[s, 1:])
+        u = inv[s, 0, :1] * px + inv[s, 0, 1:] * py + centre
+        v = inv[s, 1, :1] * px + inv[s, 1, 1:] * py + centre
+        out[s] = _bilinear(templates, template_ids[s], u, v)
+    return out.reshape(n, size, size)
 
 
 def _bilinear(templates: np.ndarray, template_ids: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:

@@ -53,7 +53,8 @@ class Columns:
 class Codec(ABC):
     """One serialization format in one pixel layout, for one image shape.
 
-    Subclasses set ``format`` and implement ``_encode_group``, ``_decode_value`` and ``_definition``.
+    Subclasses set ``format`` and implement ``_encode``, ``_decode`` and ``_definition``; formats
+    parsed record by record derive from ``RecordCodec`` instead.
     """
 
     format: ClassVar[str]

@@ -16,13 +16,11 @@ from kbit_core.formats.schemas import kbit_pb2
 class ProtobufCodec(RecordCodec):
     format = "protobuf"
 
-    def _sample(self, index: int, label: int, row: np.ndarray) -> kbit_pb2.Sample:
-        if self.layout == "bytes":
-            return kbit_pb2.Sample(index=index, label=label, pixels=row.tobytes(), shape=self.image_shape)
-        return kbit_pb2.Sample(index=index, label=label, data=row, shape=self.image_shape)
-
     def _encode_group(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> bytes:
-        samples = [self._sample(int(i), int(y), row) for i, y, row in zip(indices, labels, pixels)]
+        field = "pixels" if self.layout == "bytes" else "data"
+        rows = [row.tobytes() for row in pixels] if self.layout == "bytes" else pixels.tolist()
+        samples = [kbit_pb2.Sample(index=int(i), label=int(y), shape=self.image_shape, **{field: row})
+                   for i, y, row in zip(indices, labels, rows)]
         if self.records_per_message == 1:
             return samples[0].SerializeToString()
         return kbit_pb2.SampleBatch(samples=samples, count=len(samples)).SerializeToString()

@@ -40,7 +40,8 @@ class ConsumerBackend(ABC):
 
     @abstractmethod
     def assign(self, topic: str, starts: dict[int, int]) -> None:
-        """Read ``topic`` from ``starts[partition]`` on each listed partition (replacing any assignment)."""
+        """Read ``topic`` from ``starts[partition]`` on each listed partition (replacing any assignment);
+        an empty ``starts`` stops all fetching."""
 
     @abstractmethod
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
@@ -178,9 +179,7 @@ class KafkaPythonConsumer(ConsumerBackend):
                                    partition=getattr(tp, "partition", None), offset=offset) from None
         except UnknownTopicOrPartitionError as exc:
             raise OffsetRangeError(f"unknown topic or partition: {exc}", topic=self.topic) from None
-        except KafkaError as exc:
-            if getattr(exc, "retriable", False):
-                raise BrokerError(f"transient consumer error on topic {self.topic!r}: {exc}") from None
+        except KafkaError as exc:  # transport and leadership trouble: the reader retries until its deadline
             raise BrokerError(f"consumer error on topic {self.topic!r}: {exc}") from None
         return [RawRecord(r.partition, r.offset, r.value) for recs in batches.values() for r in recs]
 

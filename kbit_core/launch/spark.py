@@ -27,9 +27,10 @@ LOOPBACK = "127.0.0.1"
 LOG4J2_PROPERTIES = """\
 rootLogger.level = error
 rootLogger.appenderRef.console.ref = console
-# PySpark counts as a REPL; at the root's level, Spark skips its "Setting default log level" banner.
-logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = error
+# PySpark's gateway counts as a shell; when its logger's level equals the root's, Spark skips its
+# "Setting default log level" banner.
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = error
 appender.console.type = Console
 appender.console.name = console
 appender.console.target = SYSTEM_ERR

@@ -133,6 +133,9 @@ def seed_everything(seed: int, rank: int, deterministic: bool, device: torch.dev
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.backends.cudnn.benchmark = False
         torch.use_deterministic_algorithms(True)
+        # Deterministic mode also NaN-fills every torch.empty by default, a debugging aid that turns DeepSpeed's
+        # large preallocated gradient buckets into seconds per backward; results stay deterministic without it.
+        torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def broadcast_from_main(obj: Any) -> Any:

@@ -9,7 +9,13 @@ import pytest
 from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
 from prefect.testing.utilities import prefect_test_harness
 
-pytestmark = pytest.mark.prefect
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything here runs under the harness, so `-m "not prefect"` skips the whole directory."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents:
+            item.add_marker(pytest.mark.prefect)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -18,12 +18,13 @@ from tasks.produce import ensure_dataset_topics
 from tests.conftest import free_port
 from tests.flows.helpers import delete_topics, flow_overrides, task_runs
 
-pytestmark = [pytest.mark.kafka, pytest.mark.prefect]
+pytestmark = pytest.mark.kafka
 
 
 @pytest.fixture(autouse=True)
 def no_retry_delay(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(flows.produce, "ensure_dataset_topics", ensure_dataset_topics.with_options(retry_delay_seconds=0))
+    no_delay = ensure_dataset_topics.with_options(retry_delay_seconds=0)
+    monkeypatch.setattr(flows.produce, "ensure_dataset_topics", no_delay)
 
 
 @pytest.fixture(autouse=True)

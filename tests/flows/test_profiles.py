@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kbit_core.config import load_config
+from kbit_core.config import COMPRESSIONS, FORMATS, load_config
 from kbit_core.errors import ConfigError
+from kbit_core.formats import supported
 from kbit_core.stack import PROJECT_ROOT
 from tasks.config import load_run_config, profile_path
 
@@ -19,17 +20,32 @@ PREFECT_YAML = yaml.safe_load((PROJECT_ROOT / "prefect.yaml").read_text())
 DEPLOYMENTS = {f"{d['entrypoint'].rsplit(':', 1)[1]}/{d['name']}": d for d in PREFECT_YAML["deployments"]}
 
 
-@pytest.mark.parametrize("name", ["smoke", "nightly", "full", "cluster"])
+@pytest.mark.parametrize("name", ["smoke", "nightly", "full", "train", "cluster"])
 def test_every_profile_validates(name: str) -> None:
     cfg = load_config(profile_path(name))
     assert cfg.profile == name
 
 
+@pytest.mark.parametrize("name", ["smoke", "nightly", "full", "train"])
+def test_local_profiles_run_in_the_stack_run_directory_and_track(name: str) -> None:
+    # The stack's broker PID file, manifests and MLflow store live in its run directory (.kbit).
+    cfg = load_config(profile_path(name))
+    assert cfg.workdir == Path(".kbit") and cfg.tracking.enabled and cfg.kafka.uses_embedded
+
+
 def test_profiles_grow_from_smoke_to_full() -> None:
     smoke, nightly, full = (load_config(profile_path(n)) for n in ("smoke", "nightly", "full"))
-    assert smoke.dataset.num_records < nightly.dataset.num_records < full.dataset.num_records
-    assert smoke.bench.iterations < nightly.bench.iterations < full.bench.iterations
+    assert smoke.dataset.num_records < nightly.dataset.num_records == full.dataset.num_records
+    assert smoke.bench.iterations < nightly.bench.iterations
     assert len(smoke.bench.variants) < len(nightly.bench.variants) < len(full.bench.variants)
+
+
+def test_full_profile_covers_every_supported_format_layout_and_compression() -> None:
+    full = load_config(profile_path("full"))
+    expected = {(f, layout, c) for f in FORMATS for layout in ("list", "bytes") for c in COMPRESSIONS
+                if supported(f, layout)}
+    assert {(v.format, v.layout, v.compression) for v in full.bench.variants} == expected
+    assert set(full.bench.clients) == {"confluent", "kafka-python"}
 
 
 def test_cluster_profile_leaves_the_machine() -> None:

@@ -13,7 +13,7 @@ from flows.train import train
 from kbit_core.kafka.broker import EmbeddedBroker
 from tests.flows.helpers import delete_topics, flow_overrides, task_runs
 
-pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.prefect]
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 TINY_TRAINING = {"train": {"epochs": 1, "model": {"name": "mlp"}}, "tracking": {"log_models": False,
                                                                                 "system_metrics": False}}
@@ -28,7 +28,7 @@ def own_topics(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[None]:
 def test_train_flow_trains_and_records_the_run(broker: EmbeddedBroker, tmp_path: Path) -> None:
     overrides = flow_overrides(broker, tmp_path, TINY_TRAINING)
 
-    state = train(profile="smoke", overrides=overrides, return_state=True)
+    state = train(profile="train", overrides=overrides, return_state=True)
 
     assert state.is_completed(), state.message
     summary = state.result()
@@ -42,7 +42,7 @@ def test_train_flow_trains_and_records_the_run(broker: EmbeddedBroker, tmp_path:
 def test_sweep_trains_every_trial_and_picks_the_best(broker: EmbeddedBroker, tmp_path: Path) -> None:
     overrides = flow_overrides(broker, tmp_path, TINY_TRAINING)
 
-    state = sweep(profile="smoke", overrides=overrides, space={"train.optim.lr": [1e-4, 3e-3]},
+    state = sweep(profile="train", overrides=overrides, space={"train.optim.lr": [1e-4, 3e-3]},
                   metric="val_loss", mode="min", return_state=True)
 
     assert state.is_completed(), state.message

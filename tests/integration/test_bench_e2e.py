@@ -28,8 +28,8 @@ def bench_config(make_config: Callable[..., KbitConfig], tmp_path: Path, spark: 
         "profile": "e2e",
         "dataset": {"num_records": 700},
         "produce": {"partitions": 2, "topic_prefix": f"e2e{tmp_path.name[-6:].replace('_', '')}"},
-        "train": {"global_batch_size": 32},
-        "bench": {"iterations": 2, "warmup_iterations": 0, "variants": VARIANTS,
+        "train": {"global_batch_size": 32, "model": {"name": "mlp"}},
+        "bench": {"iterations": 2, "warmup_iterations": 0, "variants": VARIANTS, "train_epoch": True,
                   "output_dir": str(tmp_path / "reports"), "bootstrap_resamples": 200},
         "tracking": {"system_metrics": False},
     })
@@ -47,6 +47,7 @@ def test_small_benchmark_end_to_end(bench_config: KbitConfig, tmp_path: Path) ->
     assert names == ["avro_list_lz4.confluent", "json_bytes_none.confluent"]
     assert set(result["configurations"]) == set(names)
     assert result["configurations"][names[0]]["load_time"]["count"] == 4
+    assert len(result["configurations"][names[0]]["raw_load_s"]) == 4
 
     files = {k: Path(v) for k, v in result["files"].items()}
     for path in files.values():
@@ -61,6 +62,7 @@ def test_small_benchmark_end_to_end(bench_config: KbitConfig, tmp_path: Path) ->
     assert (raw.groupby(["iteration", "config"])["makespan"].sum() == 1).all()
     stages = raw[["connect_s", "fetch_s", "decode_s", "collate_s"]].sum(axis=1)
     assert (stages <= raw["load_s"] + 1e-6).all()
+    assert (raw["train_epoch_s"] > 0).all() and (raw["train_samples_per_s"] > 0).all()
 
     stats = json.loads(files["stats_json"].read_text())
     assert stats["statistical_analysis"][names[0]]["count"] == 4
@@ -82,6 +84,7 @@ def test_small_benchmark_end_to_end(bench_config: KbitConfig, tmp_path: Path) ->
             stats["statistical_analysis"][name]["median"])
         assert child.data.metrics["throughput_records_per_s_median"] > 0
         assert len(client.get_metric_history(child.info.run_id, "makespan_s")) == 2
+        assert child.data.metrics["train_samples_per_s_median"] > 0
     assert {r.info.run_id for r in children} == set(result["mlflow"]["child_run_ids"].values())
     artifacts = {a.path for a in client.list_artifacts(parent_id, "benchmark")}
     assert {f"benchmark/{p.name}" for p in files.values()} <= artifacts

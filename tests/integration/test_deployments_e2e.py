@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
-from kbit_core.config import KbitConfig
+from kbit_core.config import KbitConfig, load_config
 from kbit_core.stack import PROJECT_ROOT, LocalStack
+from tasks.config import profile_path
 from tests.conftest import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.prefect, pytest.mark.kafka, pytest.mark.spark]
@@ -41,8 +42,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
 
 def run_deployment(stack: LocalStack, name: str, overrides: dict[str, Any]) -> subprocess.CompletedProcess[str]:
     """`prefect deployment run NAME --watch` with the overrides that keep the run inside the test's stack."""
-    params = {"overrides": {"workdir": str(stack.run_dir), "kafka": {"embedded": {"port": stack.cfg.kafka.embedded.port}},
-                            "tracking": {"experiment": EXPERIMENT}, **overrides}}
+    inside = {"workdir": str(stack.run_dir), "kafka": {"embedded": {"port": stack.cfg.kafka.embedded.port}},
+              "tracking": {"experiment": EXPERIMENT}}
+    params = {"overrides": {**inside, **overrides}}
     return subprocess.run(
         [sys.executable, "-m", "prefect", "deployment", "run", name, "--params", json.dumps(params),
          "--watch", "--watch-interval", "1", "--watch-timeout", "480"],
@@ -82,7 +84,7 @@ def test_smoke_benchmark_runs_through_the_worker_into_mlflow(stack: LocalStack) 
     (parent,) = client.search_runs([experiment.experiment_id], "tags.`kbit.kind` = 'benchmark'")
     assert parent.info.status == "FINISHED" and parent.data.tags["kbit.profile"] == "smoke"
     children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-    assert len(children) == 2  # the smoke profile's two variants
+    assert len(children) == len(load_config(profile_path("smoke")).bench.variants)
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "benchmark")}
     assert "benchmark/stats.json" in artifacts
 

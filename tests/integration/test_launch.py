@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kbit_core.errors import DistributedError
-from kbit_core.launch.distributor import errors_dir, run_distributed
+from kbit_core.launch.distributor import WorkerFailedError, errors_dir, run_distributed
 from kbit_core.launch.spark import worker_tmp_dir
 
 from conftest import launch_debris  # noqa: I001  (tests/integration is on sys.path under pytest)
@@ -67,8 +67,9 @@ def test_every_rank_returns_rank0_result(spark, make_config, audited_tmpdir, loc
 @pytest.mark.parametrize("local_mode", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_worker_exception_reaches_driver_with_its_traceback(spark, make_config, audited_tmpdir, local_mode):
     cfg = make_config(launch__local_mode=local_mode)
-    with pytest.raises(DistributedError) as info:
+    with pytest.raises(WorkerFailedError) as info:
         run_distributed(fail_on_rank, cfg, 1)
+    assert (info.value.rank, info.value.exception_type) == ("rank1", "ValueError")
     message = str(info.value)
     assert "rank1 raised:" in message
     assert "ValueError: batch 7 has 3 labels for 4 images on rank 1" in message

@@ -130,6 +130,9 @@ def test_load_state_dict_rejects_a_different_world_size_or_plan(produce_topic: P
             replanned.load_state_dict(state)
         with pytest.raises(ConfigError, match="version"):
             replanned.load_state_dict({**state, "version": 99})
+    with make_split_loader(cfg, manifest.model_copy(update={"topic": "another-topic"}), "train", 0, 2) as moved:
+        with pytest.raises(ConfigError, match="shard plan changed"):
+            moved.load_state_dict(state)
 
 
 def test_pad_keeps_len_equal_when_the_split_does_not_divide(produce_topic: Produce):
@@ -179,3 +182,11 @@ def test_per_rank_batch_size_refuses_zero_and_warns_on_truncation(caplog):
     with caplog.at_level("WARNING"):
         assert per_rank_batch_size(32, 3) == 10
     assert "does not divide by 3 ranks: 10 per rank, 30 globally" in caplog.text
+
+
+def test_unknown_split_or_rank_is_a_config_error(produce_topic: Produce):
+    cfg, manifest = produce_topic(RAW, 20, partitions=1, shard__split_rates=[0.5, 0.5])
+    with pytest.raises(ConfigError, match="unknown split 'test'"):
+        make_split_loader(cfg, manifest, "test", 0, 1)
+    with pytest.raises(ConfigError, match="rank 2 is outside world size 2"):
+        make_split_loader(cfg, manifest, "train", 2, 2)

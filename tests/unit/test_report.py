@@ -11,7 +11,7 @@ import pytest
 
 from kbit_core.bench.measure import Sample
 from kbit_core.bench.report import ReportFiles, rebuild_report, timings_frame, write_report
-from kbit_core.errors import StatisticsError
+from kbit_core.errors import ConfigError, StatisticsError
 
 CONFIGS = ("avro_list_lz4.confluent", "json_list_none.confluent")
 
@@ -100,3 +100,43 @@ def test_missing_csv_column_is_named(tmp_path: Path) -> None:
     (tmp_path / "raw_timings.csv").write_text("iteration,config\n0,a\n")
     with pytest.raises(StatisticsError, match="lacks column"):
         rebuild_report(tmp_path)
+
+
+# The configuration names and per-iteration orders the reports are keyed by come from the runner's matrix.
+
+def test_matrix_names_are_stable_and_sweeps_extend_them() -> None:
+    from kbit_core.bench.runner import matrix
+    from kbit_core.config import KbitConfig
+
+    plain = KbitConfig.from_dict({"bench": {"variants": [{"format": "avro"}], "clients": ["confluent", "kafka-python"]}})
+    assert [c.name for c in matrix(plain)] == ["avro_list_lz4.confluent", "avro_list_lz4.kafka-python"]
+    swept = KbitConfig.from_dict({"bench": {"variants": [{"format": "raw", "layout": "bytes"}],
+                                            "batch_sizes": [32, 64], "world_sizes": [1, 2]}})
+    cells = matrix(swept)
+    assert [c.name for c in cells] == ["raw_bytes_lz4.confluent.b32.w1", "raw_bytes_lz4.confluent.b64.w1",
+                                       "raw_bytes_lz4.confluent.b32.w2", "raw_bytes_lz4.confluent.b64.w2"]
+    assert [(c.batch_size, c.world_size) for c in cells] == [(32, 1), (64, 1), (32, 2), (64, 2)]
+    assert len(matrix(KbitConfig())) == 18  # the default matrix
+
+
+def test_matrix_refuses_duplicates() -> None:
+    from kbit_core.bench.runner import matrix
+    from kbit_core.config import KbitConfig
+
+    cfg = KbitConfig.from_dict({"bench": {"variants": [{"format": "json"}, {"format": "json"}]}})
+    with pytest.raises(ConfigError, match="repeats configuration"):
+        matrix(cfg)
+
+
+def test_iteration_order_is_a_seeded_permutation_per_iteration() -> None:
+    from kbit_core.bench.runner import iteration_order, matrix
+    from kbit_core.config import KbitConfig
+
+    cfg = KbitConfig()
+    cells = matrix(cfg)
+    orders = [[c.name for c in iteration_order(cfg, cells, i)] for i in range(4)]
+    assert all(sorted(o) == sorted(c.name for c in cells) for o in orders)
+    assert len({tuple(o) for o in orders}) == 4  # reshuffled every iteration
+    assert orders[2] == [c.name for c in iteration_order(cfg, cells, 2)]  # reproducible
+    fixed = KbitConfig.from_dict({"bench": {"shuffle_order": False}})
+    assert iteration_order(fixed, cells, 3) == cells

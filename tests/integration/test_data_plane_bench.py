@@ -1,0 +1,66 @@
+"""The data-plane benchmark end to end on a tiny matrix (`kbit bench-data`), and its variant-name parsing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kbit_core.bench.data_plane import parse_variant
+from kbit_core.cli import app
+from kbit_core.config import DataVariant
+from kbit_core.errors import ConfigError
+from kbit_core.kafka import admin
+
+
+@pytest.mark.parametrize(
+    ("name", "variant"),
+    [
+        ("raw_bytes_none", DataVariant(format="raw", layout="bytes", compression="none")),
+        ("mongodb_avro_list_lz4", DataVariant(format="mongodb_avro", layout="list", compression="lz4")),
+        ("avro_bytes_zstd_x8", DataVariant(format="avro", layout="bytes", compression="zstd", records_per_message=8)),
+    ],
+)
+def test_parse_variant_round_trips_variant_names(name, variant):
+    assert parse_variant(name) == variant and variant.name == name
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [
+        ("xml_list_none", "does not start with a format"),
+        ("json_list", "is not format_layout_compression"),
+        ("json_list_brotli", "compression 'brotli'"),
+        ("json_grid_lz4", "json_grid_lz4"),
+        ("json_list_lz4_y2", "is not format_layout_compression"),
+    ],
+)
+def test_parse_variant_rejects_bad_names(name, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_variant(name)
+
+
+@pytest.mark.kafka
+def test_bench_data_cli_writes_rates_ratios_rss_and_targets(make_config, tmp_path):
+    cfg = make_config()
+    out, md = tmp_path / "results.json", tmp_path / "results.md"
+    result = CliRunner().invoke(app, [
+        "bench-data", "--set", f"kafka.embedded.port={cfg.kafka.embedded.port}", "--set", f"workdir={cfg.workdir}",
+        "--records", "300", "-v", "raw_bytes_none", "--clients", "confluent", "--repeats", "1",
+        "--rss-records", "200,1000", "--out", str(out), "--markdown", str(md), "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    results = json.loads(out.read_text())
+    (row,) = results["rows"]
+    assert (row["variant"], row["client"], row["records"]) == ("raw_bytes_none", "confluent", 300)
+    for key in ("produce_records_per_s", "fetch_records_per_s", "decode_records_per_s", "loader_records_per_s"):
+        assert row[key] > 0, key
+    assert row["decode_ratio"] == pytest.approx(row["fetch_records_per_s"] and
+                                                row["decode_records_per_s"] / row["fetch_records_per_s"])
+    assert [r["records"] for r in results["rss"]["runs"]] == [200, 1000]
+    assert all(r["peak_rss_mb"] > 0 for r in results["rss"]["runs"])
+    targets = {t["target"] for t in results["targets"]}
+    assert any("decode >= 0.8x fetch" in t for t in targets) and any("RSS growth" in t for t in targets)
+    assert "| raw_bytes_none | confluent |" in md.read_text()
+    assert not [t for t in admin.list_topics(cfg.kafka) if ".n300." in t or ".n1000." in t], "topics cleaned up"
