@@ -310,21 +310,21 @@ def _reusable(cfg: KbitConfig, topic: str, identity: DataIdentity) -> Manifest |
     """
     path = manifest_path(cfg.workdir, topic)
     exists = admin.topic_exists(cfg.kafka, topic)
-    if not path.is_file():
-        if exists:
-            raise ManifestMismatchError(f"topic {topic!r} exists but has no manifest at {path}, so its contents "
-                                        f"are unknown; pass --recreate (produce.recreate) to replace it")
+    if not exists:
+        if path.is_file():
+            # A stale manifest describes data that no longer exists, so it cannot conflict with the request.
+            log.warning("topic %s is gone from the %s (a memory-only broker loses topics on restart); "
+                        "producing it again", topic, admin.describe_broker(cfg.kafka))
         return None
+    if not path.is_file():
+        raise ManifestMismatchError(f"topic {topic!r} exists but has no manifest at {path}, so its contents "
+                                    f"are unknown; pass --recreate (produce.recreate) to replace it")
     saved = Manifest.load(path)
     diffs = saved.identity.differences(identity)
     if diffs:
         raise ManifestMismatchError(f"the manifest of topic {topic!r} ({path}) differs from the request "
                                     "(manifest != request):\n  " + "\n  ".join(diffs))
     check = admin.check_topic(cfg.kafka, saved)
-    if not check.exists:
-        log.warning("topic %s is gone from the %s (a memory-only broker loses topics on restart); producing it again",
-                    topic, admin.describe_broker(cfg.kafka))
-        return None
     if check.problems:
         raise ManifestMismatchError(f"topic {topic!r} no longer holds its manifest {path}:\n  "
                                     + "\n  ".join(check.problems))

@@ -142,6 +142,17 @@ def test_vanished_topic_is_produced_again(cfg: KbitConfig, caplog: pytest.LogCap
     assert_topic_holds_dataset(cfg, again)
 
 
+def test_stale_manifest_of_a_vanished_topic_does_not_block_producing(cfg: KbitConfig) -> None:
+    """A manifest left behind by a restarted broker describes no data, so a changed request just produces."""
+    produce_dataset(cfg, progress=False)
+    admin.delete_topic(cfg.kafka, cfg.produce.topic)
+    stale = Manifest.load(manifest_path(cfg.workdir, cfg.produce.topic))
+    stale.model_copy(update={"schema_fingerprint": "0" * 64}).save(cfg.manifest_dir)
+    again = produce_dataset(cfg, progress=False)
+    assert again.schema_fingerprint != "0" * 64
+    assert_topic_holds_dataset(cfg, again)
+
+
 def test_ensure_topics_produces_each_variant_under_its_own_name(
         make_config: Callable[..., KbitConfig]) -> None:
     cfg = make_config(dataset__num_records=7, produce__partitions=2)
