@@ -19,8 +19,9 @@ from tasks.policy import BACKOFF_S, is_transient, show_progress
 def topic_identity_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
     """Cache key: what the topics hold and which broker holds them; None (no caching) when recreating.
 
-    The embedded broker keeps data in memory, so its PID is part of the key: after a restart the
-    topics are gone and the key changes.
+    The embedded broker keeps data in memory, so its PID (from the run directory's PID file) is part of
+    the key: after a restart the topics are gone and the key changes. A stale hit costs no correctness:
+    training and the benchmark check their topics against the manifests again before reading.
     """
     cfg: KbitConfig = parameters["cfg"]
     if cfg.produce.recreate:

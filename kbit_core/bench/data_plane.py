@@ -15,22 +15,20 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from rich.progress import Progress
 from rich.table import Table
 
 from kbit_core.config import COMPRESSIONS, FORMATS, ClientName, DataVariant, KbitConfig
-from kbit_core.errors import ConfigError
+from kbit_core.errors import ConfigError, KbitError
 from kbit_core.kafka import admin
 from kbit_core.kafka.manifest import Manifest, manifest_path
-from kbit_core.sharding import block_order, plan
+from kbit_core.sharding import OffsetRange, block_order, plan
 
 # Targets the results are reported against (see docs/data_plane_benchmark.md).
 TARGET_DECODE_RATIO = 0.8  # bytes layouts of raw, protobuf and bson vs. the raw fetch rate
@@ -94,7 +92,7 @@ def _bench_config(cfg: KbitConfig, num_records: int | None, mode: str | None = N
     return KbitConfig.from_dict(data)
 
 
-def _whole_topic_blocks(cfg: KbitConfig, manifest: Manifest) -> list:
+def _whole_topic_blocks(cfg: KbitConfig, manifest: Manifest) -> list[OffsetRange]:
     rpm = manifest.variant.records_per_message
     shard = plan(manifest.ranges(), (1.0,), 1, records_per_message=rpm).shard("train", 0)
     return [b.range for b in block_order(shard, 0, 0, max(1, cfg.shard.block_records // rpm), shuffle=False)]
@@ -105,31 +103,35 @@ def _rate(count: float, seconds: float) -> float:
 
 
 def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, repeats: int = 3) -> DataPlaneRow:
-    """Time fetch, decode and loader over the whole topic ``repeats`` times, interleaved, after a warm-up; medians."""
+    """Time fetch and decode block by block over the whole topic, then the loader, ``repeats`` times after a
+    warm-up; medians. Fetch and decode alternate per block, so load that drifts on a shared machine hits both."""
     from kbit_core.data.loader import make_split_loader
     from kbit_core.data.reader import RangeReader
 
     ranges = _whole_topic_blocks(cfg, manifest)
-    loader = make_split_loader(cfg, manifest, "train", 0, 1, client=client)
     fetch_s, decode_s, loader_s = [], [], []
-    with RangeReader(cfg.kafka, cfg.reader, manifest.topic, loader.codec, client) as reader:
+    with make_split_loader(cfg, manifest, "train", 0, 1, client=client) as loader, \
+            RangeReader(cfg.kafka, cfg.reader, manifest.topic, loader.codec, client) as reader:
         # one untimed pass of each: connections, metadata and offset checks stay outside the timed region
         sum(1 for _ in reader.read_raw(ranges))
         sum(1 for _ in loader)
         for _ in range(repeats):
+            fetched = decoded = 0
+            fetch_t = decode_t = 0.0
             t0 = time.perf_counter()
-            fetched = sum(len(records) for _, records in reader.read_raw(ranges))
-            fetch_s.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            decoded = sum(len(batch.labels) for _, batch in reader.read(ranges))
-            decode_s.append(time.perf_counter() - t0)
+            for _, records in reader.read_raw(ranges):
+                t1 = time.perf_counter()
+                decoded += len(reader.decode(records).labels)
+                t2 = time.perf_counter()
+                fetch_t, decode_t, fetched, t0 = fetch_t + t1 - t0, decode_t + t2 - t1, fetched + len(records), t2
+            fetch_s.append(fetch_t)
+            decode_s.append(fetch_t + decode_t)  # read+decode
             t0 = time.perf_counter()
             loaded = sum(len(y) for _, y in loader)
             loader_s.append(time.perf_counter() - t0)
-    loader.close()
     if fetched != manifest.num_messages or decoded != manifest.num_records:
-        raise ConfigError(f"{manifest.topic}: read {fetched} messages / {decoded} records, the manifest has "
-                          f"{manifest.num_messages} / {manifest.num_records}")
+        raise KbitError(f"{manifest.topic}: read {fetched} messages / {decoded} records, the manifest has "
+                        f"{manifest.num_messages} / {manifest.num_records}")
     n, mb = manifest.num_records, manifest.value_bytes / 1e6
     f, d, ld = (statistics.median(x) for x in (fetch_s, decode_s, loader_s))
     v = manifest.variant
@@ -158,22 +160,27 @@ def _drop_topic(cfg: KbitConfig, manifest: Manifest) -> None:
     manifest_path(cfg.workdir, manifest.topic).unlink(missing_ok=True)
 
 
+# Current RSS sampled after every batch (psutil): ru_maxrss would not do, Linux carries it across exec from
+# the (much larger) benchmark process that spawns the probe.
 RSS_PROBE = """
-import json, resource, sys, time
+import json, sys, time, psutil
 from kbit_core.config import KbitConfig
 from kbit_core.data.loader import make_split_loader
 from kbit_core.kafka.manifest import Manifest
-cfg = KbitConfig.from_dict(json.load(open(sys.argv[1])))
-loader = make_split_loader(cfg, Manifest.load(sys.argv[2]), "train", 0, 1)
+proc = psutil.Process()
+cfg = KbitConfig.from_dict(json.load(sys.stdin))
+loader = make_split_loader(cfg, Manifest.load(sys.argv[1]), "train", 0, 1)
 batches = iter(loader)
 next(batches)
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-t0 = time.perf_counter()
-records = loader.batch_size + sum(len(y) for _, y in batches)
+base = peak = proc.memory_info().rss
+records, t0 = loader.batch_size, time.perf_counter()
+for _, y in batches:
+    records += len(y)
+    peak = max(peak, proc.memory_info().rss)
 seconds = time.perf_counter() - t0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 loader.close()
-print(json.dumps({"records_read": records, "seconds": seconds, "rss_after_first_batch_mb": base, "peak_rss_mb": peak}))
+print(json.dumps({"records_read": records, "seconds": seconds, "rss_after_first_batch_mb": base / 2**20,
+                  "peak_rss_mb": peak / 2**20}))
 """
 
 
@@ -185,14 +192,12 @@ def measure_stream_rss(cfg: KbitConfig, sizes: Sequence[int] = DEFAULT_RSS_RECOR
         size_cfg = _bench_config(cfg, size, mode="stream")
         manifest, created = _produce(size_cfg, RSS_VARIANT, progress)
         try:
-            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-                json.dump(size_cfg.to_secret_dict(), fh)
-            out = subprocess.run([sys.executable, "-c", RSS_PROBE, fh.name,
-                                  str(manifest_path(size_cfg.workdir, manifest.topic))],
-                                 capture_output=True, text=True, check=False, cwd=os.getcwd())
-            Path(fh.name).unlink(missing_ok=True)
+            # the config (with any secret) goes through stdin, never through a file or the command line
+            out = subprocess.run([sys.executable, "-c", RSS_PROBE, str(manifest_path(size_cfg.workdir, manifest.topic))],
+                                 input=json.dumps(size_cfg.to_secret_dict()), capture_output=True, text=True,
+                                 check=False)
             if out.returncode:
-                raise ConfigError(f"RSS probe for {size} records failed:\n{out.stderr[-2000:]}")
+                raise KbitError(f"RSS probe for {size} records failed:\n{out.stderr[-2000:]}")
             runs.append({"records": size, "variant": RSS_VARIANT.name, **json.loads(out.stdout.strip().splitlines()[-1])})
         finally:
             if created and not keep_topics:
@@ -203,7 +208,7 @@ def measure_stream_rss(cfg: KbitConfig, sizes: Sequence[int] = DEFAULT_RSS_RECOR
 
 
 def evaluate_targets(rows: Sequence[DataPlaneRow], rss: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Each target with the measured value and whether it is met (None when not measured)."""
+    """Each target that applies to the measured rows (and RSS runs) with its value and whether it is met."""
     out = []
     for r in rows:
         if r.layout == "bytes" and r.format in TARGET_DECODE_RATIO_FORMATS:

@@ -46,6 +46,7 @@ echo "{\\"name\\": \\"gpu\\", \\"addresses\\": [$(nvidia-smi --query-gpu=index -
 """
 
 _lock = threading.Lock()
+_session: SparkSession | None = None  # the one kbit built; also found from threads where it is not "active"
 _session_dir: Path | None = None
 
 
@@ -134,11 +135,12 @@ def _format_amount(amount: float) -> str:
 
 def get_spark(cfg: KbitConfig) -> SparkSession:
     """The process's SparkSession: an active one is reused, otherwise one is built from ``cfg.launch``."""
-    global _session_dir
+    global _session, _session_dir
     with _lock:
         from pyspark.sql import SparkSession
 
-        active = SparkSession.getActiveSession()
+        active = _session if _session is not None and _session.sparkContext._jsc is not None \
+            else SparkSession.getActiveSession()
         if active is not None:
             _warn_if_different(active, cfg.launch)
             return active
@@ -158,7 +160,7 @@ def get_spark(cfg: KbitConfig) -> SparkSession:
         except Exception as exc:
             raise DistributedError(f"Spark could not start with master {launch.master!r}: {exc}") from exc
         session.sparkContext.setLogLevel("ERROR")
-        _session_dir = sdir
+        _session, _session_dir = session, sdir
         atexit.register(stop_spark)
         return session
 
@@ -197,18 +199,18 @@ def clean_worker_tmp() -> None:
 
 def stop_spark() -> None:
     """Stop the process's SparkSession (and its JVM) if one runs; safe to call twice."""
-    global _session_dir
+    global _session, _session_dir
     with _lock:
         from pyspark.sql import SparkSession
 
-        session = SparkSession.getActiveSession()
+        session = _session or SparkSession.getActiveSession()
         if session is not None:
             session.stop()
         _shutdown_jvm()
         if _session_dir is not None:
             shutil.rmtree(_session_dir / "worker-tmp", ignore_errors=True)
             shutil.rmtree(_session_dir / "local", ignore_errors=True)
-        _session_dir = None
+        _session, _session_dir = None, None
 
 
 def _shutdown_jvm() -> None:

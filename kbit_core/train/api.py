@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from kbit_core.config import KbitConfig
 from kbit_core.kafka.broker import EmbeddedBroker, port_open
 from kbit_core.launch.distributor import WorkerFailedError, run_distributed
+from kbit_core.tracking import Tracker, make_tracker
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,8 @@ def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
     Steps: start the embedded broker when the config uses it and nothing listens there; produce the
     dataset's topic or reuse it (``produce_dataset``); run ``train_main`` on every rank through
     TorchDistributor; when a worker fails, restart from the latest checkpoint up to
-    ``checkpoint.max_restarts`` times.
+    ``checkpoint.max_restarts`` times; track params, per-epoch/per-step metrics and the final model
+    in MLflow (when ``tracking.enabled``).
 
     Raises:
         DistributedError: a worker failed and no restart was left (or the failure is not one a restart fixes).
@@ -36,25 +38,41 @@ def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
     from kbit_core.train.worker import train_main
 
     started = time.perf_counter()
-    with embedded_broker(cfg):
+    tracker = make_tracker(cfg)
+    with embedded_broker(cfg), tracker.run(cfg, name=f"train-{cfg.profile}", kind="train") as run_id:
         manifest = produce_dataset(cfg, progress=progress)
         path = manifest_path(cfg.workdir, manifest.topic)
-        attempt_cfg = cfg
-        restarts = 0
-        while True:
-            try:
-                result = run_distributed(train_main, attempt_cfg, attempt_cfg.to_secret_dict(), str(path),
-                                         str(cfg.run_dir))
-                break
-            except WorkerFailedError as exc:
-                if restarts >= cfg.checkpoint.max_restarts or _not_restartable(exc):
-                    raise
-                restarts += 1
-                attempt_cfg = _resume_latest(cfg)
-                log.warning("training failed on %s with %s; restart %d of %d from %s", exc.rank, exc.exception_type,
-                            restarts, cfg.checkpoint.max_restarts, _restart_point(cfg))
-    return {**result, "topic": manifest.topic, "manifest_path": str(path), "restarts": restarts,
-            "wall_seconds": time.perf_counter() - started}
+        result = _train_with_restarts(cfg, train_main, path)
+        result.update(topic=manifest.topic, manifest_path=str(path), wall_seconds=time.perf_counter() - started,
+                      mlflow_run_id=run_id)
+        _track(tracker, run_id, result)
+    return result
+
+
+def _track(tracker: Tracker, run_id: str | None, result: dict[str, Any]) -> None:
+    """Log the result to MLflow; a tracking failure is reported in the result and the log, never loses the result."""
+    checkpoint = result.get("checkpoint")
+    try:
+        tracker.log_training(run_id, result, model_path=Path(checkpoint) if checkpoint else None)
+    except Exception as exc:
+        log.error("training finished but MLflow logging of run %s failed: %s", run_id, exc)
+        result["tracking_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+
+
+def _train_with_restarts(cfg: KbitConfig, train_main: Callable[..., dict[str, Any]], path: Path) -> dict[str, Any]:
+    attempt_cfg, restarts = cfg, 0
+    while True:
+        try:
+            result = run_distributed(train_main, attempt_cfg, attempt_cfg.to_secret_dict(), str(path),
+                                     str(cfg.run_dir))
+            return {**result, "restarts": restarts}
+        except WorkerFailedError as exc:
+            if restarts >= cfg.checkpoint.max_restarts or _not_restartable(exc):
+                raise
+            restarts += 1
+            attempt_cfg = _resume_latest(cfg)
+            log.warning("training failed on %s with %s; restart %d of %d from %s", exc.rank, exc.exception_type,
+                        restarts, cfg.checkpoint.max_restarts, _restart_point(cfg))
 
 
 @contextlib.contextmanager

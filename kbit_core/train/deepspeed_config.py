@@ -5,19 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from kbit_core.config import KbitConfig, deep_merge
-from kbit_core.errors import ConfigError
+from kbit_core.data.loader import per_rank_batch_size
 
 # DeepSpeed prints a throughput line every steps_per_print steps; kbit reports its own metrics.
 QUIET_STEPS_PER_PRINT = 2**31 - 1
-
-
-def micro_batch_size(cfg: KbitConfig, world_size: int) -> int:
-    """Samples per rank per forward pass: the global batch split evenly over the ranks."""
-    if cfg.train.global_batch_size % world_size:
-        raise ConfigError(
-            f"train.global_batch_size={cfg.train.global_batch_size} is not divisible by world size {world_size}"
-        )
-    return cfg.train.global_batch_size // world_size
 
 
 def engine_name(cfg: KbitConfig) -> str:
@@ -38,7 +29,7 @@ def build_deepspeed_config(cfg: KbitConfig, world_size: int, use_gpu: bool) -> d
         use_gpu: Whether ranks run on CUDA (pinned host memory for offload only helps then).
     """
     ds, train = cfg.deepspeed, cfg.train
-    micro = micro_batch_size(cfg, world_size)
+    micro = per_rank_batch_size(train.global_batch_size, world_size)  # what each rank's loader yields
     zero: dict[str, Any] = {"stage": ds.zero_stage}
     if ds.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": use_gpu}

@@ -72,7 +72,8 @@ def read_env(use_gpu: bool, environ: Mapping[str, str] | None = None) -> DistEnv
     if not 0 <= rank < world_size:
         raise DistributedError(f"RANK={rank} is outside [0, WORLD_SIZE={world_size})")
     if not 0 <= local_rank <= rank:
-        raise DistributedError(f"LOCAL_RANK={local_rank} is inconsistent with RANK={rank} (needs 0 <= LOCAL_RANK <= RANK)")
+        raise DistributedError(f"LOCAL_RANK={local_rank} is inconsistent with RANK={rank} "
+                               "(needs 0 <= LOCAL_RANK <= RANK)")
     if not 1 <= port <= 65535:
         raise DistributedError(f"MASTER_PORT={port} is not a TCP port")
     if use_gpu:
@@ -132,7 +133,9 @@ def seed_everything(seed: int, rank: int, deterministic: bool, device: torch.dev
             # cuBLAS needs a fixed workspace to be deterministic; it must be set before the first matmul.
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.backends.cudnn.benchmark = False
-        torch.use_deterministic_algorithms(True)
+        # Some CUDA kernels (adaptive pooling backward, scatter-add) have no deterministic version; on GPU they
+        # warn instead of failing the run. CPU training is fully deterministic.
+        torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
         # Deterministic mode also NaN-fills every torch.empty by default, a debugging aid that turns DeepSpeed's
         # large preallocated gradient buckets into seconds per backward; results stay deterministic without it.
         torch.utils.deterministic.fill_uninitialized_memory = False

@@ -174,7 +174,8 @@ class DeepSpeedEngine(Engine):
         ds_config = build_deepspeed_config(cfg, env.world_size, env.device.type == "cuda")
         if ds.activation_checkpointing:
             deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
-            model = _checkpoint_children(model, deepspeed.checkpointing.checkpoint)
+            # The non-reentrant form: the reentrant one drops the graph when a block's input needs no grad (images).
+            model = _checkpoint_children(model, deepspeed.checkpointing.non_reentrant_checkpoint)
         optimizer = build_optimizer(model.parameters(), train.optim,
                                     effective_lr(train.optim, env.world_size, train.grad_accum_steps))
         # Built on the client optimizer: DeepSpeed's wrappers share its param_groups, so the LR set here is used.

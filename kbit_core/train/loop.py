@@ -37,6 +37,7 @@ class Loader(Protocol):
     def set_epoch(self, epoch: int) -> None: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -46,6 +47,12 @@ class SplitLoaders:
     train: Loader
     val: Loader | None = None
     test: Loader | None = None
+
+    def close(self) -> None:
+        """Release the loaders' consumers and cached shards."""
+        for loader in (self.train, self.val, self.test):
+            if loader is not None:
+                loader.close()
 
 
 @dataclass
@@ -83,11 +90,6 @@ class Trainer:
         self.spikes = SpikeDetector(cfg.train.loss_spike_factor)
         self.console = Console(stderr=False)
         self.last_checkpoint: str | None = None
-
-    # ---- sizes -------------------------------------------------------------------------------------------
-
-    def batches_per_epoch(self) -> int:
-        return batches_per_epoch(self.cfg, len(self.loaders.train))
 
     # ---- checkpoints -------------------------------------------------------------------------------------
 
@@ -147,7 +149,7 @@ class Trainer:
     def train_epoch(self, epoch: int) -> dict[str, Any]:
         """Train the rest of ``epoch`` (from state.batch_in_epoch) and return its global train metrics."""
         train, st = self.cfg.train, self.state
-        num_batches = self.batches_per_epoch()
+        num_batches = batches_per_epoch(self.cfg, len(self.loaders.train))
         if st.batch_in_epoch == 0:
             self.loaders.train.set_epoch(epoch)
         batches: Iterator[Batch] = iter(self.loaders.train)

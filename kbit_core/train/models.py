@@ -17,7 +17,7 @@ ModelBuilder = Callable[..., nn.Module]
 
 
 class MLP(nn.Module):
-    """The original notebook's network: flatten → 512 → 512 → classes, returning logits (not softmax; defect 12)."""
+    """The original notebook's network: flatten → 512 → 512 → classes, returning logits (no softmax: defect 12)."""
 
     def __init__(self, image_shape: ImageShape, num_classes: int, hidden: int = 512) -> None:
         super().__init__()

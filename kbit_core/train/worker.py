@@ -71,6 +71,14 @@ def run_worker(cfg: KbitConfig, run_dir: str | Path, make_loaders: LoaderFactory
 def _train(cfg: KbitConfig, env: DistEnv, deepspeed: ModuleType | None, run_dir: Path,
            make_loaders: LoaderFactory, image_shape: ImageShape, num_classes: int) -> dict[str, Any]:
     loaders = make_loaders(cfg, env)
+    try:
+        return _fit(cfg, env, deepspeed, run_dir, loaders, image_shape, num_classes)
+    finally:
+        loaders.close()
+
+
+def _fit(cfg: KbitConfig, env: DistEnv, deepspeed: ModuleType | None, run_dir: Path, loaders: SplitLoaders,
+         image_shape: ImageShape, num_classes: int) -> dict[str, Any]:
     # The same seed on every rank gives identical initial weights; then each rank gets its own stream.
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.train.model, image_shape, num_classes)
@@ -79,10 +87,12 @@ def _train(cfg: KbitConfig, env: DistEnv, deepspeed: ModuleType | None, run_dir:
     engine = build_engine(model, cfg, env, per_epoch, per_epoch * cfg.train.epochs, deepspeed)
 
     directory = run_dir / cfg.checkpoint.dir if cfg.checkpoint.dir is not None else None
-    if env.is_main and deepspeed is not None and cfg.checkpoint.async_save:
-        log.warning("checkpoint.async_save is ignored with DeepSpeed, which writes its own sharded checkpoints")
-    writer = ckpt.Checkpointer(directory, cfg.checkpoint.keep_last, cfg.checkpoint.async_save and deepspeed is None) \
-        if directory is not None and env.is_main else None
+    writer = None
+    if directory is not None and env.is_main:
+        if deepspeed is not None and cfg.checkpoint.async_save:
+            log.warning("checkpoint.async_save is ignored with DeepSpeed, which writes its own sharded checkpoints")
+        writer = ckpt.Checkpointer(directory, cfg.checkpoint.keep_last,
+                                   async_save=cfg.checkpoint.async_save and deepspeed is None)
     trainer = Trainer(cfg, env, engine, loaders, writer)
     resume_from = ckpt.resolve_resume(cfg.checkpoint, directory, run_dir)
     if resume_from is not None:

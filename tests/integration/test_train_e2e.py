@@ -50,8 +50,15 @@ def test_train_smoke_profile_reaches_90_percent(spark, broker, tmp_path, topic_n
     assert result["test_accuracy"] >= 0.90, result
     assert result["engine"] == "ddp" and result["backend"] == "gloo" and result["world_size"] == 2
     assert result["samples_per_s"] > 0 and result["restarts"] == 0
+    assert "tracking_error" not in result
     assert Path(result["checkpoint"]).is_file()
     assert launch_debris(audited_tmpdir, cfg.run_dir, worker_tmp_dir()) == []
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(cfg.tracking_uri()).get_run(result["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["test_accuracy"] == pytest.approx(result["test_accuracy"])
+    assert run.data.params["train.epochs"] == "3"
 
 
 def test_deepspeed_zero_trains(spark, make_config, topic_name):

@@ -52,6 +52,9 @@ class MemoryShardLoader:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.position = state["epoch"], state["position"]
 
+    def close(self) -> None:
+        """Nothing to release: the tensors belong to the test."""
+
     def __iter__(self):
         order = np.random.default_rng(self.seed + self.epoch).permutation(len(self.x))[self.rank::self.world_size]
         for batch in range(self.position, len(self)):
@@ -153,7 +156,7 @@ def test_ddp_learns_and_reports(ddp_run: tuple[dict[str, Any], Path]) -> None:
 
 
 def test_resume_mid_epoch_matches_uninterrupted_run(tmp_path: Path) -> None:
-    """Weights (and EMA, optimizer state) after resuming from a mid-epoch checkpoint equal the straight run's, bit for bit.
+    """Weights, EMA and optimizer state after resuming mid-epoch equal the uninterrupted run's, bit for bit.
 
     The CNN's dropout makes the comparison depend on the restored RNG; the loader on the restored position.
     """
@@ -188,6 +191,27 @@ def test_deepspeed_follows_ddp_loss_curve(tmp_path: Path, ddp_run: tuple[dict[st
     # Same data, seed and fp32 maths as DDP's first epoch (constant LR); only the reduction order differs.
     np.testing.assert_allclose(ds["loss_curve"], ddp["loss_curve"][:16], rtol=1e-4, atol=1e-5)
     assert (tmp_path / "run" / "ckpt" / "step-00000016" / ckpt.SIDE_FILE).is_file()
+
+
+def test_deepspeed_features_train_and_resume_mid_epoch(tmp_path: Path) -> None:
+    """ZeRO-2 with bf16, CPU optimizer offload, activation checkpointing, accumulation, clipping and EMA.
+
+    Resuming from its sharded mid-epoch checkpoint (DeepSpeed's files plus kbit's JSON side file) continues
+    on exactly the same loss curve.
+    """
+    sections = {"train": {"epochs": 1, "precision": "bf16", "grad_accum_steps": 2, "grad_clip_norm": 1.0,
+                          "ema_decay": 0.9},
+                "deepspeed": {"enabled": True, "zero_stage": 2, "offload_optimizer": True,
+                              "activation_checkpointing": True}}
+    first = run_one(train_config(tmp_path, **sections, checkpoint={"dir": "ckpt", "every_steps": 3}),
+                    tmp_path / "first")
+    mid = tmp_path / "first" / "ckpt" / "step-00000003"
+    assert ckpt.read_side_file(mid)[ckpt.TRAIN_STATE]["batch_in_epoch"] == 6
+    assert first["engine"] == "deepspeed-zero2" and first["steps"] == 8
+    assert first["loss_curve"][-1] < first["loss_curve"][0] and first["test_accuracy"] > 0.5
+    resumed = run_one(train_config(tmp_path, **sections, checkpoint={"dir": "ckpt", "resume": str(mid)}),
+                      tmp_path / "resumed")
+    assert resumed["loss_curve"] == first["loss_curve"] and resumed["test_loss"] == first["test_loss"]
 
 
 def test_nan_loss_fails_naming_epoch_and_batch(tmp_path: Path) -> None:

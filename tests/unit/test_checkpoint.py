@@ -1,0 +1,123 @@
+"""Checkpoint files: atomic writes, keep-last-K, async saves, weights_only loading, RNG round trips, resume lookup."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kbit_core.config import CheckpointConfig
+from kbit_core.errors import ConfigError
+from kbit_core.train import checkpoint as ckpt
+
+CPU = torch.device("cpu")
+
+
+def state(step: int) -> dict:
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.rand(4, 3)).sum().backward()
+    opt.step()
+    return {ckpt.MODEL: model.state_dict(), ckpt.OPTIMIZER: opt.state_dict(),
+            ckpt.TRAIN_STATE: {"step": step, "history": [{"loss": 0.5}]},
+            ckpt.RANKS: [{"rng": ckpt.rng_state(CPU), "loader": {"epoch": 0, "position": step}}]}
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_write_keeps_last_k_and_loads_with_weights_only(tmp_path: Path, async_save: bool) -> None:
+    writer = ckpt.Checkpointer(tmp_path, keep_last=2, async_save=async_save)
+    saved = {step: state(step) for step in (1, 2, 3)}
+    for step, st in saved.items():
+        writer.write_file(ckpt.checkpoint_name(step), st)
+    writer.wait()
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000002.pt", "step-00000003.pt"]
+    assert sorted(os.listdir(tmp_path)) == ["step-00000002.pt", "step-00000003.pt"]  # no temp debris
+    loaded = ckpt.read_file(ckpt.latest_checkpoint(tmp_path))
+    for name, tensor in saved[3][ckpt.MODEL].items():
+        assert torch.equal(loaded[ckpt.MODEL][name], tensor)
+    assert loaded[ckpt.TRAIN_STATE] == {"step": 3, "history": [{"loss": 0.5}]}
+    assert loaded[ckpt.RANKS][0]["loader"] == {"epoch": 0, "position": 3}
+
+
+def test_async_save_snapshots_state_before_training_continues(tmp_path: Path) -> None:
+    writer = ckpt.Checkpointer(tmp_path, keep_last=3, async_save=True)
+    weights = torch.zeros(1000)
+    writer.write_file("step-00000001", {ckpt.MODEL: {"w": weights}})
+    weights += 1  # the optimizer keeps updating in place while the background write runs
+    writer.wait()
+    assert torch.equal(ckpt.read_file(tmp_path / "step-00000001.pt")[ckpt.MODEL]["w"], torch.zeros(1000))
+
+
+def test_failed_background_save_is_raised_not_lost(tmp_path: Path) -> None:
+    writer = ckpt.Checkpointer(tmp_path / "ckpt", keep_last=3, async_save=True)
+    (tmp_path / "ckpt").rmdir()  # the directory vanishes under the writer
+    writer.write_file("step-00000001", {ckpt.MODEL: {"w": torch.ones(2)}})
+    with pytest.raises(FileNotFoundError):
+        writer.wait()
+
+
+def test_interrupted_write_leaves_previous_checkpoint_as_latest(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    writer = ckpt.Checkpointer(tmp_path, keep_last=3)
+    writer.write_file("step-00000001", state(1))
+
+    def crash(obj: object, path: str) -> None:
+        Path(path).write_bytes(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        writer.write_file("step-00000002", state(2))
+    assert ckpt.latest_checkpoint(tmp_path) == tmp_path / "step-00000001.pt"
+    assert os.listdir(tmp_path) == ["step-00000001.pt"]
+
+
+def test_weights_only_refuses_pickled_objects(tmp_path: Path) -> None:
+    path = tmp_path / "step-00000001.pt"
+    torch.save({ckpt.MODEL: {}, "payload": pickle.dumps}, path)  # an arbitrary callable, as an attacker would
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        ckpt.read_file(path)
+
+
+def test_rng_state_round_trips_python_numpy_torch(tmp_path: Path) -> None:
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    np.random.normal()  # leaves a cached gaussian in numpy's state
+    saved = ckpt.rng_state(CPU)
+    expected = (random.random(), np.random.normal(), torch.rand(3))
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    # Through both storage forms: a weights_only torch file and the JSON side file of DeepSpeed checkpoints.
+    torch.save({"rng": saved}, tmp_path / "rng.pt")
+    for restored in (ckpt.read_file(tmp_path / "rng.pt")["rng"], json.loads(json.dumps(saved))):
+        ckpt.set_rng_state(restored, CPU)
+        again = (random.random(), np.random.normal(), torch.rand(3))
+        assert again[0] == expected[0] and again[1] == expected[1] and torch.equal(again[2], expected[2])
+
+
+def test_sharded_checkpoint_counts_only_once_its_side_file_exists(tmp_path: Path) -> None:
+    writer = ckpt.Checkpointer(tmp_path, keep_last=1)
+    (tmp_path / "step-00000005").mkdir()  # DeepSpeed shards written, side file not yet
+    writer.write_file("step-00000004", state(4))
+    assert ckpt.latest_checkpoint(tmp_path) == tmp_path / "step-00000004.pt"
+    writer.write_side_file("step-00000005", {ckpt.TRAIN_STATE: {"step": 5}, ckpt.RANKS: [None]})
+    assert ckpt.latest_checkpoint(tmp_path) == tmp_path / "step-00000005"
+    assert ckpt.read_side_file(tmp_path / "step-00000005")[ckpt.TRAIN_STATE] == {"step": 5}
+    assert not (tmp_path / "step-00000004.pt").exists()  # keep_last=1 pruned the older one
+
+
+def test_resolve_resume(tmp_path: Path) -> None:
+    assert ckpt.resolve_resume(CheckpointConfig(resume="none"), tmp_path, tmp_path) is None
+    assert ckpt.resolve_resume(CheckpointConfig(resume="latest"), tmp_path, tmp_path) is None  # nothing saved yet
+    ckpt.Checkpointer(tmp_path, keep_last=3).write_file("step-00000007", state(7))
+    assert ckpt.resolve_resume(CheckpointConfig(resume="latest"), tmp_path, tmp_path) == tmp_path / "step-00000007.pt"
+    assert ckpt.resolve_resume(CheckpointConfig(resume="step-00000007.pt"), None, tmp_path) == \
+        tmp_path / "step-00000007.pt"
+    with pytest.raises(ConfigError, match="is not a complete checkpoint"):
+        ckpt.resolve_resume(CheckpointConfig(resume="step-00000008.pt"), None, tmp_path)
+    with pytest.raises(ConfigError, match="resume=latest needs checkpoint.dir"):
+        ckpt.resolve_resume(CheckpointConfig(resume="latest"), None, tmp_path)

@@ -1,0 +1,78 @@
+"""Pure parts of the launcher: Spark settings from LaunchConfig, and how worker failures are ranked and named."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kbit_core.config import LaunchConfig
+from kbit_core.errors import DistributedError
+from kbit_core.launch.distributor import _exception_type, _rank_reports
+from kbit_core.launch.spark import spark_conf
+
+
+def test_defaults_bind_loopback_quietly_and_fail_barrier_checks_fast(tmp_path: Path):
+    conf = spark_conf(LaunchConfig(), tmp_path)
+    assert conf["spark.driver.host"] == conf["spark.driver.bindAddress"] == "127.0.0.1"
+    assert conf["spark.ui.enabled"] == conf["spark.ui.showConsoleProgress"] == "false"
+    assert conf["spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures"] == "1"
+    assert conf["spark.local.dir"] == str(tmp_path / "spark" / "local")
+    assert conf["spark.executorEnv.DS_ACCELERATOR"] == "cpu"
+    assert "-Dlog4j2.configurationFile=file:" in conf["spark.driver.extraJavaOptions"]
+    assert not any("resource.gpu" in key for key in conf)
+
+
+def test_executor_sizing_is_passed_through(tmp_path: Path):
+    conf = spark_conf(LaunchConfig(master="spark://h:7077", local_mode=False, executor_instances=3,
+                                   executor_cores=5, executor_memory="24g"), tmp_path)
+    assert (conf["spark.executor.instances"], conf["spark.executor.cores"], conf["spark.executor.memory"]) == \
+        ("3", "5", "24g")
+
+
+def test_gpu_local_mode_asks_the_driver_for_one_gpu_per_process_with_a_generated_script(tmp_path: Path):
+    (tmp_path / "spark").mkdir()
+    conf = spark_conf(LaunchConfig(use_gpu=True, num_processes=2), tmp_path)
+    assert conf["spark.driver.resource.gpu.amount"] == "2"
+    script = Path(conf["spark.driver.resource.gpu.discoveryScript"])
+    assert script.parent == tmp_path / "spark" and os.access(script, os.X_OK)
+    assert "nvidia-smi" in script.read_text() and '\\"addresses\\"' in script.read_text()
+    assert "spark.executorEnv.DS_ACCELERATOR" not in conf
+
+
+def test_gpu_cluster_mode_sets_executor_task_and_local_cluster_worker_resources(tmp_path: Path):
+    script = tmp_path / "gpus.sh"
+    script.write_text("#!/bin/sh\n")
+    conf = spark_conf(LaunchConfig(master="local-cluster[2,1,1024]", local_mode=False, use_gpu=True,
+                                   executor_gpu_amount=2, task_gpu_amount=0.5, gpu_discovery_script=script), tmp_path)
+    assert conf["spark.executor.resource.gpu.amount"] == conf["spark.worker.resource.gpu.amount"] == "2"
+    assert conf["spark.task.resource.gpu.amount"] == "0.5"
+    assert conf["spark.executor.resource.gpu.discoveryScript"] == str(script)
+
+
+def test_a_missing_discovery_script_is_named(tmp_path: Path):
+    with pytest.raises(DistributedError, match="gpu_discovery_script does not exist: .*nope.sh"):
+        spark_conf(LaunchConfig(use_gpu=True, gpu_discovery_script=tmp_path / "nope.sh"), tmp_path)
+
+
+def test_user_spark_conf_wins_and_java_options_are_appended(tmp_path: Path):
+    conf = spark_conf(LaunchConfig(spark_conf={"spark.ui.enabled": "true",
+                                               "spark.driver.extraJavaOptions": "-Xss4m"}), tmp_path)
+    assert conf["spark.ui.enabled"] == "true"
+    assert conf["spark.driver.extraJavaOptions"].startswith("-Dlog4j2.configurationFile=")
+    assert conf["spark.driver.extraJavaOptions"].endswith(" -Xss4m")
+
+
+def test_a_rank_that_lost_its_peer_is_reported_after_the_rank_that_raised(tmp_path: Path):
+    (tmp_path / "rank0.txt").write_text("Traceback ...\nRuntimeError: [gloo] Read error: Connection reset by peer")
+    (tmp_path / "rank1.txt").write_text("Traceback ...\nValueError: bad labels")
+    os.utime(tmp_path / "rank1.txt", (1, 1))  # the cause wrote its file later than the victim
+    os.utime(tmp_path / "rank0.txt", (0, 0))
+    assert [rank for rank, _ in _rank_reports(tmp_path)] == ["rank1", "rank0"]
+
+
+def test_exception_type_comes_from_the_traceback_last_line():
+    assert _exception_type("Traceback ...\n  File x\nkbit_core.errors.ConfigError: bad: thing") == \
+        "kbit_core.errors.ConfigError"
+    assert _exception_type("") == ""
