@@ -29,6 +29,7 @@ TRACKED_PACKAGES = ("kbit", "torch", "numpy", "pyspark", "deepspeed", "confluent
 MAX_PARAM_CHARS = 6000
 BATCH_SIZE = 100
 SYSTEM_METRICS_INTERVAL_S = 1.0
+BENCHMARK_ARTIFACT_DIR = "benchmark"
 
 
 # ---------------------------------------------------------------------------------------------- environment
@@ -275,7 +276,7 @@ class MlflowTracker:
             self.client.set_terminated(child.info.run_id)
             children[name] = child.info.run_id
         for path in artifacts:
-            self.client.log_artifact(run_id, str(path), artifact_path="benchmark")
+            self.client.log_artifact(run_id, str(path), artifact_path=BENCHMARK_ARTIFACT_DIR)
         fastest = doc["comparison"]["load_time"]["fastest"]
         self._log(run_id, metrics=self._metrics({
             "configurations": len(children),
@@ -347,3 +348,45 @@ def log_training_run(cfg: KbitConfig, result: Mapping[str, Any], model_path: Pat
     with tracker.run(cfg, name=f"train-{cfg.train.model.name}", kind="training") as run_id:
         tracker.log_training(run_id, result, model_path)
     return run_id
+
+
+# ---------------------------------------------------------------------------------------------- lookups
+
+
+def run_url(cfg: KbitConfig, run_id: str | None) -> str | None:
+    """The run's page in the MLflow UI; None when not tracked or the store has no UI of its own (sqlite)."""
+    uri = cfg.tracking_uri()
+    if run_id is None or not uri.startswith(("http://", "https://")):
+        return None
+    from mlflow import MlflowClient
+
+    experiment_id = MlflowClient(tracking_uri=uri).get_run(run_id).info.experiment_id
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def previous_benchmark(cfg: KbitConfig, current_run_id: str | None, stats_file: str) -> dict[str, Any] | None:
+    """The newest finished benchmark of this profile other than ``current_run_id``, with its stats document.
+
+    None when there is none yet (the first night sets the baseline).
+    """
+    import tempfile
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=cfg.tracking_uri())
+    experiment = client.get_experiment_by_name(cfg.experiment_name())
+    if experiment is None:
+        return None
+    runs = client.search_runs(
+        [experiment.experiment_id],
+        filter_string=(f"tags.`kbit.kind` = 'benchmark' and tags.`kbit.profile` = '{cfg.profile}' "
+                       "and attributes.status = 'FINISHED'"),
+        order_by=["attributes.start_time DESC"], max_results=5,
+    )
+    previous = next((r for r in runs if r.info.run_id != current_run_id), None)
+    if previous is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        local = client.download_artifacts(previous.info.run_id, f"{BENCHMARK_ARTIFACT_DIR}/{stats_file}", tmp)
+        stats = json.loads(Path(local).read_text())
+    return {"run_id": previous.info.run_id, "experiment": experiment.name, "stats": stats}

@@ -57,6 +57,14 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+def _reap(pid: int) -> None:
+    """Collect the exit status of a broker this process started, so it does not linger as a zombie."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # started by another process (e.g. `kbit stack up`): its init reaps it
+
+
 def _is_tansu(pid: int) -> bool:
     try:
         return "tansu" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
@@ -144,9 +152,11 @@ class EmbeddedBroker:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and _pid_alive(pid):
+            _reap(pid)
             time.sleep(0.05)
         if _pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
+        _reap(pid)
         self.pid_path.unlink(missing_ok=True)
         return True
 

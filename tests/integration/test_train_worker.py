@@ -225,12 +225,25 @@ def test_nan_loss_skipped_by_policy(tmp_path: Path) -> None:
     assert np.isfinite(result["loss_curve"]).all() and result["test_accuracy"] > 0.9
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_gpu_requested_without_cuda_raises_distributed_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("WORLD_SIZE", "1"), monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1"), monkeypatch.setenv("MASTER_PORT", "29500")
+    config = train_config(tmp_path, launch={"num_processes": 1, "use_gpu": True})
+    with pytest.raises(DistributedError, match="launch.use_gpu=true but CUDA is not available"):
+        run_worker(KbitConfig.from_dict(config), tmp_path, memory_loaders, IMAGE_SHAPE, NUM_CLASSES)
+
+
 @pytest.mark.parametrize("env, message", [
     ({}, "RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not set"),
     ({"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
      r"RANK=2 is outside \[0, WORLD_SIZE=2\)"),
     ({"RANK": "0", "WORLD_SIZE": "two", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
      "WORLD_SIZE='two' is not an integer"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+     "LOCAL_RANK=1 is inconsistent with RANK=0"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "70000"},
+     "MASTER_PORT=70000 is not a TCP port"),
 ])
 def test_bad_environment_raises_distributed_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   env: dict[str, str], message: str) -> None:
