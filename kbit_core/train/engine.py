@@ -21,7 +21,7 @@ from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError, DistributedError
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.deepspeed_config import build_deepspeed_config, engine_name
-from kbit_core.train.distributed import DistEnv
+from kbit_core.train.distributed import DistEnv, broadcast_from_main
 from kbit_core.train.ema import build_ema
 from kbit_core.train.optim import build_optimizer, build_scheduler, effective_lr
 from kbit_core.train.precision import Precision
@@ -57,8 +57,11 @@ class Engine(ABC):
         """Switch the trained model (and EMA copy) between train and eval mode."""
 
     @abstractmethod
-    def save_checkpoint(self, writer: ckpt.Checkpointer | None, name: str, meta: dict[str, Any]) -> Path:
-        """Collective: save everything needed to resume. ``writer`` and ``meta`` are used on rank 0 only."""
+    def save_checkpoint(self, writer: ckpt.Checkpointer | None, name: str, meta: dict[str, Any]) -> Path | None:
+        """Collective: save everything needed to resume; the checkpoint's path on rank 0, None elsewhere.
+
+        ``writer`` and ``meta`` are needed on rank 0 only.
+        """
 
     @abstractmethod
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
@@ -148,10 +151,10 @@ class DDPEngine(Engine):
                 raise ConfigError("train.ema_decay is set but the checkpoint being resumed has no EMA weights")
             self.ema.load_state_dict(state[ckpt.EMA])
 
-    def save_checkpoint(self, writer: ckpt.Checkpointer | None, name: str, meta: dict[str, Any]) -> Path:
+    def save_checkpoint(self, writer: ckpt.Checkpointer | None, name: str, meta: dict[str, Any]) -> Path | None:
         # Every rank holds identical weights after the all-reduce, so rank 0 alone writes.
         if writer is None:
-            return Path(name)
+            return None
         return writer.write_file(name, {**self.state_dict(), **meta})
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
@@ -214,17 +217,15 @@ class DeepSpeedEngine(Engine):
     def current_lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])
 
-    def save_checkpoint(self, writer: ckpt.Checkpointer | None, name: str, meta: dict[str, Any]) -> Path:
-        directory = writer.directory if writer is not None else None
-        # All ranks write their shards; only rank 0 knows the directory, so it is broadcast first.
-        holder = [str(directory) if directory else None]
-        torch.distributed.broadcast_object_list(holder, src=0)
+    def save_checkpoint(self, writer: ckpt.Checkpointer | None, name: str, meta: dict[str, Any]) -> Path | None:
+        # All ranks write their shards; only rank 0 holds the writer, so it tells the others where.
+        directory = broadcast_from_main(str(writer.directory) if writer is not None else None)
         client_state = {ckpt.SCHEDULER: self.scheduler.state_dict(),
                         ckpt.EMA: self.ema.state_dict() if self.ema is not None else None}
-        self.ds.save_checkpoint(holder[0], tag=name, client_state=client_state, save_latest=False)
+        self.ds.save_checkpoint(directory, tag=name, client_state=client_state, save_latest=False)
         torch.distributed.barrier()
         if writer is None:
-            return Path(holder[0]) / name
+            return None
         return writer.write_side_file(name, meta)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:

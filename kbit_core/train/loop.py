@@ -121,7 +121,7 @@ class Trainer:
         ranks = gather_to_main(mine, self.env)
         meta = {ckpt.TRAIN_STATE: asdict(self.state), ckpt.RANKS: ranks}
         path = self.engine.save_checkpoint(self.checkpointer, ckpt.checkpoint_name(self.state.step), meta)
-        self.last_checkpoint = str(path) if self.env.is_main else None
+        self.last_checkpoint = str(path) if path is not None else None
 
     # ---- evaluation --------------------------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 
 from kbit_core.config import KbitConfig
+from kbit_core.data.loader import make_split_loader
+from kbit_core.kafka.manifest import Manifest
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.distributed import (DistEnv, import_deepspeed, init_process_group, read_env, seed_everything,
                                          teardown)
@@ -35,9 +37,6 @@ def train_main(config: dict[str, Any], manifest_path: str, run_dir: str) -> dict
         manifest_path: The produce run's manifest (topic, partitions, offsets, image shape, classes).
         run_dir: Directory for this run's outputs; relative checkpoint paths are resolved against it.
     """
-    from kbit_core.data.loader import make_split_loader
-    from kbit_core.kafka.manifest import Manifest
-
     cfg = KbitConfig.from_dict(config)
     manifest = Manifest.load(Path(manifest_path))
     if cfg.train.data == "memory":
@@ -47,6 +46,9 @@ def train_main(config: dict[str, Any], manifest_path: str, run_dir: str) -> dict
     def kafka_loaders(cfg: KbitConfig, env: DistEnv) -> SplitLoaders:
         splits = SPLITS[: len(cfg.shard.split_rates)]
         made = {s: make_split_loader(cfg, manifest, s, env.rank, env.world_size) for s in splits}
+        if cfg.train.data == "memory":
+            for loader in made.values():
+                loader.load()
         return SplitLoaders(**made)
 
     return run_worker(cfg, run_dir, kafka_loaders, manifest.dataset.image_shape, manifest.dataset.num_classes)

@@ -18,15 +18,13 @@ from kbit_core.errors import DistributedError
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.distributed import DistEnv
 from kbit_core.train.loop import SplitLoaders
+from kbit_core.train.metrics import SpikeDetector
 from kbit_core.train.worker import run_worker
 
 WORLD_SIZE = 2
 IMAGE_SHAPE = (1, 16, 16)
 NUM_CLASSES = 4
 SPLIT_SIZES = {"train": 512, "val": 128, "test": 128}
-
-pytestmark = [pytest.mark.slow]
-
 
 class MemoryShardLoader:
     """A ShardLoader stand-in: this rank's slice of an in-memory split, reshuffled per epoch, resumable.
@@ -144,6 +142,7 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], P
     return run_one(train_config(tmp), tmp / "run"), tmp / "run"
 
 
+@pytest.mark.slow
 def test_ddp_learns_and_reports(ddp_run: tuple[dict[str, Any], Path]) -> None:
     result, run_dir = ddp_run
     assert result["engine"] == "ddp" and result["backend"] == "gloo" and result["world_size"] == WORLD_SIZE
@@ -155,6 +154,7 @@ def test_ddp_learns_and_reports(ddp_run: tuple[dict[str, Any], Path]) -> None:
     assert json.loads((run_dir / "train_result.json").read_text()) == result
 
 
+@pytest.mark.slow
 def test_resume_mid_epoch_matches_uninterrupted_run(tmp_path: Path) -> None:
     """Weights, EMA and optimizer state after resuming mid-epoch equal the uninterrupted run's, bit for bit.
 
@@ -181,6 +181,7 @@ def test_resume_mid_epoch_matches_uninterrupted_run(tmp_path: Path) -> None:
     assert resumed["loss_curve"] == full["loss_curve"] and resumed["test_loss"] == full["test_loss"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_deepspeed_follows_ddp_loss_curve(tmp_path: Path, ddp_run: tuple[dict[str, Any], Path], stage: int) -> None:
     # One DeepSpeed engine per process: DeepSpeed keeps its process groups in module globals.
@@ -193,6 +194,7 @@ def test_deepspeed_follows_ddp_loss_curve(tmp_path: Path, ddp_run: tuple[dict[st
     assert (tmp_path / "run" / "ckpt" / "step-00000016" / ckpt.SIDE_FILE).is_file()
 
 
+@pytest.mark.slow
 def test_deepspeed_features_train_and_resume_mid_epoch(tmp_path: Path) -> None:
     """ZeRO-2 with bf16, CPU optimizer offload, activation checkpointing, accumulation, clipping and EMA.
 
@@ -214,21 +216,34 @@ def test_deepspeed_features_train_and_resume_mid_epoch(tmp_path: Path) -> None:
     assert resumed["loss_curve"] == first["loss_curve"] and resumed["test_loss"] == first["test_loss"]
 
 
+@pytest.mark.slow
 def test_nan_loss_fails_naming_epoch_and_batch(tmp_path: Path) -> None:
     with pytest.raises(mp.ProcessRaisedException, match=r"TrainingDivergedError: loss is NaN/inf at epoch 1, batch 2"):
         run_one(train_config(tmp_path), tmp_path / "run", nan_at=(1, 2))
 
 
+@pytest.mark.slow
 def test_nan_loss_skipped_by_policy(tmp_path: Path) -> None:
-    result = run_one(train_config(tmp_path, train={"nan_policy": "skip"}), tmp_path / "run", nan_at=(1, 2))
+    """The poisoned batch is dropped on both ranks and counted; bf16 autocast and clipping run alongside."""
+    config = train_config(tmp_path, train={"nan_policy": "skip", "precision": "bf16", "grad_clip_norm": 1.0})
+    result = run_one(config, tmp_path / "run", nan_at=(1, 2))
     assert result["skipped_batches"] == 1 and result["steps"] == 2 * 16 - 1
     assert np.isfinite(result["loss_curve"]).all() and result["test_accuracy"] > 0.9
 
 
+def test_loss_spike_is_flagged_against_the_running_mean() -> None:
+    detector = SpikeDetector(factor=3.0, window=4, min_history=2)
+    assert [detector.observe(v) for v in (1.0, 1.0, 1.0, 2.5)] == [None, None, None, None]
+    assert detector.observe(10.0) == pytest.approx(1.375)  # mean of the last 4: 1, 1, 1, 2.5
+    assert detector.observe(1.0) is None
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_gpu_requested_without_cuda_raises_distributed_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("WORLD_SIZE", "1"), monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1"), monkeypatch.setenv("MASTER_PORT", "29500")
+def test_gpu_requested_without_cuda_raises_distributed_error(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
     config = train_config(tmp_path, launch={"num_processes": 1, "use_gpu": True})
     with pytest.raises(DistributedError, match="launch.use_gpu=true but CUDA is not available"):
         run_worker(KbitConfig.from_dict(config), tmp_path, memory_loaders, IMAGE_SHAPE, NUM_CLASSES)

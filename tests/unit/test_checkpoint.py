@@ -86,11 +86,15 @@ def test_weights_only_refuses_pickled_objects(tmp_path: Path) -> None:
 
 
 def test_rng_state_round_trips_python_numpy_torch(tmp_path: Path) -> None:
-    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
     np.random.normal()  # leaves a cached gaussian in numpy's state
     saved = ckpt.rng_state(CPU)
     expected = (random.random(), np.random.normal(), torch.rand(3))
-    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    random.seed(9)
+    np.random.seed(9)
+    torch.manual_seed(9)
     # Through both storage forms: a weights_only torch file and the JSON side file of DeepSpeed checkpoints.
     torch.save({"rng": saved}, tmp_path / "rng.pt")
     for restored in (ckpt.read_file(tmp_path / "rng.pt")["rng"], json.loads(json.dumps(saved))):

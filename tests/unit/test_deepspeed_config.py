@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
+import torch
 
 from kbit_core.config import KbitConfig
 from kbit_core.train.deepspeed_config import build_deepspeed_config, engine_name
+from kbit_core.train.distributed import import_deepspeed
 
 
 def make(**sections: Any) -> KbitConfig:
@@ -70,3 +73,10 @@ def test_raw_overrides_merge_over_generated() -> None:
     assert ds["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 1000}
     assert ds["gradient_clipping"] == 2.0 and ds["steps_per_print"] == 10
     assert ds["train_micro_batch_size_per_gpu"] == 32  # untouched keys stay generated
+
+
+def test_unimportable_deepspeed_falls_back_to_ddp_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # what Python does for a module that failed to import
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # restored afterwards: import_deepspeed sets it for CPU ranks
+    with pytest.warns(RuntimeWarning, match="deepspeed cannot be imported .* falling back to DDP"):
+        assert import_deepspeed(torch.device("cpu")) is None
