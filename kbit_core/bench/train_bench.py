@@ -200,16 +200,16 @@ def results_table(results: dict[str, Any]) -> Table:
     thr, launch, steps = results["throughput"], results["launch_overhead_s"], results["step_time_s"]
     verdict = "[green]meets[/]" if thr["meets_target"] else "[red]below[/]"
     table.add_row("samples/s kafka stream", _fmt(_median(thr["kafka_stream_samples_per_s"]), "{:,.0f}"),
-                  f"{_fmt(thr['kafka_vs_memory'], '{:.3f}')}x", f"in-memory; target {thr['target']}x {verdict}")
+                  _fmt(thr["kafka_vs_memory"], "{:.3f}x"), f"in-memory; target {thr['target']}x {verdict}")
     table.add_row("samples/s in memory", _fmt(_median(thr["memory_samples_per_s"]), "{:,.0f}"), "1.000x", "")
     table.add_row("first step, plain torchrun (s)", _fmt(_median(launch["torchrun"]), "{:.2f}"), "1.000x", "")
     for name, ratio in launch["vs_torchrun"].items():
-        table.add_row(f"first step, {name} (s)", _fmt(_median(launch[name]), "{:.2f}"), f"{_fmt(ratio, '{:.2f}')}x",
+        table.add_row(f"first step, {name} (s)", _fmt(_median(launch[name]), "{:.2f}"), _fmt(ratio, "{:.2f}x"),
                       "plain torchrun")
     ds_name = next(k for k in steps if k.startswith("deepspeed_zero"))
     table.add_row("step time DDP (ms)", _fmt(_ms(_median(steps["ddp"])), "{:.1f}"), "1.000x", "")
     table.add_row(f"step time {ds_name} (ms)", _fmt(_ms(_median(steps[ds_name])), "{:.1f}"),
-                  f"{_fmt(steps['deepspeed_vs_ddp'], '{:.2f}')}x", "DDP")
+                  _fmt(steps["deepspeed_vs_ddp"], "{:.2f}x"), "DDP")
     return table
 
 

@@ -100,10 +100,22 @@ def _run_rank(fn: Callable[..., Any], error_dir: str, timeout_s: float, args: tu
         result = fn(*args, **kwargs)
         return _rank0_result(result, rank, timeout_s)
     except BaseException:
-        target = Path(error_dir)
-        target.mkdir(parents=True, exist_ok=True)
-        (target / f"rank{rank}.txt").write_text(traceback.format_exc())
+        _record_traceback(Path(error_dir), rank)
         raise
+
+
+def _record_traceback(error_dir: Path, rank: int) -> None:
+    """Write the exception being handled to ``error_dir/rank<r>.txt``; never mask it with a write error.
+
+    On a multi-machine cluster the driver's run directory may not exist on this executor; the
+    traceback then still reaches the driver's stderr through TorchDistributor's log stream.
+    """
+    text = traceback.format_exc()
+    try:
+        error_dir.mkdir(parents=True, exist_ok=True)
+        (error_dir / f"rank{rank}.txt").write_text(text)
+    except OSError as exc:
+        print(f"kbit: cannot record rank {rank}'s traceback in {error_dir} ({exc}):\n{text}", file=sys.stderr)
 
 
 def _rank0_result(result: Any, rank: int, timeout_s: float) -> Any:

@@ -71,8 +71,9 @@ def _train_with_restarts(cfg: KbitConfig, train_main: Callable[..., dict[str, An
                 raise
             restarts += 1
             attempt_cfg = _resume_latest(cfg)
-            log.warning("training failed on %s with %s; restart %d of %d from %s", exc.rank, exc.exception_type,
-                        restarts, cfg.checkpoint.max_restarts, _restart_point(cfg))
+            # The next attempt clears <run_dir>/errors, so the failure is logged in full here.
+            log.warning("training failed on %s with %s; restart %d of %d from %s\n%s", exc.rank, exc.exception_type,
+                        restarts, cfg.checkpoint.max_restarts, _restart_point(cfg), exc)
 
 
 @contextlib.contextmanager

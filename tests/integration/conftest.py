@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -36,28 +35,17 @@ def audited_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     yield tmp
 
 
-def launch_debris(*roots: Path) -> list[str]:
-    """Leftovers of torchrun / TorchDistributor under ``roots``."""
+def _debris(*roots: Path | None) -> list[str]:
     found: list[str] = []
     for root in roots:
-        if root.is_dir():
+        if root is not None and root.is_dir():
             found += [str(p) for p in root.rglob("torchelastic_*")]
             found += [str(p) for p in root.rglob("train.py")]
     return found
 
 
-def java_children() -> list[int]:
-    """PIDs of java processes whose parent is this Python process (the py4j gateway JVM)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text()
-            comm = stat[stat.index("(") + 1:stat.rindex(")")]
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        except (OSError, ValueError):
-            continue
-        if comm == "java" and ppid == os.getpid():
-            pids.append(int(proc.name))
-    return pids
+@pytest.fixture
+def launch_debris() -> Callable[..., list[str]]:
+    """``launch_debris(*dirs)``: leftovers of torchrun (torchelastic_*) and TorchDistributor (tmp*/train.py)."""
+    return _debris
+

@@ -5,15 +5,12 @@ from __future__ import annotations
 import os
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
 from kbit_core.errors import DistributedError
 from kbit_core.launch.distributor import WorkerFailedError, errors_dir, run_distributed
 from kbit_core.launch.spark import worker_tmp_dir
-
-from conftest import launch_debris  # noqa: I001  (tests/integration is on sys.path under pytest)
 
 pytestmark = [pytest.mark.spark]
 
@@ -50,22 +47,21 @@ def fail_on_rank(bad_rank: int) -> None:
         dist.destroy_process_group()
 
 
-def _assert_no_debris(cfg, tmpdir: Path) -> None:
-    assert launch_debris(tmpdir, cfg.run_dir, worker_tmp_dir()) == []
 
 
 @pytest.mark.parametrize("local_mode", [True, pytest.param(False, marks=pytest.mark.slow)])
-def test_every_rank_returns_rank0_result(spark, make_config, audited_tmpdir, local_mode):
+def test_every_rank_returns_rank0_result(spark, make_config, audited_tmpdir, launch_debris, local_mode):
     cfg = make_config(launch__local_mode=local_mode)
     result = run_distributed(rank_report, cfg, delay_rank0_s=1.0)
     assert {k: result[k] for k in ("rank", "world_size", "rank_sum")} == {"rank": 0, "world_size": 2,
                                                                           "rank_sum": 1}
     assert result["pid"] != os.getpid()
-    _assert_no_debris(cfg, audited_tmpdir)
+    assert launch_debris(audited_tmpdir, cfg.run_dir, worker_tmp_dir()) == []
 
 
 @pytest.mark.parametrize("local_mode", [True, pytest.param(False, marks=pytest.mark.slow)])
-def test_worker_exception_reaches_driver_with_its_traceback(spark, make_config, audited_tmpdir, local_mode):
+def test_worker_exception_reaches_driver_with_its_traceback(spark, make_config, audited_tmpdir, launch_debris,
+                                                            local_mode):
     cfg = make_config(launch__local_mode=local_mode)
     with pytest.raises(WorkerFailedError) as info:
         run_distributed(fail_on_rank, cfg, 1)
@@ -75,7 +71,7 @@ def test_worker_exception_reaches_driver_with_its_traceback(spark, make_config, 
     assert "ValueError: batch 7 has 3 labels for 4 images on rank 1" in message
     assert "in fail_on_rank" in message
     assert "ValueError" in (errors_dir(cfg.run_dir) / "rank1.txt").read_text()
-    _assert_no_debris(cfg, audited_tmpdir)
+    assert launch_debris(audited_tmpdir, cfg.run_dir, worker_tmp_dir()) == []
 
 
 def test_more_barrier_tasks_than_slots_is_refused_before_launch(spark, make_config):

@@ -17,8 +17,6 @@ from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.launch.spark import worker_tmp_dir
 from kbit_core.train.api import train
 
-from conftest import launch_debris  # noqa: I001  (tests/integration is on sys.path under pytest)
-
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +39,7 @@ def fault_models_importable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.slow
-def test_train_smoke_profile_reaches_90_percent(spark, broker, tmp_path, topic_name, audited_tmpdir):
+def test_train_smoke_profile_reaches_90_percent(spark, broker, tmp_path, topic_name, audited_tmpdir, launch_debris):
     cfg = load_config(REPO / "deployments" / "train-smoke.yaml", {
         "workdir": str(tmp_path / "kbit"), "kafka": {"embedded": {"port": broker.port}},
         "produce": {"topic": topic_name},
@@ -127,7 +125,7 @@ def _processes_mentioning(text: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_kbit_train_cli_prints_json_and_leaves_nothing_behind(broker, tmp_path, topic_name):
+def test_kbit_train_cli_prints_json_and_leaves_nothing_behind(broker, tmp_path, topic_name, launch_debris):
     workdir, tmpdir = tmp_path / "cli-run", tmp_path / "tmpdir"
     tmpdir.mkdir()
     sets = [f"workdir={workdir}", f"kafka.embedded.port={broker.port}", f"produce.topic={topic_name}",

@@ -1,0 +1,44 @@
+"""The training benchmark's summary: ratios against same-run baselines, the 0.9x verdict, unmeasured modes."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from kbit_core.bench.train_bench import _summarize, results_table
+from kbit_core.config import KbitConfig
+
+
+def _run(samples_per_s: float, final_loss: float = 0.5) -> dict:
+    return {"samples_per_s": samples_per_s, "data_wait_fraction": 0.05, "loss_curve": [2.0, final_loss]}
+
+
+def _summary(kafka: list[float], memory: list[float], overheads: dict) -> dict:
+    cfg = KbitConfig.from_dict({"train": {"global_batch_size": 64}})
+    samples = {"kafka_stream": [_run(v) for v in kafka], "memory": [_run(v) for v in memory],
+               "deepspeed_zero1": [_run(v) for v in (800.0, 1000.0, 1200.0)]}
+    return _summarize(cfg, "topic", "deepspeed_zero1", samples, overheads, repeats=3)
+
+
+def test_ratios_are_medians_against_the_same_run_baselines():
+    doc = _summary([900.0, 950.0, 1000.0], [1000.0, 1000.0, 1100.0],
+                   {"torchrun": [2.0, 3.0, 4.0], "distributor_local_mode": [4.0, 6.0, 5.0],
+                    "distributor_cluster_mode": [15.0, 16.0, 14.0]})
+    assert doc["throughput"]["kafka_vs_memory"] == pytest.approx(0.95)
+    assert doc["throughput"]["meets_target"] is True
+    assert doc["launch_overhead_s"]["vs_torchrun"] == pytest.approx({"distributor_local_mode": 5.0 / 3.0,
+                                                                      "distributor_cluster_mode": 5.0})
+    # step time = global batch / samples per second; DeepSpeed's median 64/1000 against DDP's 64/1000
+    assert doc["step_time_s"]["deepspeed_vs_ddp"] == pytest.approx(1.0)
+
+
+def test_below_target_is_flagged_and_an_unmeasured_mode_stays_empty():
+    doc = _summary([500.0], [1000.0], {"torchrun": [2.0], "distributor_local_mode": [3.0],
+                                       "distributor_cluster_mode": [None]})
+    assert doc["throughput"]["meets_target"] is False
+    assert doc["launch_overhead_s"]["vs_torchrun"]["distributor_cluster_mode"] is None
+    console = Console(record=True, width=200)
+    console.print(results_table(doc))
+    text = console.export_text()
+    assert "0.500x" in text and "below" in text
+    assert "distributor_cluster_mode" in text and "-x" not in text
