@@ -300,10 +300,14 @@ class MlflowTracker:
         if run_id is None:
             return
         metrics = []
-        for position, record in enumerate(training_history(result)):
+        history = training_history(result)
+        for position, record in enumerate(history):
             epoch = int(record.get("epoch", position))
             metrics += self._metrics({k: v for k, v in record.items() if k != "epoch" and _is_number(v)}, step=epoch)
-        metrics += self._metrics({k: v for k, v in result.items() if _is_number(v)})
+        # Final values go one step after the last epoch: a key present in both (e.g. 'steps') then stays one
+        # series whose latest value is the final one, and no (key, step) pair is logged twice.
+        final_step = max((int(r.get("epoch", i)) for i, r in enumerate(history)), default=-1) + 1
+        metrics += self._metrics({k: v for k, v in result.items() if _is_number(v)}, step=final_step)
         for step, loss in enumerate(result.get("loss_curve", ())):
             metrics += self._metrics({"train_step_loss": loss}, step=step)
         self._log(run_id, metrics=metrics)

@@ -97,9 +97,9 @@ def test_training_run_with_epochs_system_metrics_and_model(tmp_path: Path, store
         update={"name": "mlp"})})})
     model = build_model(cfg.train.model, (1, 28, 28), 10)
     torch.save({"model": model.state_dict(), "epoch": 1}, tmp_path / "ckpt.pt")
-    result = {"history": [{"epoch": 0, "train_loss": 2.0, "val_accuracy": 0.5},
-                          {"epoch": 1, "train_loss": 1.0, "val_accuracy": 0.8}],
-              "test_accuracy": 0.79, "samples_per_s": 1234.0}
+    result = {"history": [{"epoch": 0, "train_loss": 2.0, "val_accuracy": 0.5, "steps": 10},
+                          {"epoch": 1, "train_loss": 1.0, "val_accuracy": 0.8, "steps": 20}],
+              "test_accuracy": 0.79, "samples_per_s": 1234.0, "steps": 20}
     tracker = make_tracker(cfg)
     with tracker.run(cfg, name="train", kind="training") as run_id:
         time.sleep(2.5)  # the training itself, long enough for system-metric samples at 1 s
@@ -110,6 +110,8 @@ def test_training_run_with_epochs_system_metrics_and_model(tmp_path: Path, store
     assert run.info.status == "FINISHED"
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(0, 2.0), (1, 1.0)]
     assert run.data.metrics["test_accuracy"] == 0.79
+    # a key in both the history and the final result stays one series ending on the final value
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "steps")] == [(0, 10), (1, 20), (2, 20)]
     assert any(k.startswith("system/") for k in run.data.metrics), sorted(run.data.metrics)
     import mlflow
 
