@@ -224,7 +224,7 @@ class LaunchConfig(Section):
 
     @model_validator(mode="after")
     def _check_launch(self) -> LaunchConfig:
-        local_n = _local_slots(self.master)
+        local_n = local_slots(self.master)
         if not self.local_mode and local_n is not None and local_n < self.num_processes:
             raise ValueError(
                 f"launch.master={self.master} has {local_n} task slots but local_mode=False needs "
@@ -235,7 +235,7 @@ class LaunchConfig(Section):
         return self
 
 
-def _local_slots(master: str) -> int | None:
+def local_slots(master: str) -> int | None:
     if master.startswith("local[") and master.endswith("]"):
         inner = master[6:-1]
         if inner == "*":

@@ -130,7 +130,7 @@ def run_benchmark(cfg: KbitConfig, *, progress: bool = True) -> BenchResult:
     """
     from kbit_core.kafka.manifest import manifest_path
     from kbit_core.kafka.producer import ensure_topics
-    from kbit_core.train.api import embedded_broker
+    from kbit_core.kafka.broker import embedded_broker
 
     cells = matrix(cfg)
     started_at = datetime.now(timezone.utc)

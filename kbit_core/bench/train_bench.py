@@ -60,8 +60,7 @@ def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int
     from kbit_core.kafka.manifest import manifest_path
     from kbit_core.kafka.producer import produce_dataset
     from kbit_core.launch.spark import get_spark
-    from kbit_core.train.api import embedded_broker
-
+    from kbit_core.kafka.broker import embedded_broker
     from kbit_core.train.worker import train_main
 
     base = _bench_config(cfg)

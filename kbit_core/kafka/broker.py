@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import logging
 import os
@@ -10,10 +11,15 @@ import socket
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kbit_core.errors import BrokerError
+
+if TYPE_CHECKING:
+    from kbit_core.config import KbitConfig
 
 log = logging.getLogger(__name__)
 
@@ -165,3 +171,22 @@ class EmbeddedBroker:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "<no log>"
+
+
+@contextlib.contextmanager
+def embedded_broker(cfg: KbitConfig) -> Iterator[None]:
+    """Run the embedded broker for the duration of the block unless a broker already listens there.
+
+    A broker started here is stopped afterwards (it keeps topics in memory only, so they go with it).
+    """
+    host, port = cfg.kafka.embedded.host, cfg.kafka.embedded.port
+    if not cfg.kafka.uses_embedded or port_open(host, port):
+        yield
+        return
+    broker = EmbeddedBroker(cfg.run_dir, host, port)
+    log.info("starting the embedded broker on %s for this run", broker.bootstrap)
+    broker.start()
+    try:
+        yield
+    finally:
+        broker.stop()

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kbit_core.config import KbitConfig, LaunchConfig, _local_slots
+from kbit_core.config import KbitConfig, LaunchConfig, local_slots
 from kbit_core.errors import DistributedError
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ def check_barrier_slots(session: SparkSession, launch: LaunchConfig) -> None:
     """Refuse a cluster-mode launch that a local[N] session cannot give num_processes barrier slots."""
     if launch.local_mode:
         return
-    slots = _local_slots(session.sparkContext.master)
+    slots = local_slots(session.sparkContext.master)
     if slots is not None and slots < launch.num_processes:
         raise DistributedError(
             f"launch.local_mode=false needs {launch.num_processes} concurrent barrier tasks but the running "

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kbit_core.config import KbitConfig
-from kbit_core.kafka.broker import EmbeddedBroker, port_open
+from kbit_core.kafka.broker import embedded_broker
 from kbit_core.launch.distributor import WorkerFailedError, run_distributed
 from kbit_core.tracking import Tracker, make_tracker
 
@@ -74,25 +73,6 @@ def _train_with_restarts(cfg: KbitConfig, train_main: Callable[..., dict[str, An
             # The next attempt clears <run_dir>/errors, so the failure is logged in full here.
             log.warning("training failed on %s with %s; restart %d of %d from %s\n%s", exc.rank, exc.exception_type,
                         restarts, cfg.checkpoint.max_restarts, _restart_point(cfg), exc)
-
-
-@contextlib.contextmanager
-def embedded_broker(cfg: KbitConfig) -> Iterator[None]:
-    """Run the embedded broker for the duration of the block unless a broker already listens there.
-
-    A broker started here is stopped afterwards (it keeps topics in memory only, so they go with it).
-    """
-    host, port = cfg.kafka.embedded.host, cfg.kafka.embedded.port
-    if not cfg.kafka.uses_embedded or port_open(host, port):
-        yield
-        return
-    broker = EmbeddedBroker(cfg.run_dir, host, port)
-    log.info("starting the embedded broker on %s for this run", broker.bootstrap)
-    broker.start()
-    try:
-        yield
-    finally:
-        broker.stop()
 
 
 def _not_restartable(exc: WorkerFailedError) -> bool:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kbit_core.errors import BrokerError
-from kbit_core.kafka.broker import EmbeddedBroker, port_open
+from kbit_core.kafka.broker import EmbeddedBroker, embedded_broker, port_open
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.kafka
@@ -48,3 +48,14 @@ def test_stale_pid_file_never_stops_a_stranger(tmp_path: Path) -> None:
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_embedded_broker_block_starts_and_stops_only_its_own(tmp_path: Path, make_config, broker) -> None:
+    own = make_config(workdir=str(tmp_path / "own"), kafka={"embedded": {"port": free_port()}})
+    with embedded_broker(own):
+        assert port_open("127.0.0.1", own.kafka.embedded.port)
+    assert not port_open("127.0.0.1", own.kafka.embedded.port)
+    shared = make_config()  # the session broker already listens there: used, and left running
+    with embedded_broker(shared):
+        pass
+    assert port_open("127.0.0.1", broker.port)
