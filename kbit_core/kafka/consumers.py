@@ -84,6 +84,9 @@ class ConfluentConsumer(ConsumerBackend):
             # The reader knows where its ranges end; a long poll at the log end would only delay the next
             # assign by up to 500 ms (measured: 0.5 s per re-seek with the default, ~15 ms with this).
             "fetch.wait.max.ms": FETCH_WAIT_MS,
+            # Once the prefetch queue reaches its bounds librdkafka pauses fetching for this long (default 1 s)
+            # even after the queue drains: measured one 1 s stall per 20k records, 28k instead of 500k records/s.
+            "fetch.queue.backoff.ms": FETCH_WAIT_MS,
             # Bound librdkafka's prefetch queue so memory stays flat however large the topic is.
             "fetch.max.bytes": reader_cfg.fetch_max_bytes,
             "max.partition.fetch.bytes": reader_cfg.fetch_max_bytes,
