@@ -45,7 +45,6 @@ class LoaderStats:
     batches: int = 0
     records: int = 0
     padded_records: int = 0  # repeated to keep len() after corrupt records were skipped
-    tail_records: int = 0  # train records past the last full batch, left out this epoch
     wait_seconds: float = 0.0  # time the consumer spent blocked waiting for a batch (data-wait)
     load_seconds: float = 0.0  # eager mode: reading and decoding the whole shard
     reader: ReaderStats = field(default_factory=ReaderStats)
@@ -154,8 +153,16 @@ class ShardLoader:
     @property
     def num_records(self) -> int:
         """Records every rank yields per epoch (train: whole batches only)."""
-        available = max(0, self.shard.num_records - self._short)
-        return available - available % self.batch_size if self.split == "train" else available
+        return self._available - self.tail_records
+
+    @property
+    def tail_records(self) -> int:
+        """Train records past the last whole batch, left out each epoch (which ones changes with the shuffle)."""
+        return self._available % self.batch_size if self.split == "train" else 0
+
+    @property
+    def _available(self) -> int:
+        return max(0, self.shard.num_records - self._short)
 
     def __len__(self) -> int:
         return -(-self.num_records // self.batch_size)
@@ -256,7 +263,6 @@ class ShardLoader:
                 group.append(_to_batch(*last))
             if group:
                 yield group
-        self.stats.tail_records += rows.size if emitted >= total else 0
         group = []
         for size in sizes[emitted:]:
             last = self._padded(rows, last, size)
