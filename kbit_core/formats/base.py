@@ -243,7 +243,7 @@ class RecordCodec(Codec):
 
     def _assemble(self, columns: Columns) -> DecodedBatch:
         n, size = len(columns.indices), self.record_size
-        if any(length != size for length in map(len, columns.pixels)):
+        if not set(map(len, columns.pixels)) <= {size}:
             position, length = next((i, len(c)) for i, c in enumerate(columns.pixels) if len(c) != size)
             raise ValueError(f"record {position} has {length} pixel values, expected {size}")
         if self.layout == "bytes":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from mlflow import MlflowClient
 from prefect.artifacts import Artifact
 
 from flows.benchmark import benchmark
+from flows.nightly import nightly
 from kbit_core.kafka.broker import EmbeddedBroker
 from tasks.bench import RegressionError, compare_with_baseline, fail_on_regressions
 from tests.flows.helpers import delete_topics, flow_overrides, task_runs
@@ -70,3 +72,29 @@ def test_benchmark_reports_publishes_and_compares_with_the_previous_run(
     assert summary is not None and "raw_bytes_none" in summary.data
     regression = Artifact.get("kbit-regression-smoke")
     assert regression is not None and a["mlflow_run_id"] in regression.data
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.slow
+def test_nightly_flow_runs_the_nightly_profile_and_gates_on_the_previous_run(
+        broker: EmbeddedBroker, tmp_path: Path, own_topics: None) -> None:
+    # Three iterations × two ranks: enough samples for the Mann–Whitney gate to reach p < 0.05.
+    overrides = flow_overrides(broker, tmp_path, {**TINY_BENCH, "bench": {**TINY_BENCH["bench"],
+                                                                           "iterations": 3}})
+    first = nightly(overrides=overrides, return_state=True)
+    assert first.is_completed(), first.message
+    client = MlflowClient(overrides["tracking"]["tracking_uri"])
+    run = client.get_run(first.result()["mlflow_run_id"])
+    assert run.data.tags["kbit.profile"] == "nightly"
+
+    # A baseline that is 1000x faster than anything real makes the second night a loud regression.
+    from kbit_core.tracking import BENCHMARK_ARTIFACT_DIR
+    stats_path = Path(first.result()["stats_json"])
+    doc = json.loads(stats_path.read_text())
+    doc["raw_results"] = {k: [v / 1000 for v in vs] for k, vs in doc["raw_results"].items()}
+    stats_path.write_text(json.dumps(doc))
+    client.log_artifact(run.info.run_id, str(stats_path), artifact_path=BENCHMARK_ARTIFACT_DIR)
+    second = nightly(overrides=overrides, return_state=True)
+    assert second.is_failed()
+    assert "regressed" in second.message

@@ -92,6 +92,17 @@ class CodecContract:
             assert_refused(codec, good, good[0] + b"\x00")
             assert_refused(codec, good, b"")
 
+    def test_a_damaged_value_among_good_ones_is_named(self) -> None:
+        # Batched parses (one call over all values) must not blur value boundaries: a value split in two, or
+        # a truncated or padded value between good ones, is refused and named by its own position.
+        for codec in self.codecs():
+            good = codec.encode(*samples(codec.image_shape, 3 * codec.records_per_message))
+            middle = good[1]
+            for damaged in ([middle[:len(middle) // 2], middle[len(middle) // 2:]], [middle[:-1]],
+                            [middle + b"\x00"], [middle + good[2]], [b""]):
+                with pytest.raises(CorruptRecordError, match=f"value 1 of {len(damaged) + 2}"):
+                    codec.decode([good[0], *damaged, good[2]])
+
     def test_label_out_of_range_is_refused_on_decode(self) -> None:
         for codec in self.codecs():
             lenient = get_codec(self.format, codec.layout, codec.image_shape, codec.records_per_message)
