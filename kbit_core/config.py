@@ -60,10 +60,17 @@ class KafkaConfig(Section):
 
     @model_validator(mode="after")
     def _check_security(self) -> KafkaConfig:
-        if self.security_protocol.startswith("SASL") and not (self.sasl_mechanism and self.sasl_username):
+        sasl = self.security_protocol.startswith("SASL")
+        if sasl and not (self.sasl_mechanism and self.sasl_username):
             raise ValueError(f"security_protocol={self.security_protocol} needs sasl_mechanism and sasl_username")
-        if self.sasl_mechanism and not self.security_protocol.startswith("SASL"):
-            raise ValueError("sasl_mechanism is set but security_protocol is not SASL_PLAINTEXT or SASL_SSL")
+        if not sasl and (self.sasl_mechanism or self.sasl_username or self.sasl_password):
+            raise ValueError("sasl_* settings are given but security_protocol is not SASL_PLAINTEXT or SASL_SSL")
+        ssl_files = [n for n in ("ssl_cafile", "ssl_certfile", "ssl_keyfile") if getattr(self, n) is not None]
+        if ssl_files and not self.security_protocol.endswith("SSL"):
+            raise ValueError(f"{', '.join(ssl_files)} given but security_protocol={self.security_protocol} does "
+                             "not use TLS (use SSL or SASL_SSL)")
+        if self.uses_embedded and self.security_protocol != "PLAINTEXT":
+            raise ValueError("the embedded broker speaks PLAINTEXT only; set bootstrap_servers for a secured cluster")
         return self
 
 
@@ -230,8 +237,12 @@ class LaunchConfig(Section):
                 f"launch.master={self.master} has {local_n} task slots but local_mode=False needs "
                 f"num_processes={self.num_processes} barrier slots"
             )
-        if self.use_gpu and not self.local_mode and self.master.startswith("local[") and self.task_gpu_amount:
-            raise ValueError("GPU task resources on a plain local[N] master hang Spark; use local-cluster or a cluster")
+        if self.use_gpu and not self.local_mode and self.master.startswith("local["):
+            raise ValueError("GPU task resources on a plain local[N] master hang Spark; use local_mode=true, "
+                             "local-cluster[...] or a cluster master")
+        if self.use_gpu and self.master.startswith("spark://") and self.gpu_discovery_script is None:
+            raise ValueError("use_gpu on a spark:// cluster needs gpu_discovery_script: a script path that exists "
+                             "on every executor host (a generated one would exist on the driver only)")
         return self
 
 
@@ -344,6 +355,12 @@ class KbitConfig(Section):
             raise ValueError("fp16 DeepSpeed needs a GPU; use precision bf16 or fp32 on CPU")
         if self.train.precision == "fp16" and not self.launch.use_gpu:
             raise ValueError("train.precision=fp16 needs launch.use_gpu=true (CPU autocast supports bf16)")
+        librdkafka_only = [f"{section}.client" for section, client in (("kafka", self.kafka.client),
+                                                                        ("produce", self.produce.client))
+                           if client == "kafka-python"]
+        if self.kafka.extra and librdkafka_only:
+            raise ValueError(f"kafka.extra holds librdkafka options, which the kafka-python client cannot take "
+                             f"({', '.join(librdkafka_only)} = kafka-python)")
         if self.train.global_batch_size < self.launch.num_processes:
             raise ValueError(
                 f"train.global_batch_size={self.train.global_batch_size} is smaller than "

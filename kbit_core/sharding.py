@@ -51,9 +51,8 @@ class OffsetRange:
         return range(self.start, self.stop)
 
     def inclusive_string(self) -> str:
-        """The original's ``p:start:last`` form (last inclusive); only for empty-free ranges."""
-        if not len(self):
-            raise ValueError(f"empty range {self} has no inclusive form")
+        """The original's ``p:start:last`` form (last inclusive, so an empty range reads ``p:start:start-1``);
+        :func:`parse_offset_strings` reads it back."""
         return f"{self.partition}:{self.start}:{self.stop - 1}"
 
 

@@ -43,6 +43,6 @@ def load_run_config(profile: str, overrides: dict[str, Any] | None = None) -> Kb
     if env_uri and cfg.tracking.tracking_uri is None:
         cfg.tracking.tracking_uri = env_uri
     env_password = os.environ.get(SASL_PASSWORD_ENV)
-    if env_password and cfg.kafka.sasl_password is None:
+    if env_password and cfg.kafka.sasl_mechanism and cfg.kafka.sasl_password is None:
         cfg.kafka.sasl_password = SecretStr(env_password)
     return cfg

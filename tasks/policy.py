@@ -7,6 +7,7 @@ from typing import Any
 
 from prefect import Task
 from prefect.client.schemas.objects import State, TaskRun
+from prefect.task_engine import TaskRunTimeoutError
 
 from kbit_core.errors import BrokerError
 
@@ -21,6 +22,8 @@ def is_transient(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> 
     """retry_condition_fn: retry only when the attempt failed with a transient fault."""
     try:
         state.result()
+    except TaskRunTimeoutError:
+        return False  # the task's own time limit ran out: another attempt would only take as long again
     except TRANSIENT_ERRORS:
         return True
     except BaseException:

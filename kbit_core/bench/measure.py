@@ -2,18 +2,23 @@
 
 One call of :func:`measure_iteration` is one benchmark iteration (one TorchDistributor job). For each
 configuration, in the order the driver chose, every rank waits at a barrier, then starts the clock and
-builds eager loaders for train/val/test, reads and decodes its whole shard, and cuts it into tensor
-batches; the clock stops when all three splits are ready (the original's "data loading time"). Stages:
+builds eager loaders for train/val/test over one shared reader, reads and decodes its whole shard, and cuts
+it into tensor batches; the clock stops when all three splits are ready (the original's "data loading
+time"). Stages, each timed where it happens:
 
-* ``connect``: everything in the timed region that is neither fetch, decode nor collate: building the
-  loaders (codec, shard plan) and checking the planned ranges against the broker's offsets (metadata and
-  ListOffsets round trips on fresh connections). The consumer's own connection happens on its first poll
-  and is counted in ``fetch``.
+* ``connect``: creating the rank's one consumer and checking every split's planned ranges against the
+  broker's offsets in one bounds query (metadata, ListOffsets and the end-probing fetch on one connection).
+  The consumer's first fetch still connects to the partition leaders and counts under ``fetch``.
 * ``fetch``: polling the planned offset ranges (client decompression included), as the reader counts it.
 * ``decode``: codec decode of the message values into arrays.
 * ``collate``: permuting, cutting and converting the decoded arrays into the loaders' torch batches.
+* ``other``: the rest of the timed region, measured as ``load`` minus the stages above: building the codec
+  and the shard plans, and the bookkeeping between stages.
 
-``bytes`` are the message values received (after the client decompressed them).
+``bytes`` are the message values received (after the client decompressed them). The counters say what the
+rank did not read exactly once: corrupt messages skipped, offsets missing inside planned ranges, messages
+the plan repeats or drops to even the ranks out, records the loader repeated to keep ``len()``; and
+``kafka_clients`` counts the Kafka clients the rank opened for the configuration.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-STAGES: tuple[str, ...] = ("connect", "fetch", "decode", "collate")
-SPLITS: tuple[str, ...] = ("train", "val", "test")
+STAGES: tuple[str, ...] = ("connect", "fetch", "decode", "collate", "other")
+COUNTERS: tuple[str, ...] = ("skipped_messages", "gap_offsets", "padded_messages", "padded_records",
+                             "dropped_messages", "kafka_clients")
 
 
 @dataclass(frozen=True)
@@ -51,9 +57,16 @@ class Sample:
     fetch_s: float
     decode_s: float
     collate_s: float
+    other_s: float
     load_s: float
     records: int
     bytes: int
+    skipped_messages: int  # corrupt messages left out (reader.bad_records='skip')
+    gap_offsets: int  # offsets missing inside the planned ranges
+    padded_messages: int  # messages this rank reads twice so ranks even out (shard.remainder='pad')
+    padded_records: int  # records the loaders repeated to keep len() after skips
+    dropped_messages: int  # messages of the splits that no rank reads (shard.remainder='drop'), all splits
+    kafka_clients: int  # Kafka clients this rank opened for the configuration
     train_epoch_s: float
     train_samples_per_s: float
     makespan: bool
@@ -116,44 +129,62 @@ def _measure_task(config: Mapping[str, Any], task: Task, env: Any, train_epoch: 
 
     import torch.distributed as dist
 
-    from kbit_core.data.loader import make_split_loader
     from kbit_core.kafka.manifest import Manifest
 
     cfg = cell_config(config, task)
     manifest = Manifest.model_validate_json(task.manifest_json)
-    splits = SPLITS[: len(cfg.shard.split_rates)]
     dist.barrier()
-    start = time.perf_counter()
-    loaders = [make_split_loader(cfg, manifest, split, env.rank, env.world_size, client=task.client)
-               for split in splits]
-    collate = 0.0
-    for loader in loaders:
-        loader.load()
-        t0 = time.perf_counter()
-        for _ in loader:
-            pass
-        collate += time.perf_counter() - t0
-    load = time.perf_counter() - start
-    fetch = sum(ld.stats.reader.fetch_seconds for ld in loaders)
-    decode = sum(ld.stats.reader.decode_seconds for ld in loaders)
+    numbers, loaders = time_loading(cfg, manifest, env.rank, env.world_size)
     variant = manifest.variant
-    numbers = {
+    numbers.update({
         "config": task.config, "format": variant.format, "layout": variant.layout,
         "compression": variant.compression, "records_per_message": variant.records_per_message,
         "client": task.client, "batch_size": task.batch_size,
-        "connect_s": max(0.0, load - fetch - decode - collate), "fetch_s": fetch, "decode_s": decode,
-        "collate_s": collate, "load_s": load,
-        "records": sum(ld.stats.reader.records for ld in loaders),
-        "bytes": sum(ld.stats.reader.bytes for ld in loaders),
         "train_epoch_s": float("nan"), "train_samples_per_s": float("nan"),
-    }
-    if train_epoch:
-        numbers["train_epoch_s"], numbers["train_samples_per_s"] = _train_one_epoch(cfg, env, manifest, loaders[0])
-    for loader in loaders:
-        loader.close()
+    })
+    with loaders:
+        if train_epoch:
+            numbers["train_epoch_s"], numbers["train_samples_per_s"] = _train_one_epoch(cfg, env, manifest,
+                                                                                        loaders["train"])
     del loaders
     gc.collect()
     return numbers
+
+
+def time_loading(cfg: Any, manifest: Any, rank: int, world_size: int) -> tuple[dict[str, Any], Any]:
+    """The timed region of one configuration on one rank: stage seconds, ``load_s``, records, bytes and
+    counters, and the loaded (still open) ``SplitLoaderSet`` for the caller to use and close."""
+    from kbit_core.data.loader import make_split_loaders
+
+    start = time.perf_counter()
+    loaders = make_split_loaders(cfg, manifest, rank, world_size)
+    try:
+        t0 = time.perf_counter()
+        loaders.connect()
+        connect = time.perf_counter() - t0
+        collate = 0.0
+        for loader in loaders.values():
+            loader.load()
+            t0 = time.perf_counter()
+            for _ in loader:
+                pass
+            collate += time.perf_counter() - t0
+        load = time.perf_counter() - start
+    except BaseException:
+        loaders.close()
+        raise
+    read = loaders.reader.stats
+    shards = [loader.shard for loader in loaders.values()]
+    measured = {"connect_s": connect, "fetch_s": read.fetch_seconds, "decode_s": read.decode_seconds,
+                "collate_s": collate}
+    return {
+        **measured, "other_s": max(0.0, load - sum(measured.values())), "load_s": load,
+        "records": read.records, "bytes": read.bytes,
+        "skipped_messages": read.skipped, "gap_offsets": read.gaps,
+        "padded_messages": sum(s.padded for s in shards),
+        "padded_records": sum(loader.stats.padded_records for loader in loaders.values()),
+        "dropped_messages": sum(s.dropped for s in shards), "kafka_clients": read.kafka_clients,
+    }, loaders
 
 
 def _train_one_epoch(cfg: Any, env: Any, manifest: Any, train_loader: Any) -> tuple[float, float]:

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kbit_core.bench.compare import compare_configs
-from kbit_core.bench.measure import SAMPLE_COLUMNS, STAGES
+from kbit_core.bench.measure import COUNTERS, SAMPLE_COLUMNS, STAGES
 from kbit_core.bench.stats import BoxStats, boxplot_stats, rate_median
 from kbit_core.errors import StatisticsError
 
@@ -120,6 +120,8 @@ def analyze(timings: pd.DataFrame, *, bootstrap_resamples: int, seed: int) -> di
         },
         "throughput": {n: throughput(by_config[n], span_by_config[n], n) for n in names},
         "stages": {n: {f"{s}_s": float(by_config[n][f"{s}_s"].median()) for s in STAGES} for n in names},
+        # The maximum, not a median: one run that skipped or dropped data must show.
+        "counters": {n: {c: int(by_config[n][c].max()) for c in COUNTERS} for n in names},
         "comparison": {"load_time": compare_configs(raw).to_dict(),
                        "makespan": compare_configs(span_raw).to_dict()},
     }
@@ -233,6 +235,11 @@ def markdown_summary(doc: Mapping[str, Any]) -> str:
         st = doc["stages"][name]
         lines.append(f"| {name} | " + " | ".join(f"{st[f'{s}_s']:.4f}" for s in STAGES)
                      + f" | {doc['throughput'][name]['bytes_per_record']:.1f} |")
+    lines += ["", "Counters, the most one rank had in one measured run:", "",
+              "| configuration | " + " | ".join(c.replace("_", " ") for c in COUNTERS) + " |",
+              "|---|" + "---|" * len(COUNTERS)]
+    for name in ranked_names(doc):
+        lines.append(f"| {name} | " + " | ".join(f"{doc['counters'][name][c]:,}" for c in COUNTERS) + " |")
     if "training" in doc:
         lines += ["", "| configuration | epoch s (median) | samples/s (median) |", "|---|---|---|"]
         for name, t in doc["training"].items():
@@ -277,7 +284,7 @@ def plot_mean_std(doc: Mapping[str, Any], path: Path) -> None:
 
 
 def plot_stages(doc: Mapping[str, Any], path: Path) -> None:
-    """Median connect/fetch/decode/collate seconds per rank, stacked."""
+    """Median seconds per rank of every stage, stacked."""
     names = ranked_names(doc)[::-1]
     fig, (ax,) = _figure(len(names))
     y = np.arange(len(names))

@@ -92,6 +92,7 @@ class BenchResult:
                        "makespan": s["makespan"]["statistical_analysis"][name],
                        "raw_load_s": s["raw_results"][name], "raw_makespan_s": s["makespan"]["raw_results"][name],
                        "throughput": s["throughput"][name], "stages": s["stages"][name],
+                       "counters": s["counters"][name],
                        **({"training": s["training"][name]} if name in s.get("training", {}) else {})}
                 for name in s["statistical_analysis"]},
             "comparison": s["comparison"], "metadata": s["metadata"],

@@ -15,8 +15,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -27,7 +27,7 @@ from kbit_core.data.reader import RangeReader, ReaderStats
 from kbit_core.errors import ConfigError, KbitError, ManifestMismatchError
 from kbit_core.formats import get_codec
 from kbit_core.kafka.manifest import Manifest
-from kbit_core.sharding import Block, OffsetRange, Plan, RankShard, block_order, plan
+from kbit_core.sharding import SPLIT_NAMES, Block, OffsetRange, Plan, RankShard, block_order, plan
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +47,7 @@ class LoaderStats:
     padded_records: int = 0  # repeated to keep len() after corrupt records were skipped
     wait_seconds: float = 0.0  # time the consumer spent blocked waiting for a batch (data-wait)
     load_seconds: float = 0.0  # eager mode: reading and decoding the whole shard
-    reader: ReaderStats = field(default_factory=ReaderStats)
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.update({f"reader_{k}": v for k, v in out.pop("reader").items()})
-        return out
+    reader: ReaderStats = field(default_factory=ReaderStats)  # shared by every loader of a shared reader
 
 
 def per_rank_batch_size(global_batch_size: int, world_size: int) -> int:
@@ -107,10 +102,14 @@ def _to_batch(pixels: np.ndarray, labels: np.ndarray, indices: np.ndarray) -> Ba
 
 
 class ShardLoader:
-    """Iterable of ``(x, y)`` batches of ``split`` for ``rank``; see the module docstring."""
+    """Iterable of ``(x, y)`` batches of ``split`` for ``rank``; see the module docstring.
+
+    Without ``reader`` the loader opens (and closes) a reader of its own; with one, it reads through that
+    shared reader and leaves closing it to its owner.
+    """
 
     def __init__(self, cfg: KbitConfig, manifest: Manifest, split: str, rank: int, world_size: int, codec: Any,
-                 *, epoch: int = 0, client: ClientName | None = None) -> None:
+                 *, epoch: int = 0, client: ClientName | None = None, reader: RangeReader | None = None) -> None:
         self.cfg, self.manifest, self.split = cfg, manifest, split
         self.rank, self.world_size, self.codec = rank, world_size, codec
         self.batch_size = per_rank_batch_size(cfg.train.global_batch_size, world_size)
@@ -120,8 +119,9 @@ class ShardLoader:
         # Only the dataset's last message can hold fewer records; counting it against every rank keeps
         # len() identical on all of them.
         self._short = manifest.num_messages * self._rpm - manifest.num_records
-        self._reader = RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec, client)
-        self.stats = LoaderStats(reader=self._reader.stats)
+        self._owns_reader = reader is None
+        self.reader = reader or RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec, client)
+        self.stats = LoaderStats(reader=self.reader.stats)
         self._eager: dict[OffsetRange, Any] | None = None
         self._eager_ranges: tuple[OffsetRange, ...] = ()
         self.batches_done = 0
@@ -224,7 +224,7 @@ class ShardLoader:
             cache = self.load()
             return ((b, cache[b.range]) for b in blocks if b.range in cache)
         by_range = {b.range: b for b in blocks}
-        return ((by_range[r], decoded) for r, decoded in self._reader.read([b.range for b in blocks]))
+        return ((by_range[r], decoded) for r, decoded in self.reader.read([b.range for b in blocks]))
 
     def load(self) -> dict[OffsetRange, Any]:
         """Eager mode: read and decode the whole shard once (again only when the epoch's shard changes)."""
@@ -232,7 +232,7 @@ class ShardLoader:
             t0 = time.perf_counter()
             blocks = block_order(self.shard, 0, 0, max(1, self.cfg.shard.block_records // self._rpm), shuffle=False)
             unique = sorted({b.range for b in blocks})
-            self._eager = dict(self._reader.read(unique))
+            self._eager = dict(self.reader.read(unique))
             self._eager_ranges = self.shard.ranges
             self.stats.load_seconds += time.perf_counter() - t0
         return self._eager
@@ -337,7 +337,8 @@ class ShardLoader:
             worker.join()
 
     def close(self) -> None:
-        self._reader.close()
+        if self._owns_reader:
+            self.reader.close()
         self._eager = None
 
     def __enter__(self) -> ShardLoader:
@@ -355,8 +356,25 @@ class _Failure(NamedTuple):
 
 
 def make_split_loader(cfg: KbitConfig, manifest: Manifest, split: str, rank: int, world_size: int, *,
-                      epoch: int = 0, client: ClientName | None = None) -> ShardLoader:
-    """The loader of ``split`` for ``rank`` of ``world_size`` over the topic ``manifest`` describes."""
+                      epoch: int = 0, client: ClientName | None = None,
+                      reader: RangeReader | None = None) -> ShardLoader:
+    """The loader of ``split`` for ``rank`` of ``world_size`` over the topic ``manifest`` describes.
+
+    ``reader`` (another loader's ``.reader`` of the same topic) makes the loaders share one consumer and one
+    bounds check; its owner closes it. :func:`make_split_loaders` builds all splits that way.
+    """
+    if reader is None:
+        return ShardLoader(cfg, manifest, split, rank, world_size, manifest_codec(manifest), epoch=epoch,
+                           client=client)
+    if reader.topic != manifest.topic or client not in (None, reader.client):
+        wanted = f" with client {client}" if client else ""
+        raise ConfigError(f"the loader of topic {manifest.topic!r}{wanted} cannot share the {reader.client} reader "
+                          f"of topic {reader.topic!r}")
+    return ShardLoader(cfg, manifest, split, rank, world_size, reader.codec, epoch=epoch, reader=reader)
+
+
+def manifest_codec(manifest: Manifest) -> Any:
+    """The codec the topic was written with; ManifestMismatchError when this kbit's schema differs."""
     variant = manifest.variant
     codec = get_codec(variant.format, variant.layout, tuple(manifest.dataset.image_shape), variant.records_per_message,
                       num_classes=manifest.dataset.num_classes)
@@ -365,4 +383,48 @@ def make_split_loader(cfg: KbitConfig, manifest: Manifest, split: str, rank: int
             f"topic {manifest.topic!r} was written with schema {manifest.schema_fingerprint}, but this kbit's "
             f"{variant.format}/{variant.layout} codec has schema {codec.schema_fingerprint()}; produce it again "
             f"(kbit produce --recreate)")
-    return ShardLoader(cfg, manifest, split, rank, world_size, codec, epoch=epoch, client=client)
+    return codec
+
+
+class SplitLoaderSet(Mapping[str, ShardLoader]):
+    """One rank's loaders of several splits over one shared :class:`RangeReader`: one consumer, and one bounds
+    query per topic when :meth:`connect` checks every split's ranges together."""
+
+    def __init__(self, reader: RangeReader, loaders: Mapping[str, ShardLoader]) -> None:
+        self.reader = reader
+        self._loaders = dict(loaders)
+
+    def __getitem__(self, split: str) -> ShardLoader:
+        return self._loaders[split]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaders)
+
+    def __len__(self) -> int:
+        return len(self._loaders)
+
+    def connect(self) -> None:
+        """Open the consumer and check every split's planned ranges against the broker in one bounds query."""
+        self.reader.connect([r for loader in self._loaders.values() for r in loader.shard.ranges])
+
+    def close(self) -> None:
+        for loader in self._loaders.values():
+            loader.close()
+        self.reader.close()
+
+    def __enter__(self) -> SplitLoaderSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def make_split_loaders(cfg: KbitConfig, manifest: Manifest, rank: int, world_size: int,
+                       splits: Sequence[str] | None = None, *, epoch: int = 0,
+                       client: ClientName | None = None) -> SplitLoaderSet:
+    """The loaders of ``splits`` (default: every split ``shard.split_rates`` defines) for ``rank``, sharing one
+    reader. Nothing connects until :meth:`SplitLoaderSet.connect` or the first read."""
+    names = SPLIT_NAMES[: len(cfg.shard.split_rates)] if splits is None else tuple(splits)
+    reader = RangeReader(cfg.kafka, cfg.reader, manifest.topic, manifest_codec(manifest), client)
+    return SplitLoaderSet(reader, {s: make_split_loader(cfg, manifest, s, rank, world_size, epoch=epoch, reader=reader)
+                                   for s in names})

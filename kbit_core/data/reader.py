@@ -9,9 +9,10 @@ progress), and a bad record is either an error naming its coordinates or a count
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from kbit_core.config import ClientName, KafkaConfig, ReaderConfig
@@ -35,18 +36,18 @@ class ReaderStats:
     skipped: int = 0  # corrupt messages left out under bad_records='skip'
     gaps: int = 0  # offsets missing inside planned ranges (transaction markers, compaction)
     retries: int = 0  # transient client errors retried
+    kafka_clients: int = 0  # Kafka clients opened: the consumer and each bounds query
     fetch_seconds: float = 0.0
     decode_seconds: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class RangeReader:
     """Reads planned :class:`OffsetRange` s of ``topic`` with one consumer, reused across calls.
 
     Consecutive ranges of one call that continue where the previous one stopped are read without a new seek;
-    between calls the consumer holds no assignment.
+    between calls the consumer holds no assignment. Several loaders may share one reader (one consumer, one
+    bounds query per topic): each range is fetched under a lock and re-seeks when another caller moved the
+    consumer, so interleaved or concurrent readers still get exactly their ranges.
     Callers bound memory through the size of the ranges they pass (see ``sharding.block_order``).
     """
 
@@ -59,6 +60,21 @@ class RangeReader:
         self._position: tuple[int, int] | None = None  # (partition, next offset the consumer delivers)
         self._carry: list[RawRecord] = []  # records polled past the last range's stop
         self._bounds: dict[int, tuple[int, int]] = {}  # partition -> (earliest, end) on the broker
+        self._lock = threading.Lock()
+
+    def connect(self, ranges: Sequence[OffsetRange] = ()) -> None:
+        """Open the consumer now and check ``ranges`` with one bounds query for all their partitions, so the
+        reads that follow make no set-up round trip of their own (the consumer's first fetch still connects
+        to the partition leaders)."""
+        with self._lock:
+            self._open()
+        self.check(ranges)
+
+    def _open(self) -> ConsumerBackend:
+        if self._consumer is None:
+            self._consumer = make_consumer(self.kafka_cfg, self.reader_cfg, self.client)
+            self.stats.kafka_clients += 1
+        return self._consumer
 
     # -- checks ------------------------------------------------------------------------------------
 
@@ -71,9 +87,8 @@ class RangeReader:
         """
         unknown = sorted({r.partition for r in ranges if len(r)} - set(self._bounds))
         if unknown:
-            earliest = admin.earliest_offsets(self.kafka_cfg, self.topic, unknown)
-            ends = admin.exact_end_offsets(self.kafka_cfg, self.topic, unknown)
-            self._bounds.update({p: (earliest[p], ends[p]) for p in unknown})
+            self.stats.kafka_clients += 1
+            self._bounds.update(admin.offset_bounds(self.kafka_cfg, self.topic, unknown))
         for r in ranges:
             if not len(r):
                 continue
@@ -98,19 +113,23 @@ class RangeReader:
 
     def _release(self) -> None:
         # An idle assigned consumer keeps prefetching past the last range and polling the log end.
-        if self._consumer is not None and self._position is not None:
-            self._consumer.assign(self.topic, {})
-        self._position, self._carry = None, []
+        with self._lock:
+            if self._consumer is not None and self._position is not None:
+                self._consumer.assign(self.topic, {})
+            self._position, self._carry = None, []
 
     def _consumer_at(self, partition: int, offset: int) -> ConsumerBackend:
-        if self._consumer is None:
-            self._consumer = make_consumer(self.kafka_cfg, self.reader_cfg, self.client)
+        consumer = self._open()
         if self._position != (partition, offset):
-            self._consumer.assign(self.topic, {partition: offset})
+            consumer.assign(self.topic, {partition: offset})
             self._carry = []
-        return self._consumer
+        return consumer
 
     def _fetch(self, rng: OffsetRange) -> list[RawRecord]:
+        with self._lock:
+            return self._fetch_locked(rng)
+
+    def _fetch_locked(self, rng: OffsetRange) -> list[RawRecord]:
         t0 = time.perf_counter()
         consumer = self._consumer_at(rng.partition, rng.start)
         self._position = None  # unknown until this range completes
@@ -200,10 +219,11 @@ class RangeReader:
         return good
 
     def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
-        self._position, self._carry = None, []
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None
+            self._position, self._carry = None, []
 
     def __enter__(self) -> RangeReader:
         return self

@@ -2,8 +2,8 @@
 
 Tansu 0.6.0 answers ListOffsets(LATEST) with "base offset of the last batch + 1", which is short whenever
 the last batch holds more than one record. The high watermark carried by every Fetch response is right,
-so :func:`exact_end_offsets` fetches once near the end of each partition and reads the watermark that
-came back. Keep every end-offset lookup behind that one function.
+so :func:`exact_end_offsets` and :func:`offset_bounds` fetch once near the end of each partition and read the
+watermark that came back. Keep every end-offset lookup behind those two functions.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ def _admin(kcfg: KafkaConfig) -> AdminClient:
     return AdminClient(client_options(kcfg))
 
 
-def _metadata(admin: AdminClient, kcfg: KafkaConfig):
+def _metadata(client: AdminClient | Consumer, kcfg: KafkaConfig):
     try:
-        return admin.list_topics(timeout=min(METADATA_TIMEOUT_S, kcfg.request_timeout_s))
+        return client.list_topics(timeout=min(METADATA_TIMEOUT_S, kcfg.request_timeout_s))
     except KafkaException as exc:
         raise unreachable(kcfg, exc.args[0].str()) from None
 
@@ -87,7 +87,11 @@ def topic_exists(kcfg: KafkaConfig, topic: str) -> bool:
 
 def topic_partitions(kcfg: KafkaConfig, topic: str) -> list[int]:
     """Sorted partition ids of ``topic``; TopicError naming it when it does not exist."""
-    meta = _metadata(_admin(kcfg), kcfg).topics.get(topic)
+    return _partitions_in(_metadata(_admin(kcfg), kcfg), kcfg, topic)
+
+
+def _partitions_in(cluster: Any, kcfg: KafkaConfig, topic: str) -> list[int]:
+    meta = cluster.topics.get(topic)
     if meta is None or (meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
         raise TopicError(f"topic {topic!r} does not exist on the {describe_broker(kcfg)}")
     if meta.error is not None:
@@ -148,8 +152,11 @@ def _offset_consumer(kcfg: KafkaConfig) -> Consumer:
 
 
 def _checked_partitions(kcfg: KafkaConfig, topic: str, partitions: Iterable[int]) -> list[int]:
+    return _present(topic, partitions, topic_partitions(kcfg, topic))
+
+
+def _present(topic: str, partitions: Iterable[int], present: list[int]) -> list[int]:
     wanted = sorted(set(partitions))
-    present = set(topic_partitions(kcfg, topic))
     missing = [p for p in wanted if p not in present]
     if missing:
         raise TopicError(f"topic {topic!r} has no partition(s) {missing} (it has {sorted(present)})")
@@ -180,27 +187,48 @@ def exact_end_offsets(kcfg: KafkaConfig, topic: str, partitions: Iterable[int] |
     parts = _checked_partitions(kcfg, topic, partitions if partitions is not None else topic_partitions(kcfg, topic))
     consumer = _offset_consumer(kcfg)
     try:
-        starts = {}
-        for p in parts:
-            low, approx_high = _query_watermarks(consumer, kcfg, topic, p)
-            starts[p] = max(low, approx_high - 1)
-        consumer.assign([TopicPartition(topic, p, starts[p]) for p in parts])
-        ends: dict[int, int] = {}
-        deadline = time.monotonic() + kcfg.request_timeout_s
-        while len(ends) < len(parts):
-            if time.monotonic() > deadline:
-                raise unreachable(kcfg, f"no fetch response for {topic} partition(s) "
-                                        f"{sorted(set(parts) - set(ends))} within {kcfg.request_timeout_s:.0f}s")
-            for msg in consumer.consume(num_messages=len(parts), timeout=0.05):
-                if msg.error() is not None and msg.error().code() != KafkaError._PARTITION_EOF:
-                    raise TopicError(f"fetching {topic}[{msg.partition()}] failed: {msg.error().str()}")
-            for p in parts:
-                high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)[1]
-                if high >= 0:
-                    ends[p] = high
-        return ends
+        return {p: end for p, (_, end) in _bounds(consumer, kcfg, topic, parts).items()}
     finally:
         consumer.close()
+
+
+def offset_bounds(kcfg: KafkaConfig, topic: str, partitions: Iterable[int]) -> dict[int, tuple[int, int]]:
+    """partition -> (earliest stored offset, exact log end) over a single connection: metadata, ListOffsets and
+    the end-probing Fetch all go through one consumer, so a reader checking its ranges opens one client, not four.
+
+    Raises:
+        TopicError: the topic or one of ``partitions`` does not exist.
+    """
+    consumer = _offset_consumer(kcfg)
+    try:
+        parts = _present(topic, partitions, _partitions_in(_metadata(consumer, kcfg), kcfg, topic))
+        return _bounds(consumer, kcfg, topic, parts)
+    finally:
+        consumer.close()
+
+
+def _bounds(consumer: Consumer, kcfg: KafkaConfig, topic: str, parts: list[int]) -> dict[int, tuple[int, int]]:
+    """partition -> (low watermark, exact end): fetch from just below the approximate end and keep the high
+    watermark that the Fetch response carried."""
+    lows, starts = {}, {}
+    for p in parts:
+        lows[p], approx_high = _query_watermarks(consumer, kcfg, topic, p)
+        starts[p] = max(lows[p], approx_high - 1)
+    consumer.assign([TopicPartition(topic, p, starts[p]) for p in parts])
+    ends: dict[int, int] = {}
+    deadline = time.monotonic() + kcfg.request_timeout_s
+    while len(ends) < len(parts):
+        if time.monotonic() > deadline:
+            raise unreachable(kcfg, f"no fetch response for {topic} partition(s) "
+                                    f"{sorted(set(parts) - set(ends))} within {kcfg.request_timeout_s:.0f}s")
+        for msg in consumer.consume(num_messages=len(parts), timeout=0.05):
+            if msg.error() is not None and msg.error().code() != KafkaError._PARTITION_EOF:
+                raise TopicError(f"fetching {topic}[{msg.partition()}] failed: {msg.error().str()}")
+        for p in parts:
+            high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)[1]
+            if high >= 0:
+                ends[p] = high
+    return {p: (lows[p], ends[p]) for p in parts}
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from kbit_core.config import DataVariant
 from kbit_core.errors import TopicError
+from kbit_core.sharding import OffsetRange
 
 MANIFEST_DIR = "manifests"
 # Kafka's own rule for topic names; it also keeps a topic from escaping the manifest directory.
@@ -117,8 +118,8 @@ class Manifest(_Frozen):
         return {p.partition: (p.first_offset, p.stop_offset) for p in self.partitions}
 
     def offset_strings(self) -> list[str]:
-        """The original's inclusive 'partition:start:last' strings."""
-        return [f"{p.partition}:{p.first_offset}:{p.last_offset}" for p in self.partitions]
+        """The original's inclusive 'partition:start:last' strings (``sharding.parse_offset_strings`` reads them)."""
+        return [OffsetRange(p, start, stop).inclusive_string() for p, (start, stop) in self.ranges().items()]
 
     def save(self, directory: Path) -> Path:
         """Write ``<directory>/<topic>.json`` atomically (a crash never leaves half a manifest) and return its path."""

@@ -68,7 +68,9 @@ def test_profile_is_found_by_name_by_file_name_and_by_path(tmp_path: Path) -> No
 def test_worker_environment_fills_tracking_uri_and_sasl_password(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
     monkeypatch.setenv("KBIT_KAFKA_SASL_PASSWORD", "s3cret")
-    assert load_run_config.fn("smoke").tracking.tracking_uri == "http://127.0.0.1:5999"
+    smoke = load_run_config.fn("smoke")
+    assert smoke.tracking.tracking_uri == "http://127.0.0.1:5999"
+    assert smoke.kafka.sasl_password is None  # a PLAINTEXT profile takes no password from the environment
     cluster = load_run_config.fn("cluster")
     assert cluster.tracking.tracking_uri == "http://mlflow.example.internal:5000"  # the profile's choice wins
     assert cluster.kafka.sasl_password.get_secret_value() == "s3cret"

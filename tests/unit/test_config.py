@@ -50,11 +50,6 @@ def test_cluster_mode_needs_enough_local_slots() -> None:
     LaunchConfig(master="local[1]", num_processes=2, local_mode=True)
 
 
-def test_gpu_task_resources_on_plain_local_master_rejected() -> None:
-    with pytest.raises(ValueError, match="hang"):
-        LaunchConfig(master="local[2]", local_mode=False, use_gpu=True, task_gpu_amount=1)
-
-
 def test_fp16_needs_gpu() -> None:
     with pytest.raises(ConfigError, match="fp16"):
         KbitConfig.from_dict({"train": {"precision": "fp16"}})
@@ -143,3 +138,30 @@ def test_shipped_profiles_validate() -> None:
     root = Path(__file__).resolve().parents[2] / "deployments"
     for path in sorted(root.rglob("*.yaml")):
         load_config(path)
+
+
+@pytest.mark.parametrize(("kafka", "match"), [
+    ({"bootstrap_servers": "k:9093", "ssl_cafile": "/ca.pem"}, "ssl_cafile given but security_protocol=PLAINTEXT"),
+    ({"bootstrap_servers": "k:9093", "sasl_password": "x"}, "sasl_\\* settings are given"),
+    ({"security_protocol": "SSL"}, "embedded broker speaks PLAINTEXT only"),
+])
+def test_inconsistent_kafka_security_is_rejected(kafka: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        KbitConfig.from_dict({"kafka": kafka})
+
+
+def test_gpu_on_a_cluster_needs_a_discovery_script_on_the_executors() -> None:
+    with pytest.raises(ValueError, match="gpu_discovery_script"):
+        LaunchConfig(master="spark://h:7077", local_mode=False, use_gpu=True)
+    LaunchConfig(master="spark://h:7077", local_mode=False, use_gpu=True, gpu_discovery_script="/opt/gpus.sh")
+
+
+def test_gpu_cluster_mode_on_plain_local_master_rejected_even_without_task_amount() -> None:
+    with pytest.raises(ValueError, match="hang"):
+        LaunchConfig(master="local[2]", local_mode=False, use_gpu=True)
+
+
+def test_librdkafka_extras_refused_for_kafka_python() -> None:
+    with pytest.raises(ConfigError, match="kafka.extra holds librdkafka options"):
+        KbitConfig.from_dict({"kafka": {"client": "kafka-python", "extra": {"fetch.wait.max.ms": 10}}})
+    KbitConfig.from_dict({"kafka": {"extra": {"fetch.wait.max.ms": 10}}})

@@ -25,12 +25,14 @@ def synthetic_rows(iterations: int = 4, warmup: int = 1, world_size: int = 2, se
             name = CONFIGS[ci]
             fmt, layout, comp = name.split(".")[0].split("_")
             for rank in range(world_size):
-                stages = rng.uniform(0.05, 0.1, size=4) * (ci + 1) * (10 if it < 0 else 1)
+                stages = rng.uniform(0.05, 0.1, size=5) * (ci + 1) * (10 if it < 0 else 1)
                 rows.append(asdict(Sample(
                     iteration=it, warmup=it < 0, config=name, format=fmt, layout=layout, compression=comp,
                     records_per_message=1, client="confluent", batch_size=64, world_size=world_size, rank=rank,
                     order_position=pos, connect_s=stages[0], fetch_s=stages[1], decode_s=stages[2],
-                    collate_s=stages[3], load_s=float(stages.sum()), records=500, bytes=500 * 3200,
+                    collate_s=stages[3], other_s=stages[4], load_s=float(stages.sum()), records=500,
+                    bytes=500 * 3200, skipped_messages=int(it == 2 and rank == 1), gap_offsets=0, padded_messages=0,
+                    padded_records=int(it == 2 and rank == 1), dropped_messages=1, kafka_clients=2,
                     train_epoch_s=float("nan"), train_samples_per_s=float("nan"), makespan=False)))
     return rows
 
@@ -64,6 +66,9 @@ def test_stats_json_matches_the_raw_rows(report: tuple[ReportFiles, list[dict]])
         assert doc["makespan"]["raw_results"][name] == pytest.approx(spans)
         assert doc["throughput"][name]["bytes_per_record"] == 3200.0
         assert doc["configurations"][name]["format"] == name.split("_")[0]
+        assert doc["counters"][name] == {"skipped_messages": 1, "gap_offsets": 0, "padded_messages": 0,
+                                         "padded_records": 1, "dropped_messages": 1, "kafka_clients": 2}
+        assert set(doc["stages"][name]) == {"connect_s", "fetch_s", "decode_s", "collate_s", "other_s"}
     assert doc["comparison"]["load_time"]["fastest"] == "avro_list_lz4.confluent"
     assert set(doc["metadata"]["order"]) == {"-1", "0", "1", "2", "3"}
     assert all(sorted(o) == sorted(CONFIGS) for o in doc["metadata"]["order"].values())
@@ -74,6 +79,8 @@ def test_summary_lists_the_fastest_first(report: tuple[ReportFiles, list[dict]])
     files, _ = report
     table = [line for line in files.summary_md.read_text().splitlines() if line.startswith("| 1 |")]
     assert len(table) == 1 and "avro_list_lz4.confluent" in table[0]
+    assert "| skipped messages | gap offsets | padded messages | padded records | dropped messages | kafka clients |" \
+        in files.summary_md.read_text()
 
 
 def test_rebuild_from_the_csv_reproduces_the_stats(report: tuple[ReportFiles, list[dict]]) -> None:

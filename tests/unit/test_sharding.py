@@ -257,6 +257,9 @@ def test_parse_offset_strings_inclusive_to_half_open_and_back():
     parsed = parse_offset_strings(["2:0:5833", "11:0:5832", "3:7:6"])
     assert parsed == {2: (0, 5834), 11: (0, 5833), 3: (7, 7)}
     assert OffsetRange(2, 0, 5834).inclusive_string() == "2:0:5833"
+    assert OffsetRange(3, 7, 7).inclusive_string() == "3:7:6"  # empty: last = start - 1
+    ranges = [OffsetRange(p, *r) for p, r in parsed.items()]
+    assert parse_offset_strings(r.inclusive_string() for r in ranges) == parsed
 
 
 def test_block_order_rejects_zero_block_size():
