@@ -12,7 +12,7 @@ from kbit_core.config import deep_merge
 from kbit_core.errors import ConfigError
 from tasks.config import load_run_config
 from tasks.produce import ensure_dataset_topics
-from tasks.train import log_training, train_model
+from tasks.train import train_model
 from tasks.report import publish_sweep_table
 
 DEFAULT_SPACE: dict[str, list[Any]] = {
@@ -73,7 +73,7 @@ def sweep(profile: str = "train", overrides: dict[str, Any] | None = None,
     trials = expand_space(space or DEFAULT_SPACE, num_trials, seed)
     configs = [load_run_config(profile, deep_merge(overrides or {}, nest(trial))) for trial in trials]
     ensure_dataset_topics(configs[0], [configs[0].produce.variant])
-    results = [{"trial": i, "params": trial, **log_training(cfg, train_model(cfg))}
+    results = [{"trial": i, "params": trial, **train_model(cfg)}
                for i, (trial, cfg) in enumerate(zip(trials, configs))]
     best = best_trial(results, metric, mode)
     publish_sweep_table(results, best, metric)

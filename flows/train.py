@@ -1,4 +1,4 @@
-"""Flow `train`: produce the training topic if needed, then train with DDP or DeepSpeed and log to MLflow."""
+"""Flow `train`: produce the training topic if needed, then train with DDP or DeepSpeed, tracked in MLflow."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from prefect import flow
 
 from tasks.config import load_run_config
 from tasks.produce import ensure_dataset_topics
-from tasks.train import log_training, train_model
+from tasks.train import train_model
 
 
 @flow(name="train", log_prints=True)
@@ -18,13 +18,12 @@ def train(profile: str = "train", overrides: dict[str, Any] | None = None) -> di
     Steps:
       1. Load and validate the profile with the overrides.
       2. Ensure the topic of ``produce.variant`` exists (reused when its manifest matches).
-      3. Train through Spark's TorchDistributor (DDP, or DeepSpeed ZeRO when enabled).
-      4. Record the run in MLflow: parameters, per-epoch and final metrics, the model.
+      3. Train through Spark's TorchDistributor (DDP, or DeepSpeed ZeRO when enabled), recorded as one MLflow
+         run: parameters, per-epoch and final metrics, the model.
     """
     cfg = load_run_config(profile, overrides)
     ensure_dataset_topics(cfg, [cfg.produce.variant])
-    result = train_model(cfg)
-    return log_training(cfg, result)
+    return train_model(cfg)
 
 
 if __name__ == "__main__":

@@ -5,19 +5,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kbit_core.config import KbitConfig
-from kbit_core.errors import KbitError
-from kbit_core.kafka.broker import EmbeddedBroker, port_open
+from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.service import Service, ServiceError, ServiceStatus, http_ok
 
 log = logging.getLogger(__name__)
 
@@ -30,38 +28,8 @@ WORKER_QUERY_SECONDS = "2"
 SET_WORKING_DIRECTORY = "prefect.deployments.steps.set_working_directory"
 
 
-class StackError(KbitError):
+class StackError(ServiceError):
     """A stack service cannot start, is unhealthy, its port is taken, or a deployment is wrong."""
-
-
-def _pid_alive(pid: int) -> bool:
-    """True for a live process; a zombie (exited, not yet reaped) counts as gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def http_ok(url: str, timeout_s: float = 2.0) -> bool:
-    """True when ``url`` answers 2xx."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return 200 <= resp.status < 300
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 def _api(method: str, url: str, body: dict[str, Any] | None = None, timeout_s: float = 10.0) -> Any:
@@ -77,127 +45,6 @@ def _api(method: str, url: str, body: dict[str, Any] | None = None, timeout_s: f
         raise StackError(f"{method} {url} answered {exc.code}: {exc.read()[:500]!r}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise StackError(f"{method} {url} failed: {exc}") from None
-
-
-@dataclass(frozen=True)
-class ServiceStatus:
-    name: str
-    running: bool
-    pid: int | None
-    url: str | None
-    log_path: Path | None
-
-
-@dataclass
-class Service:
-    """One long-running process started in its own session, so that stopping its process group stops it all.
-
-    ``marker`` must appear in the process command line: a PID file left behind by a crash and
-    reused by an unrelated process is then never mistaken for ours.
-    """
-
-    name: str
-    run_dir: Path
-    argv: list[str]
-    marker: str
-    env: dict[str, str] = field(default_factory=dict)
-    host: str | None = None
-    port: int | None = None
-    health_url: str | None = None
-    url: str | None = None
-
-    @property
-    def pid_path(self) -> Path:
-        return self.run_dir / f"{self.name}.pid"
-
-    @property
-    def log_path(self) -> Path:
-        return self.run_dir / f"{self.name}.log"
-
-    def pid(self) -> int | None:
-        try:
-            pid = int(self.pid_path.read_text().strip())
-        except (OSError, ValueError):
-            return None
-        return pid if _pid_alive(pid) and self.marker in _cmdline(pid) else None
-
-    def healthy(self) -> bool:
-        return self.health_url is None or http_ok(self.health_url)
-
-    def status(self) -> ServiceStatus:
-        pid = self.pid()
-        return ServiceStatus(self.name, pid is not None and self.healthy(), pid, self.url, self.log_path)
-
-    def start(self, timeout_s: float = 90.0) -> ServiceStatus:
-        """Start unless ours already runs; wait until healthy. A port held by anything else is an error."""
-        if self.pid() is not None:
-            self._wait_healthy(timeout_s)
-            return self.status()
-        if self.port is not None and port_open(self.host or "127.0.0.1", self.port):
-            raise StackError(
-                f"{self.name}: port {self.host}:{self.port} is already taken by another process; "
-                f"stop it or choose another port (stack.prefect_port / stack.mlflow_port)"
-            )
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as logf:
-            proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, **self.env}, start_new_session=True)
-        self.pid_path.write_text(str(proc.pid))
-        log.info("%s started (pid %d), log %s", self.name, proc.pid, self.log_path)
-        self._wait_healthy(timeout_s, proc)
-        return self.status()
-
-    def _wait_healthy(self, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc is not None and proc.poll() is not None:
-                self.pid_path.unlink(missing_ok=True)
-                raise StackError(f"{self.name} exited with code {proc.returncode} on start; "
-                                 f"log {self.log_path}:\n{self.log_tail()}")
-            if self.healthy():
-                return
-            time.sleep(0.25)
-        self.stop()
-        raise StackError(f"{self.name} was not healthy at {self.health_url} within {timeout_s:.0f}s; "
-                         f"log {self.log_path}:\n{self.log_tail()}")
-
-    def stop(self, timeout_s: float = 15.0) -> bool:
-        """SIGTERM the process group, SIGKILL it after ``timeout_s``; True when ours was running."""
-        pid = self.pid()
-        self.pid_path.unlink(missing_ok=True)
-        if pid is None:
-            return False
-        # start_new_session made the service a group leader: its children (uvicorn workers,
-        # flow-run processes) share the group and go down with it.
-        _signal_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _pid_alive(pid):
-            time.sleep(0.1)
-        _signal_group(pid, signal.SIGKILL)
-        _reap(pid)
-        log.info("%s stopped (pid %d)", self.name, pid)
-        return True
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "<no log>"
-
-
-def _reap(pid: int) -> None:
-    """Collect the exit status when the service is our own child, so no zombie outlives it here."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 class LocalStack:
@@ -227,6 +74,7 @@ class LocalStack:
             [sys.executable, "-m", "prefect", "server", "start", "--host", st.host, "--port", str(st.prefect_port)],
             marker="prefect", env=self.prefect_env(), host=st.host, port=st.prefect_port,
             health_url=f"{self.prefect_api_url}/health", url=self.prefect_ui_url,
+            port_setting="stack.prefect_port", error_type=StackError,
         )
         self.mlflow_server = Service(
             "mlflow-server", self.run_dir,
@@ -235,12 +83,14 @@ class LocalStack:
              "--artifacts-destination", str(self.run_dir / "mlartifacts"), "--workers", "1"],
             marker="mlflow", env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, host=st.host,
             port=st.mlflow_port, health_url=f"{local_mlflow}/health", url=local_mlflow,
+            port_setting="stack.mlflow_port", error_type=StackError,
         )
         self.worker = Service(
             "prefect-worker", self.run_dir,
             [sys.executable, "-m", "prefect", "worker", "start", "--pool", st.work_pool,
              "--name", self.worker_name, "--type", "process"],
             marker="prefect", env={**self.prefect_env(), "PREFECT_WORKER_QUERY_SECONDS": WORKER_QUERY_SECONDS},
+            error_type=StackError,
         )
 
     @property

@@ -295,7 +295,7 @@ class MlflowTracker:
 
     def log_training(self, run_id: str | None, result: Mapping[str, Any], model_path: Path | None = None) -> None:
         """Per-epoch metrics (step = epoch) from ``result['history']``, per-step loss from ``result['loss_curve']``,
-        final scalar metrics, and the model when ``model_path`` is given (a state dict, or a checkpoint dict
+        :func:`final_metrics`, and the model when ``model_path`` is given (a state dict, or a checkpoint dict
         holding one under 'model'; loaded with weights_only=True)."""
         if run_id is None:
             return
@@ -307,7 +307,7 @@ class MlflowTracker:
         # Final values go one step after the last epoch: a key present in both (e.g. 'steps') then stays one
         # series whose latest value is the final one, and no (key, step) pair is logged twice.
         final_step = max((int(r.get("epoch", i)) for i, r in enumerate(history)), default=-1) + 1
-        metrics += self._metrics({k: v for k, v in result.items() if _is_number(v)}, step=final_step)
+        metrics += self._metrics(final_metrics(result), step=final_step)
         for step, loss in enumerate(result.get("loss_curve", ())):
             metrics += self._metrics({"train_step_loss": loss}, step=step)
         self._log(run_id, metrics=metrics)
@@ -346,12 +346,18 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def log_training_run(cfg: KbitConfig, result: Mapping[str, Any], model_path: Path | None = None) -> str | None:
-    """Record a finished training run; returns its run id (None when tracking is off)."""
-    tracker = make_tracker(cfg)
-    with tracker.run(cfg, name=f"train-{cfg.train.model.name}", kind="training") as run_id:
-        tracker.log_training(run_id, result, model_path)
-    return run_id
+def final_metrics(result: Mapping[str, Any]) -> dict[str, float]:
+    """The final numbers of a training result: its scalars, per-epoch lists reduced to their last value, and the
+    per-split data counts of ``result['data']`` as ``data_<split>_<count>``."""
+    out: dict[str, float] = {}
+    for key, value in result.items():
+        if isinstance(value, list) and value and all(_is_number(v) for v in value):
+            value = value[-1]
+        if _is_number(value):
+            out[key] = float(value)
+    for split, counts in (result.get("data") or {}).items():
+        out.update({f"data_{split}_{name}": float(v) for name, v in counts.items() if _is_number(v)})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- lookups

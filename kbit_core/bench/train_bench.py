@@ -57,7 +57,6 @@ def first_step_probe(called_at: float, use_gpu: bool, timeout_s: int) -> float:
 
 def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int = 1) -> dict[str, Any]:
     """Measure everything in the module docstring ``repeats`` times (in shuffled order) and write the JSON."""
-    from kbit_core.kafka.manifest import manifest_path
     from kbit_core.kafka.producer import produce_dataset
     from kbit_core.launch.spark import get_spark
     from kbit_core.kafka.broker import embedded_broker
@@ -80,7 +79,7 @@ def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int
     order = random.Random(cfg.bench.seed)
     with embedded_broker(base):
         manifest = produce_dataset(base, progress=False)
-        path = str(manifest_path(base.workdir, manifest.topic))
+        manifest_json = manifest.model_dump_json()
         get_spark(base)
         with Progress(transient=True) as progress:
             task = progress.add_task("train bench", total=repeats * (len(trainings) + len(launches)))
@@ -91,8 +90,8 @@ def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int
                     progress.update(task, description=f"train bench: {name} (round {round_no + 1}/{repeats})")
                     if name in trainings:
                         run_cfg = trainings[name]
-                        samples[name].append(run_distributed(train_main, run_cfg, run_cfg.to_secret_dict(), path,
-                                                             str(base.run_dir)))
+                        samples[name].append(run_distributed(train_main, run_cfg, run_cfg.to_secret_dict(),
+                                                             manifest_json, str(base.run_dir)))
                     else:
                         overheads[name].append(_measure_launch(name, launches[name]))
                     progress.advance(task)

@@ -40,10 +40,9 @@ def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
     tracker = make_tracker(cfg)
     with embedded_broker(cfg), tracker.run(cfg, name=f"train-{cfg.profile}", kind="train") as run_id:
         manifest = produce_dataset(cfg, progress=progress)
-        path = manifest_path(cfg.workdir, manifest.topic)
-        result = _train_with_restarts(cfg, train_main, path)
-        result.update(topic=manifest.topic, manifest_path=str(path), wall_seconds=time.perf_counter() - started,
-                      mlflow_run_id=run_id)
+        result = _train_with_restarts(cfg, train_main, manifest.model_dump_json())
+        result.update(topic=manifest.topic, manifest_path=str(manifest_path(cfg.workdir, manifest.topic)),
+                      wall_seconds=time.perf_counter() - started, mlflow_run_id=run_id)
         _track(tracker, run_id, result)
     return result
 
@@ -58,11 +57,12 @@ def _track(tracker: Tracker, run_id: str | None, result: dict[str, Any]) -> None
         result["tracking_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
 
 
-def _train_with_restarts(cfg: KbitConfig, train_main: Callable[..., dict[str, Any]], path: Path) -> dict[str, Any]:
+def _train_with_restarts(cfg: KbitConfig, train_main: Callable[..., dict[str, Any]],
+                         manifest_json: str) -> dict[str, Any]:
     attempt_cfg, restarts = cfg, 0
     while True:
         try:
-            result = run_distributed(train_main, attempt_cfg, attempt_cfg.to_secret_dict(), str(path),
+            result = run_distributed(train_main, attempt_cfg, attempt_cfg.to_secret_dict(), manifest_json,
                                      str(cfg.run_dir))
             return {**result, "restarts": restarts}
         except WorkerFailedError as exc:

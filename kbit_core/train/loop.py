@@ -18,6 +18,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from kbit_core.config import KbitConfig
+from kbit_core.data.loader import LoaderStats
 from kbit_core.errors import ConfigError, DistributedError, TrainingDivergedError
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.distributed import DistEnv, broadcast_from_main, gather_to_main
@@ -28,9 +29,17 @@ log = logging.getLogger(__name__)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
+# Counters of what a loader read, summed over ranks into the result: corrupt messages skipped, records repeated in
+# their place, offsets missing inside planned ranges, transient client errors retried.
+READ_COUNTS = ("skipped_messages", "padded_records", "gaps", "retries")
+# What the shard plan leaves out or repeats every epoch, reported with a _per_epoch suffix.
+PLAN_COUNTS = ("dropped_messages", "padded_messages", "dropped_tail_records")
+
 
 class Loader(Protocol):
     """What the loop needs from a split loader (kbit_core.data.loader.ShardLoader satisfies it)."""
+
+    stats: LoaderStats
 
     def __iter__(self) -> Iterator[Batch]: ...
     def __len__(self) -> int: ...
@@ -47,12 +56,19 @@ class SplitLoaders:
     train: Loader
     val: Loader | None = None
     test: Loader | None = None
+    # Per split: the shard plan's messages, messages_per_rank and PLAN_COUNTS for one epoch (the same on every
+    # rank); empty when the loaders do not read a planned topic.
+    plan: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def splits(self) -> dict[str, Loader]:
+        """The loaders present, by split name."""
+        named = {"train": self.train, "val": self.val, "test": self.test}
+        return {name: loader for name, loader in named.items() if loader is not None}
 
     def close(self) -> None:
         """Release the loaders' consumers and cached shards."""
-        for loader in (self.train, self.val, self.test):
-            if loader is not None:
-                loader.close()
+        for loader in self.splits().values():
+            loader.close()
 
 
 @dataclass
@@ -226,6 +242,7 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         """Train the remaining epochs, validating (and checkpointing) after each, then test once."""
+        self._print_plan()
         st = self.state
         while st.epoch < self.cfg.train.epochs:
             epoch = st.epoch
@@ -246,6 +263,28 @@ class Trainer:
         return self._result(test)
 
     # ---- reporting ---------------------------------------------------------------------------------------
+
+    def _print_plan(self) -> None:
+        if not self.env.is_main or not self.loaders.plan:
+            return
+        parts = [f"{name} {p['messages']} messages ({p['messages_per_rank']} per rank), {p['dropped_messages']} "
+                 f"dropped, {p['padded_messages']} padded, {p['dropped_tail_records']} tail records dropped"
+                 for name, p in self.loaders.plan.items()]
+        self.console.print("shard plan per epoch: " + "; ".join(parts))
+
+    def _data_report(self) -> dict[str, dict[str, int]]:
+        """Collective: per split, READ_COUNTS summed over ranks for this run's reads, and the plan's PLAN_COUNTS."""
+        loaders = self.loaders.splits()
+        local = [[s.reader.skipped, s.padded_records, s.reader.gaps, s.reader.retries]
+                 for s in (loader.stats for loader in loaders.values())]
+        counts = torch.tensor(local, dtype=torch.int64, device=self.env.device)
+        torch.distributed.all_reduce(counts)
+        report = {}
+        for name, row in zip(loaders, counts.tolist(), strict=True):
+            planned = self.loaders.plan.get(name, {})
+            report[name] = {**dict(zip(READ_COUNTS, row, strict=True)),
+                            **{f"{key}_per_epoch": planned[key] for key in PLAN_COUNTS if key in planned}}
+        return report
 
     def _print_epoch(self, m: dict[str, Any]) -> None:
         if not self.env.is_main:
@@ -275,6 +314,7 @@ class Trainer:
             "data_wait_fraction": last.get("train_data_wait_fraction"),
             "peak_memory_mb": max((h["train_peak_memory_mb"] for h in st.history), default=None),
             "checkpoint": self.last_checkpoint,
+            "data": self._data_report(),
             "history": st.history,
             "loss_curve": st.loss_curve,
         }

@@ -19,6 +19,12 @@ TINY_TRAINING = {"train": {"epochs": 1, "model": {"name": "mlp"}}, "tracking": {
                                                                                 "system_metrics": False}}
 
 
+def all_run_ids(client: MlflowClient) -> list[str]:
+    """Every run in the test's own store (each test has its own sqlite file)."""
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return [r.info.run_id for r in client.search_runs(experiments)]
+
+
 @pytest.fixture(autouse=True)
 def own_topics(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[None]:
     yield
@@ -33,9 +39,12 @@ def test_train_flow_trains_and_records_the_run(broker: EmbeddedBroker, tmp_path:
     assert state.is_completed(), state.message
     summary = state.result()
     assert 0.0 <= summary["metrics"]["val_accuracy"] <= 1.0 and summary["metrics"]["epochs"] == 1
-    run = MlflowClient(overrides["tracking"]["tracking_uri"]).get_run(summary["mlflow_run_id"])
+    client = MlflowClient(overrides["tracking"]["tracking_uri"])
+    run = client.get_run(summary["mlflow_run_id"])
     assert run.info.status == "FINISHED" and run.data.params["train.model.name"] == "mlp"
-    assert {"ensure-topics", "train", "log-training-run"} <= set(task_runs(state))
+    assert run.data.metrics["val_accuracy"] == pytest.approx(summary["metrics"]["val_accuracy"])
+    assert all_run_ids(client) == [summary["mlflow_run_id"]], "one training, one MLflow run"
+    assert set(task_runs(state)) == {"ensure-topics", "train"}
 
 
 @pytest.mark.slow
@@ -52,3 +61,5 @@ def test_sweep_trains_every_trial_and_picks_the_best(broker: EmbeddedBroker, tmp
     client = MlflowClient(overrides["tracking"]["tracking_uri"])
     lrs = {client.get_run(t["mlflow_run_id"]).data.params["train.optim.lr"] for t in out["trials"]}
     assert lrs == {"0.0001", "0.003"}
+    assert sorted(all_run_ids(client)) == sorted(t["mlflow_run_id"] for t in out["trials"]), \
+        "one MLflow run per trial"

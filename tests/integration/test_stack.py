@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from kbit_core.cli import app
 from kbit_core.config import KbitConfig
-from kbit_core.stack import LocalStack, StackError, _pid_alive, http_ok
+from kbit_core.service import http_ok, pid_alive
+from kbit_core.stack import LocalStack, StackError
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.prefect
@@ -32,7 +33,7 @@ def stack_config(workdir: Path) -> KbitConfig:
 def wait_gone(pid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return True
         time.sleep(0.1)
     return False

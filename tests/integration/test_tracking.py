@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 
 from kbit_core.bench.report import timings_frame, write_report
 from kbit_core.config import KbitConfig
-from kbit_core.tracking import MlflowTracker, NoopTracker, log_training_run, make_tracker
+from kbit_core.tracking import MlflowTracker, NoopTracker, final_metrics, make_tracker
 from kbit_core.train.models import build_model
 from tests.unit.test_report import CONFIGS, synthetic_rows
 
@@ -87,7 +87,9 @@ def test_disabled_tracking_records_nothing(tmp_path: Path) -> None:
     cfg = tracked_config(tmp_path, tmp_path / "mlflow.db", "off", enabled=False)
     tracker = make_tracker(cfg)
     assert isinstance(tracker, NoopTracker)
-    assert log_training_run(cfg, {"history": [{"epoch": 0, "loss": 1.0}]}) is None
+    with tracker.run(cfg, name="train", kind="train") as run_id:
+        tracker.log_training(run_id, {"history": [{"epoch": 0, "loss": 1.0}]})
+    assert run_id is None
     assert not (tmp_path / "mlflow.db").exists()
 
 
@@ -99,9 +101,11 @@ def test_training_run_with_epochs_system_metrics_and_model(tmp_path: Path, store
     torch.save({"model": model.state_dict(), "epoch": 1}, tmp_path / "ckpt.pt")
     result = {"history": [{"epoch": 0, "train_loss": 2.0, "val_accuracy": 0.5, "steps": 10},
                           {"epoch": 1, "train_loss": 1.0, "val_accuracy": 0.8, "steps": 20}],
-              "test_accuracy": 0.79, "samples_per_s": 1234.0, "steps": 20}
+              "test_accuracy": 0.79, "samples_per_s": 1234.0, "steps": 20, "val_loss": [0.9, 0.7],
+              "data": {"train": {"skipped_messages": 1, "padded_records": 1, "dropped_messages_per_epoch": 0},
+                       "test": {"skipped_messages": 0, "gaps": 2}}}
     tracker = make_tracker(cfg)
-    with tracker.run(cfg, name="train", kind="training") as run_id:
+    with tracker.run(cfg, name="train", kind="train") as run_id:
         time.sleep(2.5)  # the training itself, long enough for system-metric samples at 1 s
         tracker.log_training(run_id, result, model_path=tmp_path / "ckpt.pt")
 
@@ -110,6 +114,10 @@ def test_training_run_with_epochs_system_metrics_and_model(tmp_path: Path, store
     assert run.info.status == "FINISHED"
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(0, 2.0), (1, 1.0)]
     assert run.data.metrics["test_accuracy"] == 0.79
+    assert run.data.metrics["val_loss"] == 0.7  # a per-epoch list ends on its final value
+    assert {k: v for k, v in run.data.metrics.items() if k.startswith("data_")} == {
+        "data_train_skipped_messages": 1, "data_train_padded_records": 1, "data_train_dropped_messages_per_epoch": 0,
+        "data_test_skipped_messages": 0, "data_test_gaps": 2}
     # a key in both the history and the final result stays one series ending on the final value
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "steps")] == [(0, 10), (1, 20), (2, 20)]
     assert any(k.startswith("system/") for k in run.data.metrics), sorted(run.data.metrics)
@@ -126,6 +134,16 @@ def test_sharded_deepspeed_checkpoint_is_recorded_not_logged_as_model(tmp_path: 
     cfg = tracked_config(tmp_path, store, "sharded")
     shards = tmp_path / "step-00000004"
     shards.mkdir()
-    run_id = log_training_run(cfg, {"history": [{"epoch": 0, "train_loss": 1.5}]}, model_path=shards)
+    tracker = make_tracker(cfg)
+    with tracker.run(cfg, name="train", kind="train") as run_id:
+        tracker.log_training(run_id, {"history": [{"epoch": 0, "train_loss": 1.5}]}, model_path=shards)
     run = client_for(cfg).get_run(run_id)
     assert run.data.tags["model_logged"].startswith("no:") and run.data.metrics["train_loss"] == 1.5
+
+
+def test_final_metrics_keep_numbers_last_epoch_values_and_data_counts() -> None:
+    result = {"test_accuracy": 0.9, "steps": 12, "val_accuracy": [0.5, 0.8], "engine": "ddp", "checkpoint": None,
+              "deterministic": True, "history": [{"epoch": 0, "val_accuracy": 0.5}], "val_loss": [],
+              "data": {"val": {"skipped_messages": 3, "retries": 1}}}
+    assert final_metrics(result) == {"test_accuracy": 0.9, "steps": 12.0, "val_accuracy": 0.8,
+                                     "data_val_skipped_messages": 3.0, "data_val_retries": 1.0}

@@ -1,0 +1,186 @@
+"""A background service process tracked by a PID file: start in its own session, wait until healthy, stop by group."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kbit_core.errors import KbitError
+
+log = logging.getLogger(__name__)
+
+
+class ServiceError(KbitError):
+    """A service cannot start, is unhealthy, or its port is taken by something else."""
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    """True for a live process; a zombie (exited, not yet reaped) counts as gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    """True when ``url`` answers 2xx."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return 200 <= resp.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    name: str
+    running: bool
+    pid: int | None
+    url: str | None
+    log_path: Path | None
+
+
+@dataclass
+class Service:
+    """One long-running process started in its own session, so that stopping its process group stops it all.
+
+    ``marker`` must appear in the process command line: a PID file left behind by a crash and
+    reused by an unrelated process is then never mistaken for ours.
+    """
+
+    name: str
+    run_dir: Path
+    argv: list[str]
+    marker: str
+    env: dict[str, str] = field(default_factory=dict)
+    host: str | None = None
+    port: int | None = None
+    health_url: str | None = None
+    url: str | None = None
+    port_setting: str = "its port setting"
+    error_type: type[KbitError] = ServiceError
+
+    @property
+    def pid_path(self) -> Path:
+        return self.run_dir / f"{self.name}.pid"
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / f"{self.name}.log"
+
+    def pid(self) -> int | None:
+        try:
+            pid = int(self.pid_path.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if pid_alive(pid) and self.marker in _cmdline(pid) else None
+
+    def healthy(self) -> bool:
+        """The health URL answers, or (without one) the port accepts connections."""
+        if self.health_url is not None:
+            return http_ok(self.health_url)
+        return self.port is None or port_open(self.host or "127.0.0.1", self.port)
+
+    def status(self) -> ServiceStatus:
+        pid = self.pid()
+        return ServiceStatus(self.name, pid is not None and self.healthy(), pid, self.url, self.log_path)
+
+    def start(self, timeout_s: float = 90.0) -> ServiceStatus:
+        """Start unless ours already runs; wait until healthy. A port held by anything else is an error."""
+        if self.pid() is not None:
+            self._wait_healthy(timeout_s)
+            return self.status()
+        if self.port is not None and port_open(self.host or "127.0.0.1", self.port):
+            raise self.error_type(
+                f"{self.name}: port {self.host}:{self.port} is already taken by another process; "
+                f"stop it or choose another port ({self.port_setting})"
+            )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as logf:
+            proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, **self.env}, start_new_session=True)
+        self.pid_path.write_text(str(proc.pid))
+        log.info("%s started (pid %d), log %s", self.name, proc.pid, self.log_path)
+        self._wait_healthy(timeout_s, proc)
+        return self.status()
+
+    def _wait_healthy(self, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                self.pid_path.unlink(missing_ok=True)
+                raise self.error_type(f"{self.name} exited with code {proc.returncode} on start; "
+                                 f"log {self.log_path}:\n{self.log_tail()}")
+            if self.healthy():
+                return
+            time.sleep(0.25)
+        self.stop()
+        raise self.error_type(f"{self.name} was not healthy at {self.health_url or self.port} within {timeout_s:.0f}s; "
+                         f"log {self.log_path}:\n{self.log_tail()}")
+
+    def stop(self, timeout_s: float = 15.0) -> bool:
+        """SIGTERM the process group, SIGKILL it after ``timeout_s``; True when ours was running."""
+        pid = self.pid()
+        self.pid_path.unlink(missing_ok=True)
+        if pid is None:
+            return False
+        # start_new_session made the service a group leader: its children (uvicorn workers,
+        # flow-run processes) share the group and go down with it.
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and pid_alive(pid):
+            time.sleep(0.1)
+        _signal_group(pid, signal.SIGKILL)
+        _reap(pid)
+        log.info("%s stopped (pid %d)", self.name, pid)
+        return True
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "<no log>"
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status when the service is our own child, so no zombie outlives it here."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
