@@ -33,9 +33,8 @@ def publish_regression_check(profile: str, comparison: dict[str, Any], baseline_
              f"alpha {comparison['alpha']}, metric `{comparison['metric']}`.", "",
              "| configuration | baseline median | median | change | p | verdict |", "|---|---|---|---|---|---|"]
     for d in rows:
-        verdict = "REGRESSION" if d["regression"] else "improvement" if d["improvement"] else "same"
         lines.append(f"| {d['name']} | {d['a_median']:.4g} | {d['b_median']:.4g} | {d['change_pct']:+.1f}% | "
-                     f"{d['p_value']:.3g} | {verdict} |")
+                     f"{d['p_value']:.3g} | {d['verdict']} |")
     for side, names in (("only in the baseline", comparison["only_in_a"]), ("new", comparison["only_in_b"])):
         if names:
             lines.append(f"\n{side}: {', '.join(names)}")

@@ -78,6 +78,10 @@ class RunDelta:
     regression: bool
     improvement: bool
 
+    @property
+    def verdict(self) -> str:
+        return "regression" if self.regression else "improvement" if self.improvement else "same"
+
 
 @dataclass(frozen=True)
 class RunComparison:
@@ -94,7 +98,7 @@ class RunComparison:
 
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "threshold": self.threshold, "alpha": self.alpha,
-                "deltas": [asdict(d) for d in self.deltas], "regressions": [d.name for d in self.regressions],
+                "deltas": [{**asdict(d), "verdict": d.verdict} for d in self.deltas], "regressions": [d.name for d in self.regressions],
                 "only_in_a": list(self.only_in_a), "only_in_b": list(self.only_in_b)}
 
 

@@ -38,7 +38,7 @@ def comparison_table(result: Any) -> Table:
         table.add_column(column, justify="left" if column in ("configuration", "verdict") else "right",
                          no_wrap=column == "configuration")
     for d in result.deltas:
-        verdict = "[red]REGRESSION[/]" if d.regression else "[green]improved[/]" if d.improvement else "same"
+        verdict = {"regression": "[red]REGRESSION[/]", "improvement": "[green]improvement[/]"}.get(d.verdict, d.verdict)
         table.add_row(d.name, f"{d.a_median:.4f}", f"{d.b_median:.4f}", f"{d.change_pct:+.1f}%", f"{d.p_value:.3g}",
                       verdict)
     return table
