@@ -16,7 +16,8 @@ from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, pr
 out = Console()
 
 # Per-step and per-epoch series are long; the table keeps the scalars and the JSON output keeps everything.
-_SERIES = ("loss_curve", "history", "train_loss", "train_accuracy", "val_loss", "val_accuracy")
+# The per-split data counts get a table of their own.
+_NOT_SCALAR = ("loss_curve", "history", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "data")
 
 
 def metrics_table(result: dict[str, Any]) -> Table:
@@ -24,11 +25,24 @@ def metrics_table(result: dict[str, Any]) -> Table:
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
     for key, value in result.items():
-        if key in _SERIES:
+        if key in _NOT_SCALAR:
             continue
         table.add_row(key, _format(value))
     if result.get("val_accuracy"):
         table.add_row("val_accuracy per epoch", " ".join(f"{v:.4f}" for v in result["val_accuracy"]))
+    return table
+
+
+def data_table(data: dict[str, dict[str, int]]) -> Table:
+    """One row per split: messages skipped as corrupt, records repeated in their place, offset gaps and retries
+    (summed over ranks and epochs), and what the shard plan drops or pads every epoch."""
+    table = Table(title="data read")
+    table.add_column("split", style="bold")
+    columns = list(dict.fromkeys(key for counts in data.values() for key in counts))
+    for column in columns:
+        table.add_column(column.replace("_", " "), justify="right")
+    for split, counts in data.items():
+        table.add_row(split, *(_format(counts.get(column)) for column in columns))
     return table
 
 
@@ -54,6 +68,8 @@ def train_command(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOp
         print_json(result)
     else:
         out.print(metrics_table(result))
+        if result.get("data"):
+            out.print(data_table(result["data"]))
 
 
 def bench_train_command(

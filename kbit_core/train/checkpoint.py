@@ -3,8 +3,11 @@
 A DDP checkpoint is one file ``step-00000012.pt`` written to a hidden temp name and renamed into place, so
 a visible file is always complete. A DeepSpeed checkpoint is a directory ``step-00000012/`` written by the
 engine on every rank; rank 0 writes ``kbit_state.json`` into it last, so the side file marks completeness.
-Both hold the same train state and one entry per rank (RNG states and loader position, as plain types),
-and load with ``torch.load(weights_only=True)`` / JSON: nothing from a checkpoint is ever unpickled.
+Both hold the same train state and one entry per rank (RNG states and loader position, as plain types).
+Nothing from a checkpoint is unpickled beyond tensors, plain containers and allowlisted value types: DDP files
+load with ``torch.load(weights_only=True)``, the side file is JSON, and DeepSpeed reads its own files through
+``deepspeed_checkpoint.WeightsOnlyCheckpointEngine`` (``weights_only=True`` with DeepSpeed's loss-scaler,
+ZeRO-stage and fragment-address types allowed).
 """
 
 from __future__ import annotations

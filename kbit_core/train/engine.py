@@ -184,6 +184,10 @@ class DeepSpeedEngine(Engine):
         # Built on the client optimizer: DeepSpeed's wrappers share its param_groups, so the LR set here is used.
         self.scheduler = build_scheduler(optimizer, train.optim, steps_per_epoch, total_steps)
         self.ds, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        # Imported here: it imports DeepSpeed, which only DeepSpeed runs load (after import_deepspeed).
+        from kbit_core.train.deepspeed_checkpoint import use_weights_only_loading
+
+        use_weights_only_loading(self.ds)
         self.input_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(train.precision, torch.float32)
         self.ema = build_ema(self.ds.module, train.ema_decay) if train.ema_decay else None
 

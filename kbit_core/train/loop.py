@@ -275,7 +275,7 @@ class Trainer:
     def _data_report(self) -> dict[str, dict[str, int]]:
         """Collective: per split, READ_COUNTS summed over ranks for this run's reads, and the plan's PLAN_COUNTS."""
         loaders = self.loaders.splits()
-        local = [[s.reader.skipped, s.padded_records, s.reader.gaps, s.reader.retries]
+        local = [[s.reader.skipped, s.padded_records, s.reader.gaps, s.reader.retries]  # READ_COUNTS' order
                  for s in (loader.stats for loader in loaders.values())]
         counts = torch.tensor(local, dtype=torch.int64, device=self.env.device)
         torch.distributed.all_reduce(counts)

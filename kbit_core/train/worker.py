@@ -47,6 +47,7 @@ def train_main(config: dict[str, Any], manifest_json: str, run_dir: str) -> dict
 
     def kafka_loaders(cfg: KbitConfig, env: DistEnv) -> SplitLoaders:
         splits = SPLITS[: len(cfg.shard.split_rates)]
+        # One reader per split, so each loader's read counts (skipped, gaps, retries) are its split's own.
         made = {s: make_split_loader(cfg, manifest, s, env.rank, env.world_size) for s in splits}
         if cfg.train.data == "memory":
             for loader in made.values():

@@ -26,7 +26,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tracked_config(tmp_path: Path, store: Path, profile: str, **tracking: object) -> KbitConfig:
     return KbitConfig.from_dict({
         "workdir": str(tmp_path / "kbit"), "profile": profile,
-        "kafka": {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "u",
+        "kafka": {"bootstrap_servers": "kafka.example:9092", "security_protocol": "SASL_PLAINTEXT",
+                  "sasl_mechanism": "PLAIN", "sasl_username": "u",
                   "sasl_password": "hunter2", "extra": {"ssl.key.password": "also-secret"}},
         "tracking": {"tracking_uri": f"sqlite:///{store}", "system_metrics": False, **tracking},
     })

@@ -14,12 +14,15 @@ import torch
 import torch.multiprocessing as mp
 
 from kbit_core.config import KbitConfig, deep_merge
+from kbit_core.data.loader import LoaderStats
 from kbit_core.errors import DistributedError
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.distributed import DistEnv
 from kbit_core.train.loop import SplitLoaders
 from kbit_core.train.metrics import SpikeDetector
-from kbit_core.train.worker import run_worker
+from kbit_core.train.worker import run_worker, train_main
+from tests.integration.dataplane_fixtures import Produce, produce_topic  # noqa: F401
+from tests.integration.test_bad_input import RAW, extended, inject
 
 WORLD_SIZE = 2
 IMAGE_SHAPE = (1, 16, 16)
@@ -37,6 +40,7 @@ class MemoryShardLoader:
         self.x, self.y, self.batch_size = x, y, batch_size
         self.rank, self.world_size, self.seed, self.nan_at = rank, world_size, seed, nan_at
         self.epoch = self.position = 0
+        self.stats = LoaderStats()
 
     def __len__(self) -> int:
         return len(self.x) // self.world_size // self.batch_size
@@ -83,17 +87,28 @@ def memory_loaders(cfg: KbitConfig, env: DistEnv, nan_at: tuple[int, int] | None
     return SplitLoaders(**made)
 
 
-def _rank_main(rank: int, ports: list[int], jobs: list[tuple[dict[str, Any], str]],
-               nan_at: tuple[int, int] | None) -> None:
-    """One rank: run each (config, run_dir) job in turn, each in a fresh process group on its own port."""
+def _rank_env(rank: int) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), MASTER_ADDR="127.0.0.1",
                       OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
+
+
+def _rank_main(rank: int, ports: list[int], jobs: list[tuple[dict[str, Any], str]],
+               nan_at: tuple[int, int] | None) -> None:
+    """One rank: run each (config, run_dir) job in turn, each in a fresh process group on its own port."""
+    _rank_env(rank)
     for port, (config, run_dir) in zip(ports, jobs, strict=True):
         os.environ["MASTER_PORT"] = str(port)
         result = run_worker(KbitConfig.from_dict(config), run_dir, lambda c, e: memory_loaders(c, e, nan_at),
                             IMAGE_SHAPE, NUM_CLASSES)
         Path(run_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _kafka_rank_main(rank: int, port: int, config: dict[str, Any], manifest_json: str, run_dir: str) -> None:
+    """One rank of ``train_main``, the entry TorchDistributor runs, streaming its shard from the broker."""
+    _rank_env(rank)
+    os.environ["MASTER_PORT"] = str(port)
+    Path(run_dir, f"rank{rank}.json").write_text(json.dumps(train_main(config, manifest_json, run_dir)))
 
 
 def free_port() -> int:
@@ -123,16 +138,18 @@ def run_ranks(jobs: list[tuple[dict[str, Any], Path]], nan_at: tuple[int, int] |
         run_dir.mkdir(parents=True, exist_ok=True)
     mp.spawn(_rank_main, args=([free_port() for _ in jobs], [(c, str(d)) for c, d in jobs], nan_at),
              nprocs=WORLD_SIZE, join=True)
-    out = []
-    for _, run_dir in jobs:
-        results = [json.loads((run_dir / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
-        assert results[0] == results[1], f"ranks returned different results in {run_dir}"
-        out.append(results[0])
-    return out
+    return [rank_results(run_dir) for _, run_dir in jobs]
 
 
 def run_one(config: dict[str, Any], run_dir: Path, nan_at: tuple[int, int] | None = None) -> dict[str, Any]:
     return run_ranks([(config, run_dir)], nan_at)[0]
+
+
+def rank_results(run_dir: Path) -> dict[str, Any]:
+    """The run's result, after checking that every rank returned the same one."""
+    results = [json.loads((run_dir / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+    assert results[0] == results[1], f"ranks returned different results in {run_dir}"
+    return results[0]
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +216,7 @@ def test_deepspeed_features_train_and_resume_mid_epoch(tmp_path: Path) -> None:
     """ZeRO-2 with bf16, CPU optimizer offload, activation checkpointing, accumulation, clipping and EMA.
 
     Resuming from its sharded mid-epoch checkpoint (DeepSpeed's files plus kbit's JSON side file) continues
-    on exactly the same loss curve.
+    on exactly the same loss curve; the same checkpoint with a pickled object added is refused.
     """
     sections = {"train": {"epochs": 1, "precision": "bf16", "grad_accum_steps": 2, "grad_clip_norm": 1.0,
                           "ema_decay": 0.9},
@@ -215,6 +232,17 @@ def test_deepspeed_features_train_and_resume_mid_epoch(tmp_path: Path) -> None:
                       tmp_path / "resumed")
     assert resumed["loss_curve"] == first["loss_curve"] and resumed["test_loss"] == first["test_loss"]
 
+    # DeepSpeed's files load with weights_only=True: one holding an arbitrary object is refused, not unpickled.
+    model_states = mid / "mp_rank_00_model_states.pt"
+    torch.save({**torch.load(model_states, weights_only=False), "payload": Intruder()}, model_states)
+    with pytest.raises(mp.ProcessRaisedException, match=r"Weights only load failed(.|\n)*Intruder"):
+        run_one(train_config(tmp_path, **sections, checkpoint={"dir": "ckpt", "resume": str(mid)}),
+                tmp_path / "tampered")
+
+
+class Intruder:
+    """Stands for any class a crafted checkpoint names: unpickling it would run its module's code."""
+
 
 @pytest.mark.slow
 def test_nan_loss_fails_naming_epoch_and_batch(tmp_path: Path) -> None:
@@ -229,6 +257,29 @@ def test_nan_loss_skipped_by_policy(tmp_path: Path) -> None:
     result = run_one(config, tmp_path / "run", nan_at=(1, 2))
     assert result["skipped_batches"] == 1 and result["steps"] == 2 * 16 - 1
     assert np.isfinite(result["loss_curve"]).all() and result["test_accuracy"] > 0.9
+
+
+@pytest.mark.kafka
+def test_skipped_corrupt_record_is_reported_in_the_result(produce_topic: Produce, tmp_path: Path) -> None:
+    """A corrupt message under bad_records=skip is counted, summed over ranks, with the record repeated in its place."""
+    # 39 records and the corrupt one make 40 messages: even splits, so the planner drops or pads none of them.
+    cfg, manifest = produce_topic(RAW, 39, partitions=2, reader__bad_records="skip", shard__split_rates=[0.5, 0.5],
+                                  launch__num_processes=WORLD_SIZE, tracking__enabled=False,
+                                  train__global_batch_size=4, train__epochs=1,
+                                  train__model={"name": "mlp", "kwargs": {"hidden": 8}})
+    inject(cfg, manifest.topic, 1, b"not an image")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    mp.spawn(_kafka_rank_main, nprocs=WORLD_SIZE, join=True, args=(
+        free_port(), cfg.to_secret_dict(), extended(manifest, 1, 1).model_dump_json(), str(run_dir)))
+
+    data = rank_results(run_dir)["data"]
+    assert set(data) == {"train", "val"}
+    assert sum(split["skipped_messages"] for split in data.values()) == 1, data
+    assert sum(split["padded_records"] for split in data.values()) == 1, data
+    assert all(split["gaps"] == 0 and split["retries"] == 0 for split in data.values()), data
+    assert all(split["dropped_messages_per_epoch"] == split["padded_messages_per_epoch"] == 0
+               for split in data.values()), data
 
 
 def test_loss_spike_is_flagged_against_the_running_mean() -> None:
