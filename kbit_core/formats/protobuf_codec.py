@@ -57,7 +57,8 @@ class ProtobufCodec(RecordCodec):
         parts[::2] = map(_PREFIXES.__getitem__, map(len, values))
         parts[1::2] = values
         try:
-            samples = kbit_pb2.SampleBatch.FromString(b"".join(parts)).samples
+            # A list, because every pass over the repeated field would build a new wrapper per sample.
+            samples = list(kbit_pb2.SampleBatch.FromString(b"".join(parts)).samples)
         except DecodeError:
             # Parsing value by value raises the error a single Sample gives, as callers have always seen.
             return super()._decode(values)
