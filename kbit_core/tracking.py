@@ -179,6 +179,8 @@ def configuration_metrics(doc: Mapping[str, Any], name: str) -> dict[str, float]
             out[f"{view}_mann_whitney_p"] = float(entry["p_value"])
     for k, v in doc.get("training", {}).get(name, {}).items():
         out[f"train_{k}"] = float(v)
+    # Skipped, padded, dropped: the most any rank had in one run, so MLflow shows every loss of data.
+    out.update({f"max_{k}": float(v) for k, v in doc.get("counters", {}).get(name, {}).items()})
     return out
 
 

@@ -89,6 +89,7 @@ def test_small_benchmark_end_to_end(bench_config: KbitConfig, tmp_path: Path) ->
         assert child.data.metrics["throughput_records_per_s_median"] > 0
         assert len(client.get_metric_history(child.info.run_id, "makespan_s")) == 2
         assert child.data.metrics["train_samples_per_s_median"] > 0
+        assert child.data.metrics["max_skipped_messages"] == 0 and "max_padded_records" in child.data.metrics
     assert {r.info.run_id for r in children} == set(result["mlflow"]["child_run_ids"].values())
     artifacts = {a.path for a in client.list_artifacts(parent_id, "benchmark")}
     assert {f"benchmark/{p.name}" for p in files.values()} <= artifacts
