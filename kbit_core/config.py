@@ -406,19 +406,27 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return data
 
 
+def nest_dotted(dotted: dict[str, Any]) -> dict[str, Any]:
+    """{'train.optim.lr': 0.1} -> {'train': {'optim': {'lr': 0.1}}}."""
+    out: dict[str, Any] = {}
+    for key, value in dotted.items():
+        *parents, leaf = key.strip().split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     """Turn ['train.epochs=3', 'kafka.client=kafka-python'] into a nested dict; values parse as YAML."""
-    out: dict[str, Any] = {}
+    dotted: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
             raise ConfigError(f"override {pair!r} is not of the form section.key=value")
-        dotted, raw = pair.split("=", 1)
-        node = out
-        keys = dotted.strip().split(".")
-        for key in keys[:-1]:
-            node = node.setdefault(key, {})
-        node[keys[-1]] = yaml.safe_load(raw)
-    return out
+        key, raw = pair.split("=", 1)
+        dotted[key] = yaml.safe_load(raw)
+    return nest_dotted(dotted)
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | list[str] | None = None) -> KbitConfig:

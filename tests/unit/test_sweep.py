@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from flows.sweep import best_trial, expand_space, nest
+from kbit_core.config import nest_dotted
+from kbit_core.sweep import best_trial, expand_space
 from kbit_core.errors import ConfigError
 
 SPACE = {"train.optim.lr": [0.1, 0.01, 0.001], "train.global_batch_size": [32, 64]}
@@ -36,7 +37,7 @@ def test_bad_space_is_a_config_error(space: dict, num_trials: int | None, match:
 
 
 def test_nest_builds_override_dicts() -> None:
-    assert nest({"train.optim.lr": 0.1, "train.epochs": 2, "profile": "x"}) == {
+    assert nest_dotted({"train.optim.lr": 0.1, "train.epochs": 2, "profile": "x"}) == {
         "train": {"optim": {"lr": 0.1}, "epochs": 2}, "profile": "x"}
 
 
