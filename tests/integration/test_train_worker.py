@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from kbit_core.train.distributed import DistEnv
 from kbit_core.train.loop import SplitLoaders
 from kbit_core.train.metrics import SpikeDetector
 from kbit_core.train.worker import run_worker, train_main
+from tests.conftest import free_port
 from tests.integration.dataplane_fixtures import Produce, produce_topic  # noqa: F401
 from tests.integration.test_bad_input import RAW, extended, inject
 
@@ -109,12 +109,6 @@ def _kafka_rank_main(rank: int, port: int, config: dict[str, Any], manifest_json
     _rank_env(rank)
     os.environ["MASTER_PORT"] = str(port)
     Path(run_dir, f"rank{rank}.json").write_text(json.dumps(train_main(config, manifest_json, run_dir)))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train_config(tmp_path: Path, **sections: Any) -> dict[str, Any]:
