@@ -112,7 +112,7 @@ def test_embedded_broker_down_fails_at_once_naming_it() -> None:
     started = time.monotonic()
     with pytest.raises(BrokerError, match=rf"embedded broker 127.0.0.1:{kcfg.embedded.port}.*kbit stack up"):
         admin.list_topics(kcfg)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 5  # a hang would take minutes; leave room for a loaded CI box
 
 
 def test_unreachable_cluster_fails_within_seconds_naming_it() -> None:
@@ -121,4 +121,4 @@ def test_unreachable_cluster_fails_within_seconds_naming_it() -> None:
     started = time.monotonic()
     with pytest.raises(BrokerError, match=f"Kafka cluster at {bootstrap}"):
         admin.topic_partitions(kcfg, "anything")
-    assert time.monotonic() - started < 4
+    assert time.monotonic() - started < 10  # request_timeout_s=1 plus retries, far from a hang

@@ -80,7 +80,7 @@ def test_more_barrier_tasks_than_slots_is_refused_before_launch(spark, make_conf
     started = time.monotonic()
     with pytest.raises(DistributedError, match=r"needs 3 concurrent barrier tasks .*SparkSession \(local\[2\]\) has 2 slot"):
         run_distributed(rank_report, cfg, delay_rank0_s=0.0)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 10
 
 
 def test_gpu_launch_without_gpu_resources_is_a_clear_error(spark, make_config):

@@ -188,7 +188,7 @@ def test_broker_down_raises_quickly_naming_it(make_config: Callable[..., KbitCon
     started = time.monotonic()
     with pytest.raises(BrokerError, match=f"127.0.0.1:{cfg.kafka.embedded.port}.*kbit stack up"):
         produce_dataset(cfg, progress=False)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 10
 
 
 def test_embedded_broker_restart_reproduces_the_lost_topic(make_config: Callable[..., KbitConfig],
