@@ -1,4 +1,4 @@
-"""Integration fixtures for launching: one SparkSession per test session and a per-session TMPDIR to audit."""
+"""Integration fixtures: one SparkSession per test session, a per-session TMPDIR to audit, topic producing."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ import pytest
 
 from kbit_core.config import KbitConfig
 from kbit_core.launch.spark import get_spark, stop_spark
+from tests.integration.dataplane_fixtures import produce_topic
+
+__all__ = ["produce_topic"]  # a fixture shared by the data-plane tests
 
 
 @pytest.fixture(scope="session")

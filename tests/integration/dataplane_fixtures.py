@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from confluent_kafka import Producer
 
 from kbit_core.config import DatasetConfig, DataVariant, KbitConfig
 from kbit_core.datasets import open_source
@@ -49,3 +50,24 @@ def _generated(name: str, num_records: int, seed: int) -> tuple[np.ndarray, np.n
         images.append(imgs)
         labels.append(labs)
     return np.concatenate(images), np.concatenate(labels)
+
+
+RAW = {"format": "raw", "layout": "bytes", "compression": "none"}
+
+
+def inject(cfg: KbitConfig, topic: str, partition: int, value: bytes) -> int:
+    """Append ``value`` to ``partition`` with a plain producer; its offset."""
+    producer = Producer({"bootstrap.servers": cfg.kafka.resolved_bootstrap()})
+    offsets: list[int] = []
+    producer.produce(topic, value=value, partition=partition, on_delivery=lambda err, msg: offsets.append(msg.offset()))
+    assert producer.flush(10) == 0 and offsets
+    return offsets[0]
+
+
+def extended(manifest: Manifest, partition: int, extra: int) -> Manifest:
+    """The manifest claiming ``extra`` more single-record messages at the end of ``partition``."""
+    parts = [p.model_copy(update={"last_offset": p.last_offset + extra, "num_messages": p.num_messages + extra,
+                                  "num_records": p.num_records + extra}) if p.partition == partition else p
+             for p in manifest.partitions]
+    return manifest.model_copy(update={"partitions": parts, "num_messages": manifest.num_messages + extra,
+                                       "num_records": manifest.num_records + extra})

@@ -6,41 +6,17 @@ import time
 from collections import Counter
 
 import pytest
-from confluent_kafka import Producer
 
-from kbit_core.config import KbitConfig
 from kbit_core.data.loader import make_split_loader
 from kbit_core.data.reader import RangeReader
 from kbit_core.errors import CorruptRecordError, ManifestMismatchError, OffsetRangeError, ReadTimeoutError, TopicError
 from kbit_core.formats import get_codec
 from kbit_core.kafka.broker import EmbeddedBroker
-from kbit_core.kafka.manifest import Manifest
 from kbit_core.sharding import OffsetRange
 from tests.conftest import free_port
-from tests.integration.dataplane_fixtures import Produce, produce_topic, source_truth  # noqa: F401
+from tests.integration.dataplane_fixtures import RAW, Produce, extended, inject, source_truth
 
 pytestmark = pytest.mark.kafka
-
-RAW = {"format": "raw", "layout": "bytes", "compression": "none"}
-
-
-def inject(cfg: KbitConfig, topic: str, partition: int, value: bytes) -> int:
-    """Append ``value`` to ``partition`` with a plain producer; its offset."""
-    producer = Producer({"bootstrap.servers": cfg.kafka.resolved_bootstrap()})
-    offsets: list[int] = []
-    producer.produce(topic, value=value, partition=partition, on_delivery=lambda err, msg: offsets.append(msg.offset()))
-    assert producer.flush(10) == 0 and offsets
-    return offsets[0]
-
-
-def extended(manifest: Manifest, partition: int, extra: int) -> Manifest:
-    """The manifest claiming ``extra`` more single-record messages at the end of ``partition``."""
-    parts = [p.model_copy(update={"last_offset": p.last_offset + extra, "num_messages": p.num_messages + extra,
-                                  "num_records": p.num_records + extra}) if p.partition == partition else p
-             for p in manifest.partitions]
-    return manifest.model_copy(update={"partitions": parts, "num_messages": manifest.num_messages + extra,
-                                       "num_records": manifest.num_records + extra})
-
 
 def drain(loader) -> list:
     return [b.indices.tolist() for b in loader.iter_indexed()]

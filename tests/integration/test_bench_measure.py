@@ -8,8 +8,7 @@ import pytest
 from kbit_core.bench.measure import COUNTERS, STAGES, Task, cell_config, time_loading
 from kbit_core.data.loader import make_split_loader, make_split_loaders
 from kbit_core.sharding import SPLIT_NAMES, plan
-from tests.integration.dataplane_fixtures import Produce, produce_topic  # noqa: F401
-from tests.integration.test_bad_input import extended, inject
+from tests.integration.dataplane_fixtures import Produce, extended, inject
 
 pytestmark = pytest.mark.kafka
 

@@ -13,7 +13,7 @@ from kbit_core.data.reader import RangeReader
 from kbit_core.errors import ConfigError
 from kbit_core.formats import get_codec
 from kbit_core.sharding import OffsetRange
-from tests.integration.dataplane_fixtures import Produce, produce_topic  # noqa: F401
+from tests.integration.dataplane_fixtures import Produce
 
 pytestmark = pytest.mark.kafka
 

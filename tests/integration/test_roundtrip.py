@@ -10,7 +10,7 @@ from kbit_core.config import COMPRESSIONS, FORMATS
 from kbit_core.data.loader import make_split_loader
 from kbit_core.data.reader import RangeReader
 from kbit_core.sharding import OffsetRange
-from tests.integration.dataplane_fixtures import Produce, produce_topic, source_truth  # noqa: F401
+from tests.integration.dataplane_fixtures import Produce, source_truth
 
 pytestmark = pytest.mark.kafka
 

@@ -21,8 +21,7 @@ from kbit_core.train.loop import SplitLoaders
 from kbit_core.train.metrics import SpikeDetector
 from kbit_core.train.worker import run_worker, train_main
 from tests.conftest import free_port
-from tests.integration.dataplane_fixtures import Produce, produce_topic  # noqa: F401
-from tests.integration.test_bad_input import RAW, extended, inject
+from tests.integration.dataplane_fixtures import RAW, Produce, extended, inject
 
 WORLD_SIZE = 2
 IMAGE_SHAPE = (1, 16, 16)
