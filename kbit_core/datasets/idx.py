@@ -1,14 +1,16 @@
 """MNIST / Fashion-MNIST from IDX files (raw or gzip), validated up front and read lazily.
 
 Raw image files are memory-mapped. Gzip image files are streamed: each ``batches`` call
-decompresses the file once, forwards only, holding one batch at a time. Their length is checked
-without decompressing, from the gzip trailer (ISIZE = uncompressed size mod 2**32).
+decompresses the file once, forwards only, holding one batch at a time. Their length is checked by
+decompressing them once up front (about 0.2 s for MNIST's 47 MB): the gzip trailer's ISIZE is only the
+size mod 2**32, and a cut-off file has no trailer at all, so its last four bytes would report nonsense.
 """
 
 from __future__ import annotations
 
 import gzip
 import struct
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from kbit_core.errors import ConfigError, KbitError
 
 IMAGES_MAGIC = 0x00000803  # unsigned byte, 3 dimensions
 LABELS_MAGIC = 0x00000801  # unsigned byte, 1 dimension
+_GZIP_CHUNK = 1 << 20
 SPLIT_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
@@ -60,24 +63,34 @@ def _read_header(path: Path, magic: int) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def _payload_size(path: Path) -> int:
-    """Uncompressed size in bytes, from the file size or (mod 2**32) the gzip trailer."""
-    if path.suffix != ".gz":
-        return path.stat().st_size
-    with path.open("rb") as f:
-        if f.read(2) != b"\x1f\x8b":
-            raise IdxFormatError(f"{path}: not a gzip file (bad gzip magic)")
-        f.seek(-4, 2)
-        return struct.unpack("<I", f.read(4))[0]
+def _gzip_payload_size(path: Path) -> tuple[int, bool]:
+    """Bytes the gzip file decompresses to, and whether its stream ends properly (False: the file is cut off)."""
+    total = 0
+    try:
+        with gzip.open(path, "rb") as f:
+            while chunk := f.read(_GZIP_CHUNK):
+                total += len(chunk)
+    except gzip.BadGzipFile as exc:
+        raise IdxFormatError(f"{path}: not a gzip file ({exc})") from None
+    except (EOFError, zlib.error):
+        return total, False
+    return total, True
 
 
 def _check_size(path: Path, header: int, payload: int) -> None:
     expected = header + payload
-    found = _payload_size(path)
-    ok = found == expected % 2**32 if path.suffix == ".gz" else found == expected
-    if not ok:
-        raise IdxFormatError(f"{path}: holds {found} bytes but its header promises {expected} "
-                             f"({header}-byte header + {payload} bytes of data); the file is truncated or padded")
+    promise = f"its header promises {expected} ({header}-byte header + {payload} bytes of data)"
+    if path.suffix != ".gz":
+        found = path.stat().st_size
+        if found != expected:
+            raise IdxFormatError(f"{path}: holds {found} bytes but {promise}; the file is truncated or padded")
+        return
+    found, complete = _gzip_payload_size(path)
+    if not complete:
+        raise IdxFormatError(f"{path}: the gzip stream is cut off after {found} decompressed bytes "
+                             f"(the {path.stat().st_size}-byte file is truncated); {promise}")
+    if found != expected:
+        raise IdxFormatError(f"{path}: decompresses to {found} bytes but {promise}; the file is truncated or padded")
 
 
 @dataclass(frozen=True)

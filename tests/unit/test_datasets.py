@@ -204,6 +204,23 @@ class TestIdx:
         with pytest.raises(IdxFormatError, match="train-images-idx3-ubyte.*truncated or padded"):
             idx_source(tmp_path)
 
+    def test_cut_off_gzip_reports_what_it_decompresses_to(self, tmp_path: Path) -> None:
+        make_mnist(tmp_path, compress=True)
+        images_gz = tmp_path / "train-images-idx3-ubyte.gz"
+        whole = images_gz.read_bytes()
+        images_gz.write_bytes(whole[: len(whole) // 2])  # no trailer left: its last 4 bytes are compressed data
+        with pytest.raises(IdxFormatError, match=rf"gzip stream is cut off after \d+ decompressed bytes "
+                                                 rf"\(the {len(whole) // 2}-byte file is truncated\); its header "
+                                                 rf"promises {16 + 50 * 784} \(16-byte header"):
+            idx_source(tmp_path)
+
+    def test_gzip_size_mismatch_names_the_decompressed_size(self, tmp_path: Path) -> None:
+        images, _ = make_mnist(tmp_path, compress=True)
+        write_idx(tmp_path / "train-images-idx3-ubyte", 2051, (50, 28, 28), images[:49].tobytes(), compress=True)
+        with pytest.raises(IdxFormatError, match=rf"decompresses to {16 + 49 * 784} bytes but its header promises "
+                                                 rf"{16 + 50 * 784} "):
+            idx_source(tmp_path)
+
     def test_truncated_labels_and_short_header(self, tmp_path: Path) -> None:
         _, labels = make_mnist(tmp_path)
         write_idx(tmp_path / "t10k-labels-idx1-ubyte", 2049, (20,), labels[50:69].tobytes())

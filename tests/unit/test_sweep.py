@@ -6,7 +6,7 @@ import pytest
 
 from kbit_core.config import nest_dotted
 from kbit_core.sweep import best_trial, expand_space
-from kbit_core.errors import ConfigError
+from kbit_core.errors import ConfigError, TrainingDivergedError
 
 SPACE = {"train.optim.lr": [0.1, 0.01, 0.001], "train.global_batch_size": [32, 64]}
 
@@ -53,3 +53,19 @@ def test_a_metric_missing_from_a_trial_is_an_error() -> None:
     results = [{"trial": 0, "params": {}, "metrics": {"acc": 0.5}}, {"trial": 1, "params": {}, "metrics": {}}]
     with pytest.raises(ConfigError, match=r"'acc' is missing from trials \[1\]"):
         best_trial(results, "acc", "max")
+
+
+@pytest.mark.parametrize("mode", ["max", "min"])
+def test_a_diverged_trial_is_never_the_best(mode: str) -> None:
+    results = [{"trial": 0, "params": {}, "metrics": {"loss": float("nan")}},
+               {"trial": 1, "params": {}, "metrics": {"loss": 0.4}},
+               {"trial": 2, "params": {}, "metrics": {"loss": float("inf") if mode == "min" else float("-inf")}},
+               {"trial": 3, "params": {}, "metrics": {"loss": 0.3}}]
+    assert best_trial(results, "loss", mode)["trial"] == (1 if mode == "max" else 3)
+
+
+def test_every_trial_diverged_is_an_error() -> None:
+    results = [{"trial": 0, "params": {}, "metrics": {"loss": float("nan")}},
+               {"trial": 1, "params": {}, "metrics": {"loss": float("inf")}}]
+    with pytest.raises(TrainingDivergedError, match="'loss' is NaN or infinite in every trial"):
+        best_trial(results, "loss", "min")
