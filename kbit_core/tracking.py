@@ -231,7 +231,8 @@ class MlflowTracker:
     @contextlib.contextmanager
     def run(self, cfg: KbitConfig, *, name: str, kind: str, tags: Mapping[str, str] | None = None
             ) -> Iterator[str | None]:
-        """A top-level run with the config as params and the environment as tags; FAILED if the body raises."""
+        """A top-level run with the config as params and the environment as tags; FAILED if the body raises, KILLED
+        if it is interrupted."""
         env = run_environment(cfg)
         run = self.client.create_run(self.experiment_id, run_name=name, tags={
             "kbit.kind": kind, "kbit.profile": cfg.profile, "git_commit": env["git_commit"],
@@ -245,6 +246,9 @@ class MlflowTracker:
         try:
             yield run_id
             status = "FINISHED"
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through the CLI's handler: stopped, not broken
+            status = "KILLED"
+            raise
         finally:
             if monitor is not None:
                 monitor.finish()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from kbit_core.cli import bench, data, dataplane, stack, train
+from kbit_core.cli.common import DebugOpt, set_debug, terminate_like_interrupt
 
 app = typer.Typer(
     name="kbit",
@@ -16,8 +17,9 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
+def _root(debug: DebugOpt = False) -> None:
     """kbit: Kafka-streamed distributed training and its benchmark."""
+    set_debug(debug)
 
 
 for module in (stack, data, dataplane, train, bench):
@@ -37,4 +39,5 @@ def version() -> None:
 
 
 def main() -> None:
+    terminate_like_interrupt()
     app()

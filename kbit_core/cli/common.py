@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kbit_core.config import KbitConfig, load_config
 from kbit_core.errors import KbitError
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # soft wrap: an error message stays one greppable line
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML profile (see deployments/).")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override, e.g. train.epochs=3 (repeatable).")]
@@ -25,19 +28,69 @@ def load_cli_config(config: Path | None, sets: list[str] | None) -> KbitConfig:
     return load_config(config, sets or [])
 
 
+DebugOpt = Annotated[bool, typer.Option("--debug", envvar="KBIT_DEBUG",
+                                        help="Print the full traceback of an error, not just its message.")]
+
+# Exit code of a run ended by SIGINT or SIGTERM, as shells report a process killed by SIGINT (128 + 2).
+INTERRUPTED_EXIT = 130
+
+_debug = False
+
+
+def set_debug(enabled: bool) -> None:
+    """Whether errors print their traceback (the root ``--debug`` flag)."""
+    global _debug
+    _debug = enabled
+
+
 def fail(exc: BaseException) -> typer.Exit:
-    """Print a kbit error as one clear message (no traceback) and return the exit to raise."""
-    console.print(f"[bold red]error:[/] {exc}")
+    """Print an error as one plain-text message and return the exit to raise.
+
+    Error texts quote user input and library messages (gloo's ``[/path/pair.cc:553]``), so they are escaped,
+    never read as Rich markup. A kbit error is expected and prints its message alone; anything else also
+    names its type. ``--debug`` adds the traceback.
+    """
+    message = str(exc) if isinstance(exc, KbitError) else f"{type(exc).__name__}: {exc}"
+    if _debug:
+        console.print(escape("".join(traceback.format_exception(exc))), end="", highlight=False)
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    if not _debug and not isinstance(exc, KbitError):
+        console.print("(run with --debug for the traceback)", highlight=False)
     return typer.Exit(code=1)
 
 
 def run_guarded(fn, *args: Any, **kwargs: Any) -> Any:
-    """Call ``fn``; KbitError becomes a red one-line message and exit code 1."""
+    """Call ``fn``; an error becomes a red message and exit code 1, an interrupt (Ctrl-C, SIGTERM) exit code 130.
+
+    The interrupt is raised inside ``fn`` as KeyboardInterrupt, so its context managers (broker, Spark run,
+    MLflow run) have already cleaned up when it arrives here.
+    """
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return fn(*args, **kwargs)
-    except KbitError as exc:
+    except KeyboardInterrupt:
+        console.print("[bold red]interrupted:[/] stopped the workers and cleaned up; "
+                      "with checkpoint.dir set, rerun with --set checkpoint.resume=latest to continue", highlight=False)
+        raise typer.Exit(code=INTERRUPTED_EXIT) from None
+    except Exception as exc:
         raise fail(exc) from None
+
+
+def terminate_like_interrupt() -> None:
+    """Make SIGTERM (sent by `timeout`, systemd, container stops, Prefect cancellation) end the run as Ctrl-C does.
+
+    The handler calls whatever SIGINT handler is installed when the signal arrives: Python's default raises
+    KeyboardInterrupt, and a live SparkContext's own handler first cancels its jobs (which stops the workers
+    that, unlike with Ctrl-C in a terminal, got no signal themselves) and then raises it.
+    """
+    def on_sigterm(signum: int, frame: Any) -> None:
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def print_json(obj: Any) -> None:

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, print_json, run_guarded
@@ -15,6 +16,7 @@ from kbit_core.errors import TopicError
 from kbit_core.kafka import admin
 from kbit_core.kafka.admin import TopicCheck
 from kbit_core.kafka.manifest import Manifest, manifest_path
+from kbit_core.preflight import check_topic_name
 
 out = Console()
 
@@ -121,7 +123,7 @@ def register(app: typer.Typer) -> None:
             return
         out.print(manifest_table(manifest))
         out.print(partitions_table(manifest))
-        out.print(f"manifest: {manifest_path(cfg.workdir, manifest.topic)}")
+        out.print(f"manifest: {escape(str(manifest_path(cfg.workdir, manifest.topic)))}")
 
     @app.command("inspect")
     def inspect(
@@ -141,14 +143,15 @@ def register(app: typer.Typer) -> None:
             out.print(manifest_table(manifest))
             out.print(partitions_table(manifest, check))
             for problem in check.problems:
-                out.print(f"[bold red]differs:[/] {problem}")
+                out.print(f"[bold red]differs:[/] {escape(problem)}")
             if check.holds_manifest:
-                out.print(f"[green]topic {topic} holds exactly its manifest[/]")
+                out.print(f"[green]topic {escape(topic)} holds exactly its manifest[/]")
         if not check.holds_manifest:
             raise typer.Exit(code=1)
 
 
 def _inspect(cfg: KbitConfig, topic: str) -> tuple[TopicCheck, Manifest]:
+    check_topic_name(topic, "TOPIC")
     path = manifest_path(cfg.workdir, topic)
     if not path.is_file():
         where = "exists on" if admin.topic_exists(cfg.kafka, topic) else "is not on"

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
@@ -53,7 +54,7 @@ def _format(value: Any) -> str:
         return f"{value:,.4f}" if abs(value) < 1000 else f"{value:,.1f}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
-    return str(value)
+    return escape(str(value))  # e.g. a tracking error quoting a path: text, not Rich markup
 
 
 def train_command(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = False) -> None:

@@ -8,13 +8,17 @@ ListOffsets(LATEST) (wrong on Tansu): offsets come from the delivery reports.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
+import os
+import socket
 import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
@@ -34,6 +38,7 @@ from kbit_core.formats import Codec, get_codec
 from kbit_core.kafka import admin
 from kbit_core.kafka.manifest import DataIdentity, DatasetInfo, Manifest, PartitionManifest, manifest_path
 from kbit_core.kafka.settings import kafka_python_options
+from kbit_core.preflight import check_produce
 
 log = logging.getLogger(__name__)
 
@@ -344,17 +349,50 @@ def produce_dataset(cfg: KbitConfig, variant: DataVariant | None = None, *, recr
     variant = variant or cfg.produce.variant
     recreate = cfg.produce.recreate if recreate is None else recreate
     identity, source, codec = _requested_identity(cfg, variant)
-    path = manifest_path(cfg.workdir, topic)
-    if recreate:
-        path.unlink(missing_ok=True)
-        admin.delete_topic(cfg.kafka, topic)
-    else:
-        reused = _reusable(cfg, topic, identity)
-        if reused is not None:
-            log.info("reusing topic %s (%d records, manifest %s)", topic, reused.num_records, path)
-            return reused
-        path.unlink(missing_ok=True)
+    check_produce(cfg, topic, variant, source.num_records)
+    with _producing(cfg, topic):
+        path = manifest_path(cfg.workdir, topic)
+        if recreate:
+            path.unlink(missing_ok=True)
+            admin.delete_topic(cfg.kafka, topic)
+        else:
+            reused = _reusable(cfg, topic, identity)
+            if reused is not None:
+                log.info("reusing topic %s (%d records, manifest %s)", topic, reused.num_records, path)
+                return reused
+            path.unlink(missing_ok=True)
+        return _produce(cfg, topic, variant, identity, source, codec, client, progress)
 
+
+@contextlib.contextmanager
+def _producing(cfg: KbitConfig, topic: str) -> Iterator[None]:
+    """Hold ``<workdir>/manifests/.<topic>.lock`` from deciding to produce until the manifest is saved.
+
+    A second produce of the topic meanwhile would find it without a manifest and ask for ``--recreate``, which
+    would delete the data the first one is writing; it is told the truth instead. The OS releases the lock
+    when its holder exits, however it exits, so a crashed produce never blocks the next one.
+    """
+    cfg.manifest_dir.mkdir(parents=True, exist_ok=True)
+    with (cfg.manifest_dir / f".{topic}.lock").open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            raise TopicError(f"another produce of topic {topic!r} is in progress ({lock.read().strip()}); "
+                             "run again once it has finished, and the topic it wrote will be reused") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}")
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _produce(cfg: KbitConfig, topic: str, variant: DataVariant, identity: DataIdentity, source: DatasetSource,
+             codec: Codec, client: str | None, progress: bool) -> Manifest:
+    """Create ``topic``, send the dataset into it and save the manifest its delivery reports give."""
     admin.create_topic(cfg.kafka, topic, cfg.produce.partitions)
     backend = make_producer(cfg.kafka, cfg.produce, variant.compression, client)
     started = time.perf_counter()
