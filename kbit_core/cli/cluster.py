@@ -1,0 +1,93 @@
+"""`kbit cluster up | down | status`: the simulated multi-host test bed (network namespaces, TLS broker, Spark standalone)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
+from kbit_core.testbed import DEFAULT_SUBNET, BedOptions, BedStatus, down as bed_down, status as bed_status, up as bed_up
+
+cluster_app = typer.Typer(help="Start, stop and inspect the multi-host test bed (root on Linux).",
+                          no_args_is_help=True)
+out = Console()
+
+
+def _bed_dir(config: Path | None, sets: list[str] | None) -> Path:
+    return run_guarded(load_cli_config, config, sets).run_dir / "testbed"
+
+
+def _report(st: BedStatus, as_json: bool) -> None:
+    if as_json:
+        print_json(st.to_dict())
+        return
+    if st.state is None:
+        out.print("the test bed is not up" + (" (leftovers found: run `kbit cluster down`)"
+                                              if st.bridge or st.namespaces else ""))
+        return
+    s = st.state
+    hosts = Table(title=f"kbit test bed ({s.subnet}) — {'[green]up[/]' if st.up else '[red]degraded[/]'}")
+    for col in ("host", "address", "namespace", "worker"):
+        hosts.add_column(col)
+    hosts.add_row(s.driver.name, s.driver.address, "(root)", "-")
+    for n in s.nodes:
+        hosts.add_row(n.name, n.address, n.netns or "-",
+                      "[green]ALIVE[/]" if n.address in st.alive_workers else "[red]not registered[/]")
+    procs = Table(title="processes")
+    for col in ("process", "host", "state", "pid", "hostname", "log"):
+        procs.add_column(col, overflow="fold")  # paths are copied from here: never elide them
+    for p in st.processes:
+        procs.add_row(p.name, f"{p.host} ({p.address})", "[green]alive[/]" if p.alive else "[red]dead[/]",
+                      str(p.pid or "-"), p.hostname or "-", p.log)
+    out.print(hosts, procs)
+    out.print(f"Spark master: {s.master_url} (UI {s.master_webui})\n"
+              f"Kafka bootstrap: {s.broker_bootstrap} ({s.security_protocol}); CA {s.ssl_cafile}"
+              + (f"; client cert {s.ssl_certfile}, key {s.ssl_keyfile}" if s.ssl_certfile else "")
+              + f"\nstate file: {s.bed_dir / 'state.json'}")
+
+
+@cluster_app.command("up")
+def up(
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+    subnet: Annotated[str, typer.Option(help="Private subnet of the bed; the driver takes .1, nodes .11, .12, ...")]
+    = DEFAULT_SUBNET,
+    nodes: Annotated[int, typer.Option(min=1, max=8, help="Worker hosts (network namespaces).")] = 2,
+    broker_port: Annotated[int, typer.Option(help="TLS port of the broker on the driver address.")] = 19093,
+    client_auth: Annotated[bool, typer.Option(help="Require client certificates (mutual TLS).")] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create the hosts, start the TLS broker and the Spark standalone master and workers; wait until healthy."""
+    bed_dir = _bed_dir(config, sets)
+    was_up = run_guarded(bed_status, bed_dir).up
+    options = BedOptions(subnet=subnet, nodes=nodes, broker_port=broker_port, client_auth=client_auth)
+    with out.status("starting the test bed (Spark JVMs take ~10-20 s)..."):
+        run_guarded(bed_up, bed_dir, options)
+    if was_up and not as_json:
+        out.print("the test bed is already up")
+    _report(run_guarded(bed_status, bed_dir), as_json)
+
+
+@cluster_app.command("down")
+def down(config: ConfigOpt = None, sets: SetOpt = None) -> None:
+    """Stop every process and remove every namespace and link the bed made (also after a crash)."""
+    removed = run_guarded(bed_down, _bed_dir(config, sets))
+    out.print(f"removed: {', '.join(removed)}" if removed else "nothing was up")
+
+
+@cluster_app.command("status")
+def status(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = False) -> None:
+    """Show hosts, addresses, hostnames, processes and logs; exit code 1 when the bed is not fully up."""
+    st = run_guarded(bed_status, _bed_dir(config, sets))
+    _report(st, as_json)
+    if not st.up:
+        raise typer.Exit(code=1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `cluster` command group to the root app."""
+    app.add_typer(cluster_app, name="cluster")

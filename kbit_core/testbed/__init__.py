@@ -1,0 +1,24 @@
+"""A simulated multi-host cluster on this machine: network namespaces, a TLS Kafka broker and a Spark standalone cluster.
+
+API: ``up(bed_dir, BedOptions()) -> BedState``, ``down(bed_dir) -> list[str]``, ``status(bed_dir) -> BedStatus``,
+``load_state(bed_dir) -> BedState | None`` and ``require_bed_for(addresses)``, the guard to call before
+connecting to any configured address.
+"""
+
+from kbit_core.testbed.bed import (
+    DEFAULT_SUBNET,
+    BedOptions,
+    BedState,
+    BedStatus,
+    down,
+    load_state,
+    missing_prerequisites,
+    require_bed_for,
+    state_path,
+    status,
+    up,
+)
+from kbit_core.testbed.network import TestbedError
+
+__all__ = ["DEFAULT_SUBNET", "BedOptions", "BedState", "BedStatus", "TestbedError", "down", "load_state",
+           "missing_prerequisites", "require_bed_for", "state_path", "status", "up"]
