@@ -8,6 +8,11 @@ Nothing from a checkpoint is unpickled beyond tensors, plain containers and allo
 load with ``torch.load(weights_only=True)``, the side file is JSON, and DeepSpeed reads its own files through
 ``deepspeed_checkpoint.WeightsOnlyCheckpointEngine`` (``weights_only=True`` with DeepSpeed's loss-scaler,
 ZeRO-stage and fragment-address types allowed).
+
+Checkpoints belong to a *lineage*: one training run and its restarts. Each lineage writes into its own
+subdirectory ``<checkpoint.dir>/<lineage id>/`` with a ``lineage.json`` naming the settings a resume must share
+(model, data, shard plan, world size, engine, optimizer, seed), so a new run never prunes, mixes with or
+resumes another run's files. ``resume: latest`` continues the newest compatible lineage that has not finished.
 """
 
 from __future__ import annotations
@@ -20,13 +25,15 @@ import re
 import shutil
 import tempfile
 import threading
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from kbit_core.config import CheckpointConfig
+from kbit_core.config import CheckpointConfig, KbitConfig
 from kbit_core.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -40,6 +47,7 @@ EMA = "ema"
 TRAIN_STATE = "train_state"
 RANKS = "ranks"  # one {"rng": ..., "loader": ...} per rank, indexed by rank
 SIDE_FILE = "kbit_state.json"
+LINEAGE_FILE = "lineage.json"
 
 _NAME = re.compile(r"^step-(\d+)(\.pt)?$")
 
@@ -65,29 +73,134 @@ def list_checkpoints(directory: str | Path) -> list[Path]:
 
 
 def latest_checkpoint(directory: str | Path) -> Path | None:
-    """The newest complete checkpoint in ``directory``, or None (used for ``resume: latest`` and restarts)."""
+    """The newest complete checkpoint of ``directory`` itself, or else of its newest lineage that has one."""
     checkpoints = list_checkpoints(directory)
-    return checkpoints[-1] if checkpoints else None
+    if checkpoints:
+        return checkpoints[-1]
+    for lineage in reversed(list_lineages(directory)):
+        checkpoints = list_checkpoints(lineage)
+        if checkpoints:
+            return checkpoints[-1]
+    return None
 
 
-def resolve_resume(cfg: CheckpointConfig, directory: Path | None, base: Path) -> Path | None:
-    """The checkpoint ``checkpoint.resume`` asks for: None for 'none' (or 'latest' with nothing saved yet).
+def lineage_settings(cfg: KbitConfig) -> dict[str, Any]:
+    """The settings a checkpoint can only be resumed under: what defines the model, its data and its trajectory.
+
+    Epochs are left out on purpose: resuming a lineage with more epochs trains it further.
+    """
+    train = cfg.train
+    return {
+        "topic": cfg.produce.topic_for(cfg.dataset), "dataset": cfg.dataset.model_dump(mode="json"),
+        "produce.variant": cfg.produce.variant.model_dump(mode="json"), "produce.partitions": cfg.produce.partitions,
+        "shard": cfg.shard.model_dump(mode="json"), "launch.num_processes": cfg.launch.num_processes,
+        "deepspeed": [cfg.deepspeed.enabled, cfg.deepspeed.zero_stage if cfg.deepspeed.enabled else None],
+        "train.model": train.model.model_dump(mode="json"), "train.optim": train.optim.model_dump(mode="json"),
+        **{f"train.{key}": getattr(train, key) for key in ("global_batch_size", "grad_accum_steps", "precision",
+                                                           "ema_decay", "seed", "max_steps_per_epoch")},
+    }
+
+
+def list_lineages(directory: str | Path) -> list[Path]:
+    """The lineage directories under ``directory``, oldest first (by the creation time their lineage.json holds)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    lineages = [path for path in directory.iterdir() if (path / LINEAGE_FILE).is_file()]
+    return sorted(lineages, key=lambda path: (read_lineage(path)["created"], path.name))
+
+
+def read_lineage(lineage: Path) -> dict[str, Any]:
+    return json.loads((lineage / LINEAGE_FILE).read_text())
+
+
+def _write_lineage(lineage: Path, record: dict[str, Any]) -> None:
+    _atomic_write(lineage / LINEAGE_FILE, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=2)))
+
+
+def new_lineage(directory: Path, settings: dict[str, Any]) -> Path:
+    """Create ``<directory>/<UTC time>-<random>/`` with its ``lineage.json``; a checkpoint.dir that cannot be
+    created or written is a configuration error (restarting would fail the same way)."""
+    lineage = directory / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+    try:
+        lineage.mkdir(parents=True)
+        _write_lineage(lineage, {"id": lineage.name, "created": time.time(), "finished": False,
+                                 "settings": settings})
+    except OSError as exc:
+        raise ConfigError(f"checkpoint.dir={directory} is not writable: {exc}") from None
+    return lineage
+
+
+def _differences(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    return [f"{key}: {saved.get(key)!r} != {wanted[key]!r}" for key in wanted if saved.get(key) != wanted[key]]
+
+
+def find_resumable(directory: Path, settings: dict[str, Any]) -> Path | None:
+    """The newest complete checkpoint of the newest unfinished lineage in ``directory`` written under ``settings``;
+    each lineage passed over is logged with the reason."""
+    for lineage in reversed(list_lineages(directory)):
+        record = read_lineage(lineage)
+        differences = _differences(record["settings"], settings)
+        checkpoints = list_checkpoints(lineage)
+        if differences:
+            log.warning("not resuming lineage %s: it was written with other settings (%s)", lineage,
+                        "; ".join(differences))
+        elif record["finished"]:
+            log.info("not resuming lineage %s: it finished training (resume one of its checkpoints by path)", lineage)
+        elif not checkpoints:
+            log.info("not resuming lineage %s: it holds no complete checkpoint", lineage)
+        else:
+            log.warning("resuming lineage %s from %s", lineage.name, checkpoints[-1])
+            return checkpoints[-1]
+    return None
+
+
+def resolve_resume(cfg: KbitConfig, directory: Path | None, base: Path) -> Path | None:
+    """The checkpoint ``checkpoint.resume`` asks for: None for 'none' (or 'latest' with nothing to resume).
 
     Args:
-        cfg: The checkpoint section.
+        cfg: The run's config (its lineage settings decide which lineage 'latest' may continue).
         directory: The resolved checkpoint directory (None when checkpointing is off).
         base: What a relative resume path is relative to (the run directory).
     """
-    if cfg.resume == "none":
+    resume = cfg.checkpoint.resume
+    if resume == "none":
         return None
-    if cfg.resume == "latest":
+    if resume == "latest":
         if directory is None:
             raise ConfigError("checkpoint.resume=latest needs checkpoint.dir")
-        return latest_checkpoint(directory)
-    path = base / cfg.resume
+        found = find_resumable(directory, lineage_settings(cfg))
+        if found is None:
+            log.warning("checkpoint.resume=latest: no unfinished lineage in %s was written with this run's settings; "
+                        "starting from scratch", directory)
+        return found
+    path = base / resume
     if not (path.is_file() or (path / SIDE_FILE).is_file()):
-        raise ConfigError(f"checkpoint.resume={cfg.resume!r} is not a complete checkpoint (file or DeepSpeed dir)")
+        raise ConfigError(f"checkpoint.resume={resume!r} is not a complete checkpoint (file or DeepSpeed dir)")
     return path
+
+
+def open_lineage(cfg: KbitConfig, run_dir: Path, is_main: bool, sharded: bool) -> tuple[Checkpointer | None,
+                                                                                         Path | None]:
+    """Rank 0's writer (None elsewhere, or without checkpoint.dir) and the checkpoint every rank resumes from.
+
+    The writer continues the lineage of the checkpoint being resumed when it is one written with the same
+    settings, and otherwise starts a new lineage, so it never prunes or overwrites another run's files.
+    ``sharded``: DeepSpeed writes the checkpoints, so async_save does not apply.
+    """
+    directory = run_dir / cfg.checkpoint.dir if cfg.checkpoint.dir is not None else None
+    resume_from = resolve_resume(cfg, directory, run_dir)
+    if directory is None or not is_main:
+        return None, resume_from
+    if sharded and cfg.checkpoint.async_save:
+        log.warning("checkpoint.async_save is ignored with DeepSpeed, which writes its own sharded checkpoints")
+    settings = lineage_settings(cfg)
+    lineage = resume_from.parent if resume_from is not None else None
+    if lineage is None or lineage.parent != directory or not (lineage / LINEAGE_FILE).is_file() \
+            or _differences(read_lineage(lineage)["settings"], settings):
+        lineage = new_lineage(directory, settings)
+    return Checkpointer(lineage, cfg.checkpoint.keep_last, async_save=cfg.checkpoint.async_save and not sharded), \
+        resume_from
 
 
 def is_sharded(path: Path) -> bool:
@@ -160,7 +273,10 @@ class Checkpointer:
 
     def __init__(self, directory: str | Path, keep_last: int, async_save: bool = False) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"checkpoint directory {self.directory} cannot be created: {exc}") from None
         self.keep_last = keep_last
         self.async_save = async_save
         self._pending: threading.Thread | None = None
@@ -202,6 +318,12 @@ class Checkpointer:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+
+    def finish(self) -> None:
+        """Wait for the last save, then mark the lineage finished, so ``resume: latest`` never continues it."""
+        self.wait()
+        if (self.directory / LINEAGE_FILE).is_file():
+            _write_lineage(self.directory, {**read_lineage(self.directory), "finished": True})
 
     def prune(self) -> None:
         """Delete all but the newest ``keep_last`` complete checkpoints."""

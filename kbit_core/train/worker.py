@@ -101,18 +101,13 @@ def _fit(cfg: KbitConfig, env: DistEnv, deepspeed: ModuleType | None, run_dir: P
     per_epoch = steps_per_epoch(cfg, len(loaders.train))
     engine = build_engine(model, cfg, env, per_epoch, per_epoch * cfg.train.epochs, deepspeed)
 
-    directory = run_dir / cfg.checkpoint.dir if cfg.checkpoint.dir is not None else None
-    writer = None
-    if directory is not None and env.is_main:
-        if deepspeed is not None and cfg.checkpoint.async_save:
-            log.warning("checkpoint.async_save is ignored with DeepSpeed, which writes its own sharded checkpoints")
-        writer = ckpt.Checkpointer(directory, cfg.checkpoint.keep_last,
-                                   async_save=cfg.checkpoint.async_save and deepspeed is None)
+    writer, resume_from = ckpt.open_lineage(cfg, run_dir, env.is_main, sharded=deepspeed is not None)
     trainer = Trainer(cfg, env, engine, loaders, writer)
-    resume_from = ckpt.resolve_resume(cfg.checkpoint, directory, run_dir)
     if resume_from is not None:
         trainer.resume(resume_from)
     result = trainer.fit()
+    if writer is not None:
+        writer.finish()
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2))

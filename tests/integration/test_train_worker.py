@@ -174,9 +174,11 @@ def test_resume_mid_epoch_matches_uninterrupted_run(tmp_path: Path) -> None:
                         "optim": {"schedule": "cosine", "warmup_steps": 2}}}
     straight = train_config(tmp_path, **common,
                             checkpoint={"dir": "ckpt", "every_steps": 3, "keep_last": 10, "async_save": True})
-    mid = tmp_path / "straight" / "ckpt" / "step-00000003.pt"  # epoch 0, 6 of 16 micro-batches done
+    full = run_one(straight, tmp_path / "straight")
+    # epoch 0, 6 of 16 micro-batches done, in the straight run's lineage
+    mid = ckpt.list_lineages(tmp_path / "straight" / "ckpt")[0] / "step-00000003.pt"
     resumed_cfg = train_config(tmp_path, **common, checkpoint={"dir": "ckpt", "resume": str(mid), "keep_last": 10})
-    full, resumed = run_ranks([(straight, tmp_path / "straight"), (resumed_cfg, tmp_path / "resumed")])
+    resumed = run_one(resumed_cfg, tmp_path / "resumed")
     assert ckpt.read_file(mid)[ckpt.TRAIN_STATE]["batch_in_epoch"] == 6
 
     final_a = ckpt.read_file(ckpt.latest_checkpoint(tmp_path / "straight" / "ckpt"))
@@ -201,7 +203,8 @@ def test_deepspeed_follows_ddp_loss_curve(tmp_path: Path, ddp_run: tuple[dict[st
     assert ds["engine"] == f"deepspeed-zero{stage}" and ds["steps"] == 16
     # Same data, seed and fp32 maths as DDP's first epoch (constant LR); only the reduction order differs.
     np.testing.assert_allclose(ds["loss_curve"], ddp["loss_curve"][:16], rtol=1e-4, atol=1e-5)
-    assert (tmp_path / "run" / "ckpt" / "step-00000016" / ckpt.SIDE_FILE).is_file()
+    assert ckpt.latest_checkpoint(tmp_path / "run" / "ckpt").name == "step-00000016"
+    assert (ckpt.latest_checkpoint(tmp_path / "run" / "ckpt") / ckpt.SIDE_FILE).is_file()
 
 
 @pytest.mark.slow
@@ -217,7 +220,7 @@ def test_deepspeed_features_train_and_resume_mid_epoch(tmp_path: Path) -> None:
                               "activation_checkpointing": True}}
     first = run_one(train_config(tmp_path, **sections, checkpoint={"dir": "ckpt", "every_steps": 3}),
                     tmp_path / "first")
-    mid = tmp_path / "first" / "ckpt" / "step-00000003"
+    mid = ckpt.list_lineages(tmp_path / "first" / "ckpt")[0] / "step-00000003"
     assert ckpt.read_side_file(mid)[ckpt.TRAIN_STATE]["batch_in_epoch"] == 6
     assert first["engine"] == "deepspeed-zero2" and first["steps"] == 8
     assert first["loss_curve"][-1] < first["loss_curve"][0] and first["test_accuracy"] > 0.5

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from kbit_core.config import CheckpointConfig
+from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError
 from kbit_core.train import checkpoint as ckpt
 
@@ -114,14 +114,62 @@ def test_sharded_checkpoint_counts_only_once_its_side_file_exists(tmp_path: Path
     assert not (tmp_path / "step-00000004.pt").exists()  # keep_last=1 pruned the older one
 
 
+def config(**checkpoint) -> KbitConfig:
+    return KbitConfig.from_dict({"checkpoint": {"dir": "ckpt", **checkpoint}})
+
+
 def test_resolve_resume(tmp_path: Path) -> None:
-    assert ckpt.resolve_resume(CheckpointConfig(resume="none"), tmp_path, tmp_path) is None
-    assert ckpt.resolve_resume(CheckpointConfig(resume="latest"), tmp_path, tmp_path) is None  # nothing saved yet
-    ckpt.Checkpointer(tmp_path, keep_last=3).write_file("step-00000007", state(7))
-    assert ckpt.resolve_resume(CheckpointConfig(resume="latest"), tmp_path, tmp_path) == tmp_path / "step-00000007.pt"
-    assert ckpt.resolve_resume(CheckpointConfig(resume="step-00000007.pt"), None, tmp_path) == \
-        tmp_path / "step-00000007.pt"
+    root = tmp_path / "ckpt"
+    assert ckpt.resolve_resume(config(resume="none"), root, tmp_path) is None
+    assert ckpt.resolve_resume(config(resume="latest"), root, tmp_path) is None  # nothing saved yet
+    writer, _ = ckpt.open_lineage(config(), tmp_path, is_main=True, sharded=False)
+    saved = writer.write_file("step-00000007", state(7))
+    assert ckpt.resolve_resume(config(resume="latest"), root, tmp_path) == saved
+    relative = str(saved.relative_to(tmp_path))
+    assert ckpt.resolve_resume(config(resume=relative), None, tmp_path) == saved
     with pytest.raises(ConfigError, match="is not a complete checkpoint"):
-        ckpt.resolve_resume(CheckpointConfig(resume="step-00000008.pt"), None, tmp_path)
+        ckpt.resolve_resume(config(resume="step-00000008.pt"), None, tmp_path)
     with pytest.raises(ConfigError, match="resume=latest needs checkpoint.dir"):
-        ckpt.resolve_resume(CheckpointConfig(resume="latest"), None, tmp_path)
+        ckpt.resolve_resume(KbitConfig.from_dict({"checkpoint": {"resume": "latest"}}), None, tmp_path)
+
+
+def test_a_second_run_in_the_same_directory_keeps_its_own_lineage(tmp_path: Path) -> None:
+    """The reused-directory defect: run 2's early checkpoints were pruned in favour of run 1's later ones."""
+    first, _ = ckpt.open_lineage(config(keep_last=1), tmp_path, is_main=True, sharded=False)
+    first.write_file("step-00000050", state(50))
+    first.finish()
+    second, resume_from = ckpt.open_lineage(config(keep_last=1), tmp_path, is_main=True, sharded=False)
+    assert resume_from is None and second.directory != first.directory
+    kept = second.write_file("step-00000003", state(3))
+    assert kept.is_file(), "run 2's newest checkpoint survives its own keep_last"
+    assert ckpt.list_checkpoints(first.directory) == [first.directory / "step-00000050.pt"], "run 1's file untouched"
+
+
+def test_resume_latest_continues_only_a_compatible_unfinished_lineage(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    crashed, _ = ckpt.open_lineage(config(), tmp_path, is_main=True, sharded=False)
+    crashed_file = crashed.write_file("step-00000004", state(4))
+    finished, _ = ckpt.open_lineage(config(), tmp_path, is_main=True, sharded=False)
+    finished.write_file("step-00000009", state(9))
+    finished.finish()
+    other = KbitConfig.from_dict({"checkpoint": {"dir": "ckpt"}, "launch": {"num_processes": 4},
+                                  "train": {"global_batch_size": 64}})
+    foreign, _ = ckpt.open_lineage(other, tmp_path, is_main=True, sharded=False)
+    foreign.write_file("step-00000020", state(20))
+
+    with caplog.at_level("INFO", logger="kbit_core.train.checkpoint"):
+        writer, resume_from = ckpt.open_lineage(config(resume="latest"), tmp_path, is_main=True, sharded=False)
+    assert resume_from == crashed_file
+    assert writer.directory == crashed.directory, "the resumed run keeps writing its own lineage"
+    log = caplog.text
+    assert f"{foreign.directory}: it was written with other settings (launch.num_processes: 4 != 2" in log
+    assert f"not resuming lineage {finished.directory}: it finished training" in log
+    assert f"resuming lineage {crashed.directory.name} from {crashed_file}" in log
+    # A rank other than 0 resolves the same checkpoint and gets no writer.
+    assert ckpt.open_lineage(config(resume="latest"), tmp_path, is_main=False, sharded=False) == (None, crashed_file)
+
+
+def test_unwritable_checkpoint_dir_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").write_text("a file where the directory should be")
+    with pytest.raises(ConfigError, match=r"checkpoint.dir=.*ckpt is not writable"):
+        ckpt.open_lineage(config(), tmp_path, is_main=True, sharded=False)
