@@ -12,6 +12,7 @@ from kbit_core.formats.json_codec import JsonCodec
 from kbit_core.formats.mongodb_avro_codec import MongoDBAvroCodec
 from kbit_core.formats.protobuf_codec import ProtobufCodec
 from kbit_core.formats.raw_codec import RawCodec
+from kbit_core.formats.fast import DECODERS, select_codec  # noqa: E402 - the fast codecs subclass the ones above
 
 __all__ = ["LAYOUTS", "Codec", "DecodedBatch", "codec_names", "get_codec", "supported"]
 
@@ -31,7 +32,7 @@ def supported(format: str, layout: str) -> bool:
 
 
 def get_codec(format: str, layout: str, image_shape: Sequence[int], records_per_message: int = 1, *,
-              num_classes: int | None = None) -> Codec:
+              num_classes: int | None = None, decoder: str = "stock") -> Codec:
     """The codec for ``format`` in ``layout`` for images of ``image_shape`` (C, H, W).
 
     Args:
@@ -40,6 +41,8 @@ def get_codec(format: str, layout: str, image_shape: Sequence[int], records_per_
         image_shape: (C, H, W) of every sample.
         records_per_message: Samples per Kafka message. Defaults to ``1``.
         num_classes: When given, decoding refuses labels outside ``[0, num_classes)``.
+        decoder: ``"stock"`` decodes with the format's library; ``"fast"`` with kbit's schema-aware decoder
+            where one recognises the schema (same results bit for bit; see ``kbit_core.formats.fast``).
 
     Raises:
         ConfigError: unknown format or layout, or a combination the format cannot carry.
@@ -48,4 +51,7 @@ def get_codec(format: str, layout: str, image_shape: Sequence[int], records_per_
         codec_class = _CODECS[format]
     except KeyError:
         raise ConfigError(f"unknown format {format!r}; known: {', '.join(_CODECS)}") from None
-    return codec_class(layout, image_shape, records_per_message, num_classes=num_classes)
+    codec = codec_class(layout, image_shape, records_per_message, num_classes=num_classes)
+    if decoder not in DECODERS:
+        raise ConfigError(f"unknown decoder {decoder!r}; expected one of {', '.join(DECODERS)}")
+    return select_codec(codec, decoder)

@@ -41,6 +41,10 @@ class MongoDBAvroCodec(AvroCodec):
         })
 
     def _parse_one(self, value: bytes) -> dict[str, Any]:
+        return super()._parse_one(self._avro_payload(value))
+
+    def _avro_payload(self, value: bytes) -> bytes:
+        """The schemaless Avro bytes inside an export envelope, after checking the envelope."""
         doc = orjson.loads(value)
         fingerprint = required(doc, "schema_fingerprint")
         if fingerprint != self.schema_fingerprint():
@@ -52,7 +56,7 @@ class MongoDBAvroCodec(AvroCodec):
         data = required(binary, "Data")
         if not isinstance(data, str):
             raise ValueError(f"binary_data.Data must be a base64 string, got {type(data).__name__}")
-        return super()._parse_one(binascii.a2b_base64(data, strict_mode=True))
+        return binascii.a2b_base64(data, strict_mode=True)
 
     def _definition(self) -> str:
         envelope = {"binary_data": {"Subtype": BINARY_SUBTYPE, "Data": "base64(avro)"}, "_source": "mongodb",

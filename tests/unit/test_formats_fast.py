@@ -1,0 +1,201 @@
+"""Fast decoders: the codec contract holds for them, and they equal the stock decoders bit for bit, on good
+records (NaN, inf, denormals, every shape, label and grouping) and on damaged ones (same error, same position)."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kbit_core.errors import ConfigError, CorruptRecordError
+from kbit_core.formats import Codec, get_codec
+from kbit_core.formats.fast import FastPath, select_codec, stock_reason
+from kbit_core.formats.fast.avro import FastAvroCodec, compile_plan
+from kbit_core.formats.fast.base import UnsupportedSchema
+from tests.unit.test_formats import SHAPES, CodecContract
+
+FAST = [("avro", "list"), ("avro", "bytes"), ("mongodb_avro", "list"), ("mongodb_avro", "bytes"), ("json", "list"),
+        ("protobuf", "list"), ("bson", "list"), ("bson", "bytes")]
+
+
+class FastContract(CodecContract):
+    def codecs(self) -> list[Codec]:
+        out = [get_codec(self.format, layout, shape, rpm, num_classes=10, decoder="fast")
+               for layout in self.layouts for shape in SHAPES for rpm in self.rpms]
+        assert any(isinstance(c, FastPath) for c in out)
+        return out
+
+
+class TestFastAvro(FastContract):
+    format = "avro"
+
+
+class TestFastMongoDBAvro(FastContract):
+    format = "mongodb_avro"
+    rpms = (1,)
+
+
+class TestFastJson(FastContract):
+    format = "json"
+
+
+class TestFastProtobuf(FastContract):
+    format = "protobuf"
+
+
+class TestFastBson(FastContract):
+    format = "bson"
+
+
+def outcome(codec: Codec, values: list[bytes]) -> tuple[str, ...] | tuple[np.ndarray, ...]:
+    """What decoding gives: the arrays (pixels as raw bits), or the error's type and message."""
+    try:
+        batch = codec.decode(values)
+    except CorruptRecordError as exc:
+        return ("error", re.sub(r"0x[0-9a-f]+", "0x...", str(exc)))  # library messages may name object addresses
+    return (batch.indices, batch.labels, batch.pixels.view(f"u{batch.pixels.itemsize}"), np.array(batch.pixels.shape),
+            np.array([batch.pixels.dtype.str]))
+
+
+def assert_same(stock: Codec, fast: Codec, values: list[bytes]) -> None:
+    expected, got = outcome(stock, values), outcome(fast, values)
+    assert type(fast) is not type(stock) and isinstance(fast, FastPath)
+    assert len(expected) == len(got)
+    for e, g in zip(expected, got):
+        if isinstance(e, str):
+            assert e == g
+        else:
+            np.testing.assert_array_equal(e, g)
+
+
+# float32 bit patterns: zeros of both signs, denormals, the pixel range, NaN/inf and any other pattern
+SPECIAL_FLOATS = [0.0, -0.0, 1.0, 1 / 255, 254 / 255, 1.4e-45, 1.1754942e-38, 1.1754944e-38, 5e-39,
+                  float("nan"), float("inf"), -float("inf"), -1e-45, 1.0000001, 0.99999994]
+floats = st.one_of(st.sampled_from(SPECIAL_FLOATS), st.floats(0, 1, width=32),
+                   st.integers(0, 2**32 - 1).map(lambda bits: float(np.uint32(bits).view(np.float32))))
+
+
+@st.composite
+def records(draw: st.DrawFn, fmt: str, layout: str) -> tuple[Codec, Codec, list[bytes]]:
+    shape = draw(st.sampled_from([(1, 2, 2), (1, 28, 28), (3, 4, 5), (2, 1, 3)]))
+    rpm = 1 if fmt == "mongodb_avro" else draw(st.sampled_from([1, 2, 3, 8]))
+    n = draw(st.integers(1, 12))
+    num_classes = draw(st.sampled_from([None, 10]))
+    stock = get_codec(fmt, layout, shape, rpm, num_classes=num_classes)
+    fast = get_codec(fmt, layout, shape, rpm, num_classes=num_classes, decoder="fast")
+    size = int(np.prod(shape))
+    indices = np.array(draw(st.lists(st.integers(0, 2**31 - 1), min_size=n, max_size=n)), dtype=np.int64)
+    labels = np.array(draw(st.lists(st.integers(0, 12), min_size=n, max_size=n)), dtype=np.int64)
+    # pixels from a drawn seed (shapes up to 28×28 are too large for element-wise drawing), then up to a dozen
+    # drawn values at drawn positions: special floats, or any uint8 for the bytes layout
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if layout == "bytes":
+        pixels = rng.integers(0, 256, n * size, dtype=np.uint8)
+    else:
+        pixels = rng.integers(0, 256, n * size).astype(np.float32) / np.float32(255)
+    for at in draw(st.lists(st.integers(0, n * size - 1), max_size=12)):
+        pixels[at] = draw(st.integers(0, 255) if layout == "bytes" else floats)
+    # _encode takes pixels as they are: out-of-range and non-finite floats reach the wire too
+    values = stock._encode(indices, labels, pixels.reshape(n, size))
+    return stock, fast, values
+
+
+@pytest.mark.parametrize(("fmt", "layout"), FAST)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_fast_equals_stock_on_written_records(fmt: str, layout: str, data: st.DataObject) -> None:
+    stock, fast, values = data.draw(records(fmt, layout))
+    assert_same(stock, fast, values)
+
+
+@pytest.mark.parametrize(("fmt", "layout"), FAST)
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_fast_equals_stock_on_damaged_values(fmt: str, layout: str, data: st.DataObject) -> None:
+    stock, fast, values = data.draw(records(fmt, layout))
+    target = data.draw(st.integers(0, len(values) - 1))
+    value = bytearray(values[target])
+    damage = data.draw(st.sampled_from(["flip", "cut", "insert", "drop"]))
+    at = data.draw(st.integers(0, max(0, len(value) - 1)))
+    if damage == "flip" and value:
+        value[at] ^= data.draw(st.integers(1, 255))
+    elif damage == "cut":
+        del value[at:]
+    elif damage == "insert":
+        value[at:at] = data.draw(st.binary(min_size=1, max_size=9))
+    elif value:
+        del value[at]
+    values[target] = bytes(value)
+    assert_same(stock, fast, values)
+
+
+def test_a_bad_value_is_named_like_the_stock_decoder_names_it() -> None:
+    for fmt, layout in FAST:
+        stock = get_codec(fmt, layout, (1, 4, 4), num_classes=10)
+        fast = get_codec(fmt, layout, (1, 4, 4), num_classes=10, decoder="fast")
+        good = stock.encode(np.arange(3), np.zeros((3, 1, 4, 4), np.uint8), np.arange(3))
+        bad = stock.encode(np.arange(1), np.zeros((1, 1, 4, 4), np.uint8), np.array([1]))[0][:-3]
+        with pytest.raises(CorruptRecordError, match="value 2 of 4") as err:
+            fast.decode([good[0], good[1], bad, good[2]])
+        assert outcome(stock, [good[0], good[1], bad, good[2]]) == ("error", str(err.value))
+
+
+def test_only_formats_without_a_fast_decoder_stay_stock(caplog: pytest.LogCaptureFixture) -> None:
+    for fmt, layout in [("raw", "bytes"), ("json", "bytes"), ("protobuf", "bytes")]:
+        with caplog.at_level(logging.INFO, logger="kbit_core.formats.fast"):
+            codec = get_codec(fmt, layout, (1, 28, 28), decoder="fast")
+        assert not isinstance(codec, FastPath)
+        assert stock_reason(fmt, layout) in caplog.text
+    for fmt, layout in FAST:
+        assert isinstance(get_codec(fmt, layout, (1, 28, 28), decoder="fast"), FastPath)
+        assert stock_reason(fmt, layout) is None
+    assert not isinstance(get_codec("avro", "list", (1, 28, 28), decoder="stock"), FastPath)
+    with pytest.raises(ConfigError, match="unknown decoder"):
+        get_codec("avro", "list", (1, 28, 28), decoder="turbo")
+
+
+def test_a_schema_the_fast_path_does_not_know_falls_back_with_the_reason(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    stock = get_codec("avro", "list", (1, 28, 28))
+    union = {"type": "record", "name": "X", "fields": [{"name": "data", "type": ["null", "float"]}]}
+    with pytest.raises(UnsupportedSchema, match="data"):
+        compile_plan(union, "list")
+    no_meta = {"type": "record", "name": "X", "fields": [{"name": "data", "type": {"type": "array", "items": "float"}},
+                                                         {"name": "shape", "type": {"type": "array", "items": "int"}},
+                                                         {"name": "label", "type": "int"}]}
+    with pytest.raises(UnsupportedSchema, match="index"):
+        compile_plan(no_meta, "list")
+
+    def refuse(self: FastAvroCodec, *args: object, **kwargs: object) -> None:
+        raise UnsupportedSchema("a field the walker does not know")
+
+    monkeypatch.setattr(FastAvroCodec, "__init__", refuse)
+    with caplog.at_level(logging.WARNING, logger="kbit_core.formats.fast"):
+        assert select_codec(stock, "fast") is stock
+    assert "does not recognise its schema (a field the walker does not know)" in caplog.text
+
+
+def test_unusual_but_valid_avro_blocks_decode_like_fastavro() -> None:
+    # Avro writers may split arrays into blocks, with a negative count followed by the block's byte size.
+    import io
+
+    import fastavro
+
+    stock = get_codec("avro", "list", (1, 2, 2))
+    fast = get_codec("avro", "list", (1, 2, 2), decoder="fast")
+    record = {"data": [0.0, 0.25, 0.5, 1.0], "shape": [1, 2, 2], "label": 3,
+              "meta": {"index": 7, "partition": 0, "timestamp": 0, "format": "avro", "compression": ""}}
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, stock._schema, record)
+    plain = out.getvalue()
+    head = plain.index(bytes([8]))  # block count 4, zigzag
+    floats = plain[head + 1:head + 17]
+    blocked = plain[:head] + bytes([3, 16]) + floats[:8] + bytes([3, 16]) + floats[8:] + plain[head + 17:]
+    assert blocked != plain
+    assert_same(stock, fast, [plain, blocked])
+    np.testing.assert_array_equal(fast.decode([blocked]).pixels.reshape(-1), record["data"])
+    assert fast.deferred_batches == 0
