@@ -14,6 +14,18 @@ from kbit_core.config import KbitConfig, deep_merge
 from kbit_core.kafka.broker import EmbeddedBroker
 
 
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains ``text`` (a run's workdir names its JVM, torchrun agents and ranks)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,6 +16,7 @@ from kbit_core.errors import DistributedError
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.launch.spark import worker_tmp_dir
 from kbit_core.train.api import train
+from tests.conftest import processes_mentioning
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -113,17 +114,6 @@ def test_broker_gone_mid_epoch_is_a_clear_error(spark, make_config, topic_name, 
     assert own.bootstrap in message or f"topic={topic_name}" in message, message
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
-
-
 @pytest.mark.slow
 def test_kbit_train_cli_prints_json_and_leaves_nothing_behind(broker, tmp_path, topic_name, launch_debris):
     workdir, tmpdir = tmp_path / "cli-run", tmp_path / "tmpdir"
@@ -136,5 +126,5 @@ def test_kbit_train_cli_prints_json_and_leaves_nothing_behind(broker, tmp_path, 
     result = json.loads(done.stdout)
     assert 0.0 <= result["test_accuracy"] <= 1.0 and result["samples_per_s"] > 0
     assert result["world_size"] == 2 and result["topic"] == topic_name
-    assert _processes_mentioning(str(workdir)) == [], "a JVM or worker of the finished command is still running"
+    assert processes_mentioning(str(workdir)) == [], "a JVM or worker of the finished command is still running"
     assert launch_debris(tmpdir, workdir) == []

@@ -1,0 +1,52 @@
+"""Producing under faults: an illegal topic name is refused before the broker is touched, and of two concurrent
+produces of one topic one writes while the other is told so, never duplicating a record."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from kbit_core.kafka import admin
+from kbit_core.kafka.manifest import Manifest, manifest_path
+from tests.faults.conftest import KBIT, assert_failed_cleanly
+
+pytestmark = pytest.mark.kafka
+
+
+def test_illegal_topic_is_refused_before_anything_is_created(run_kbit, kbit_tmpdir, tmp_path, broker, make_config):
+    outcome = run_kbit("produce", "--topic", "x y!", "--records", "100", "--set",
+                       f"kafka.embedded.port={broker.port}", "--set", f"workdir={tmp_path / 'kbit'}")
+    assert_failed_cleanly(outcome, kbit_tmpdir)
+    assert outcome.error == ("produce.topic='x y!' is not a legal Kafka topic name: it contains ' !'; Kafka topic "
+                             "names may hold only letters, digits, '.', '_' and '-'")
+    cfg = make_config()
+    assert not admin.topic_exists(cfg.kafka, "x y!")
+    assert not (tmp_path / "kbit" / "manifests" / "x y!.json").exists()
+
+
+def test_concurrent_produces_of_one_topic_never_duplicate(broker, tmp_path, topic_name, make_config, record_property):
+    workdir = tmp_path / "kbit"
+    cmd = [str(KBIT), "produce", "--json", "--topic", topic_name, "--records", "30000", "--format", "raw",
+           "--layout", "bytes", "--set", f"kafka.embedded.port={broker.port}", "--set", f"workdir={workdir}"]
+    started = time.monotonic()
+    runs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+            for _ in range(2)]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    record_property("seconds", round(time.monotonic() - started, 2))
+    codes = sorted(run.returncode for run in runs)
+    record_property("exit_codes", codes)
+    loser_errors = [err for run, (_, err) in zip(runs, outputs) if run.returncode != 0]
+    # Both may succeed only when the second started after the first had saved its manifest (it then reuses it).
+    assert codes in ([0, 0], [0, 1]), outputs
+    for err in loser_errors:
+        assert f"error: another produce of topic '{topic_name}' is in progress (pid " in err, err
+        assert "--recreate" not in err
+    winner = next(json.loads(out) for run, (out, _) in zip(runs, outputs) if run.returncode == 0)
+    cfg = make_config(workdir=str(workdir))
+    manifest = Manifest.load(manifest_path(workdir, topic_name))
+    assert winner["num_records"] == manifest.num_records == 30000
+    check = admin.check_topic(cfg.kafka, manifest)
+    assert check.holds_manifest, check.problems  # exactly the manifest's offsets: nothing written twice
