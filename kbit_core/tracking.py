@@ -165,18 +165,20 @@ def configuration_metrics(doc: Mapping[str, Any], name: str) -> dict[str, float]
     """Every summary number of one configuration under its stable metric name."""
     out: dict[str, float] = {}
     for group, stats in (("load_time", doc["statistical_analysis"][name]),
-                         ("makespan", doc["makespan"]["statistical_analysis"][name])):
+                         ("makespan", doc["makespan"]["statistical_analysis"][name]),
+                         ("rank_mean", doc["rank_mean"]["statistical_analysis"][name])):
         out.update({stat_metric_name(group, s): float(stats[s]) for s in STAT_METRICS})
         out[f"{group}_outliers"] = float(len(stats["lower_outliers"]) + len(stats["upper_outliers"]))
     out.update({f"throughput_{k}": float(v) for k, v in doc["throughput"][name].items()})
     out.update({f"stage_{k.removesuffix('_s')}_median_s": float(v) for k, v in doc["stages"][name].items()})
-    for view in ("load_time", "makespan"):
-        entry = next(e for e in doc["comparison"][view]["ranking"] if e["name"] == name)
+    for view, comparison in doc["comparison"].items():
+        entry = next(e for e in comparison["ranking"] if e["name"] == name)
         out[f"{view}_rank_by_median"] = float(entry["rank"])
         out[f"{view}_ratio_to_fastest"] = float(entry["ratio"])
         out[f"{view}_slowdown_pct"] = float(entry["slowdown_pct"])
-        if entry["p_value"] is not None:
-            out[f"{view}_mann_whitney_p"] = float(entry["p_value"])
+        # The fastest (the reference) and too-few-runs entries have no p: no metric rather than NaN.
+        if entry["p_holm"] is not None:
+            out[f"{view}_p_holm"] = float(entry["p_holm"])
     for k, v in doc.get("training", {}).get(name, {}).items():
         out[f"train_{k}"] = float(v)
     # Skipped, padded, dropped: the most any rank had in one run, so MLflow shows every loss of data.
@@ -283,10 +285,10 @@ class MlflowTracker:
             children[name] = child.info.run_id
         for path in artifacts:
             self.client.log_artifact(run_id, str(path), artifact_path=BENCHMARK_ARTIFACT_DIR)
-        fastest = doc["comparison"]["load_time"]["fastest"]
+        fastest = doc["comparison"]["makespan"]["fastest"]
         self._log(run_id, metrics=self._metrics({
             "configurations": len(children),
-            "fastest_load_time_median_s": doc["statistical_analysis"][fastest]["median"]}),
+            "fastest_makespan_median_s": doc["makespan"]["statistical_analysis"][fastest]["median"]}),
             tags={"fastest_configuration": fastest})
         return children
 

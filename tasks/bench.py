@@ -8,7 +8,7 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from kbit_core.bench.compare import compare_runs
-from kbit_core.bench.report import load_stats
+from kbit_core.bench.report import RANKING_METRIC, load_stats
 from kbit_core.bench.runner import run_benchmark
 from kbit_core.config import KbitConfig
 from kbit_core.errors import KbitError
@@ -26,22 +26,22 @@ def run_benchmark_iterations(cfg: KbitConfig) -> dict[str, Any]:
     result = run_benchmark(cfg, progress=show_progress())
     summary = {"run_id": result.run_id, "report_dir": str(result.report_dir),
                "stats_json": str(result.files.stats_json), "summary_md": str(result.files.summary_md),
-               "mlflow_run_id": result.parent_run_id, "fastest": result.stats["comparison"]["load_time"]["fastest"]}
+               "mlflow_run_id": result.parent_run_id, "fastest": result.stats["comparison"][RANKING_METRIC]["fastest"]}
     get_run_logger().info("benchmark report in %s (MLflow run %s)", summary["report_dir"], summary["mlflow_run_id"])
     return summary
 
 
 @task(name="compare-runs")
 def compare_with_baseline(baseline_stats: dict[str, Any], current_stats_json: str, threshold: float) -> dict[str, Any]:
-    """Per-configuration change of the median load time against the baseline (Mann–Whitney gated)."""
+    """Per-configuration change of the median makespan per iteration against the baseline (Mann–Whitney, Holm)."""
     return compare_runs(baseline_stats, load_stats(Path(current_stats_json)), threshold).to_dict()
 
 
 @task(name="check-regressions")
 def fail_on_regressions(comparison: dict[str, Any], baseline_run_id: str) -> None:
     """Raise, naming every regressed configuration, when the comparison found any."""
-    regressed = [d for d in comparison["deltas"] if d["regression"]]
+    regressed = [d for d in comparison["deltas"] if d["verdict"] == "regression"]
     if regressed:
-        detail = ", ".join(f"{d['name']} {d['change_pct']:+.1f}% (p={d['p_value']:.3g})" for d in regressed)
+        detail = ", ".join(f"{d['name']} {d['change_pct']:+.1f}% (Holm p={d['p_holm']:.3g})" for d in regressed)
         raise RegressionError(f"{len(regressed)} configuration(s) regressed against MLflow run {baseline_run_id} "
                               f"beyond {comparison['threshold']:.0%}: {detail}")

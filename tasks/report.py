@@ -28,13 +28,15 @@ def publish_benchmark_summary(profile: str, summary_md: str, mlflow_run_url: str
 @task(name="publish-regression-check")
 def publish_regression_check(profile: str, comparison: dict[str, Any], baseline_run_id: str) -> str:
     """Publish the run-to-run comparison as a table, regressions first."""
-    rows = sorted(comparison["deltas"], key=lambda d: (not d["regression"], -d["change_pct"]))
+    rows = sorted(comparison["deltas"], key=lambda d: (d["verdict"] != "regression", -d["change_pct"]))
     lines = [f"Baseline MLflow run `{baseline_run_id}`; threshold {comparison['threshold']:.0%}, "
-             f"alpha {comparison['alpha']}, metric `{comparison['metric']}`.", "",
-             "| configuration | baseline median | median | change | p | verdict |", "|---|---|---|---|---|---|"]
+             f"alpha {comparison['alpha']} (Holm-corrected), `{comparison['metric']}` per iteration.", "",
+             "| configuration | runs | baseline median s | median s | change | p (Holm) | verdict |",
+             "|---|---|---|---|---|---|---|"]
     for d in rows:
-        lines.append(f"| {d['name']} | {d['a_median']:.4g} | {d['b_median']:.4g} | {d['change_pct']:+.1f}% | "
-                     f"{d['p_value']:.3g} | {d['verdict']} |")
+        p = "–" if d["p_holm"] is None else f"{d['p_holm']:.3g}"
+        lines.append(f"| {d['name']} | {d['a_runs']}/{d['b_runs']} | {d['a_median']:.4g} | {d['b_median']:.4g} "
+                     f"| {d['change_pct']:+.1f}% | {p} | {d['verdict']} |")
     for side, names in (("only in the baseline", comparison["only_in_a"]), ("new", comparison["only_in_b"])):
         if names:
             lines.append(f"\n{side}: {', '.join(names)}")

@@ -1,6 +1,10 @@
 """Rank configurations against the fastest one, and flag regressions between two benchmark runs.
 
-"Faster" is decided on medians with a two-sided Mann–Whitney U test, never on means alone (asv's rule).
+The unit of every test is one iteration (one TorchDistributor job): its makespan, or its mean over ranks.
+The ranks of one iteration share the broker and the CPU, so they are not independent samples and never
+enter a test as such. "Faster" is decided on medians with a two-sided Mann–Whitney U test (asv's rule),
+Holm–Bonferroni corrected across the configurations tested together; a pair of run counts that cannot
+reach significance after that correction is reported as "insufficient runs" instead of a p.
 """
 
 from __future__ import annotations
@@ -10,44 +14,69 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import numpy as np
-from scipy.stats import mannwhitneyu
 
-from kbit_core.bench.stats import checked_samples
+from kbit_core.bench.stats import can_be_significant, checked_samples, holm_adjust, mann_whitney_p
 from kbit_core.errors import StatisticsError
 
-Metric = Literal["load_time", "makespan"]
+Metric = Literal["makespan", "rank_mean"]
+METRICS: tuple[Metric, ...] = ("makespan", "rank_mean")
+ALPHA = 0.05
+REFERENCE = "reference"
+SIGNIFICANT = "significant"
+NOT_SIGNIFICANT = "not significant"
+INSUFFICIENT = "insufficient runs"
+
+
+@dataclass(frozen=True)
+class Significance:
+    """One Mann–Whitney test of a family: raw and Holm-adjusted p (None when the runs cannot support a claim)."""
+
+    p_value: float | None
+    p_holm: float | None
+    verdict: str
+
+
+def tested_family(pairs: Mapping[str, tuple[np.ndarray, np.ndarray]], alpha: float) -> dict[str, Significance]:
+    """Test every pair, Holm-correct the p-values of the pairs that have enough runs, and name each verdict."""
+    testable = {name: pair for name, pair in pairs.items()
+                if can_be_significant(pair[0].size, pair[1].size, len(pairs), alpha)}
+    raw = {name: mann_whitney_p(a, b) for name, (a, b) in testable.items()}
+    adjusted = dict(zip(raw, holm_adjust(list(raw.values()))))
+    return {name: Significance(raw[name], adjusted[name],
+                               SIGNIFICANT if adjusted[name] < alpha else NOT_SIGNIFICANT)
+            if name in raw else Significance(None, None, INSUFFICIENT) for name in pairs}
 
 
 @dataclass(frozen=True)
 class ConfigComparison:
-    """One configuration measured against the fastest; ``p_value`` is None for the fastest itself."""
+    """One configuration measured against the fastest; the fastest itself is the ``reference``."""
 
     name: str
     rank: int
+    runs: int
     median: float
     ratio: float
     slowdown_pct: float
     p_value: float | None
+    p_holm: float | None
+    significance: str
 
 
 @dataclass(frozen=True)
 class Comparison:
     fastest: str
     slowest: str
+    alpha: float
     entries: tuple[ConfigComparison, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fastest": self.fastest, "slowest": self.slowest,
+        return {"fastest": self.fastest, "slowest": self.slowest, "alpha": self.alpha,
                 "ranking": [asdict(e) for e in self.entries]}
 
 
-def mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
-    """Two-sided Mann–Whitney U p-value (identical constant samples give 1.0, never NaN)."""
-    return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
-
-
-def compare_configs(samples: Mapping[str, Sequence[float]]) -> Comparison:
-    """Rank configurations by median (ties: mean, then name) and compare each with the fastest."""
+def compare_configs(samples: Mapping[str, Sequence[float]], alpha: float = ALPHA) -> Comparison:
+    """Rank configurations by the median of their per-iteration samples (ties: mean, then name) and test each
+    against the fastest, Holm-corrected across all of them."""
     if not samples:
         raise StatisticsError("no configurations to compare")
     arrays = {name: checked_samples(values, name) for name, values in samples.items()}
@@ -56,14 +85,16 @@ def compare_configs(samples: Mapping[str, Sequence[float]]) -> Comparison:
     best = float(np.median(arrays[fastest]))
     if best <= 0:
         raise StatisticsError(f"configuration {fastest!r} has a non-positive median ({best}); ratios are undefined")
+    tests = tested_family({n: (arrays[fastest], arrays[n]) for n in order[1:]}, alpha)
+    tests[fastest] = Significance(None, None, REFERENCE)
     entries = []
     for rank, name in enumerate(order, start=1):
         median = float(np.median(arrays[name]))
+        t = tests[name]
         entries.append(ConfigComparison(
-            name=name, rank=rank, median=median, ratio=median / best, slowdown_pct=(median / best - 1) * 100,
-            p_value=None if name == fastest else mann_whitney_p(arrays[fastest], arrays[name]),
-        ))
-    return Comparison(fastest=fastest, slowest=order[-1], entries=tuple(entries))
+            name=name, rank=rank, runs=int(arrays[name].size), median=median, ratio=median / best,
+            slowdown_pct=(median / best - 1) * 100, p_value=t.p_value, p_holm=t.p_holm, significance=t.verdict))
+    return Comparison(fastest=fastest, slowest=order[-1], alpha=alpha, entries=tuple(entries))
 
 
 @dataclass(frozen=True)
@@ -71,16 +102,22 @@ class RunDelta:
     """One configuration in run A (baseline) and run B (candidate)."""
 
     name: str
+    a_runs: int
+    b_runs: int
     a_median: float
     b_median: float
     change_pct: float
-    p_value: float
-    regression: bool
-    improvement: bool
+    p_value: float | None
+    p_holm: float | None
+    verdict: str
 
     @property
-    def verdict(self) -> str:
-        return "regression" if self.regression else "improvement" if self.improvement else "same"
+    def regression(self) -> bool:
+        return self.verdict == "regression"
+
+    @property
+    def improvement(self) -> bool:
+        return self.verdict == "improvement"
 
 
 @dataclass(frozen=True)
@@ -96,43 +133,54 @@ class RunComparison:
     def regressions(self) -> tuple[RunDelta, ...]:
         return tuple(d for d in self.deltas if d.regression)
 
+    @property
+    def insufficient(self) -> tuple[RunDelta, ...]:
+        return tuple(d for d in self.deltas if d.verdict == INSUFFICIENT)
+
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "threshold": self.threshold, "alpha": self.alpha,
-                "deltas": [{**asdict(d), "verdict": d.verdict} for d in self.deltas], "regressions": [d.name for d in self.regressions],
+                "deltas": [asdict(d) for d in self.deltas], "regressions": [d.name for d in self.regressions],
+                "insufficient_runs": [d.name for d in self.insufficient],
                 "only_in_a": list(self.only_in_a), "only_in_b": list(self.only_in_b)}
 
 
 def run_samples(stats_json: Mapping[str, Any], metric: Metric) -> dict[str, list[float]]:
-    """The raw samples of ``metric`` per configuration from a stats JSON document (see docs/benchmark.md)."""
+    """The per-iteration samples of ``metric`` per configuration from a stats document (docs/benchmark.md)."""
+    if metric not in METRICS:
+        raise StatisticsError(f"unknown comparison metric {metric!r}; choose one of {list(METRICS)}")
     try:
-        raw = stats_json["raw_results"] if metric == "load_time" else stats_json["makespan"]["raw_results"]
+        raw = stats_json[metric]["raw_results"]
     except (KeyError, TypeError):
-        raise StatisticsError(f"stats document has no raw samples for metric {metric!r}") from None
+        raise StatisticsError(f"stats document has no per-iteration samples for metric {metric!r}") from None
     return {str(k): list(v) for k, v in raw.items()}
 
 
 def compare_runs(a_stats_json: Mapping[str, Any], b_stats_json: Mapping[str, Any], threshold: float,
-                 alpha: float = 0.05, metric: Metric = "load_time") -> RunComparison:
-    """Compare run B against baseline run A per shared configuration.
+                 alpha: float = ALPHA, metric: Metric = "makespan") -> RunComparison:
+    """Compare run B against baseline run A per shared configuration, one sample per iteration.
 
     A regression is a B median slower than A's by more than ``threshold`` (relative, 0.10 = 10 %) *and*
-    significant (Mann–Whitney p < ``alpha``); an improvement is the mirror image. Configurations present in
-    only one run are listed, not compared.
+    significant after Holm's correction across the shared configurations (adjusted p < ``alpha``); an
+    improvement is the mirror image. Configurations present in only one run are listed, not compared.
     """
     if threshold <= 0:
         raise StatisticsError(f"regression threshold must be positive, got {threshold}")
     a_runs, b_runs = run_samples(a_stats_json, metric), run_samples(b_stats_json, metric)
+    shared = sorted(a_runs.keys() & b_runs.keys())
+    pairs = {n: (checked_samples(a_runs[n], f"A:{n}"), checked_samples(b_runs[n], f"B:{n}")) for n in shared}
+    tests = tested_family(pairs, alpha)
     deltas = []
-    for name in sorted(a_runs.keys() & b_runs.keys()):
-        a, b = checked_samples(a_runs[name], f"A:{name}"), checked_samples(b_runs[name], f"B:{name}")
+    for name, (a, b) in pairs.items():
         a_med, b_med = float(np.median(a)), float(np.median(b))
         if a_med <= 0:
             raise StatisticsError(f"configuration {name!r} has a non-positive baseline median ({a_med})")
         change = b_med / a_med - 1
-        p = mann_whitney_p(a, b)
-        deltas.append(RunDelta(name=name, a_median=a_med, b_median=b_med, change_pct=change * 100, p_value=p,
-                               regression=change > threshold and p < alpha,
-                               improvement=change < -threshold and p < alpha))
+        t = tests[name]
+        verdict = (t.verdict if t.verdict == INSUFFICIENT
+                   else "regression" if change > threshold and t.verdict == SIGNIFICANT
+                   else "improvement" if change < -threshold and t.verdict == SIGNIFICANT else "same")
+        deltas.append(RunDelta(name=name, a_runs=int(a.size), b_runs=int(b.size), a_median=a_med, b_median=b_med,
+                               change_pct=change * 100, p_value=t.p_value, p_holm=t.p_holm, verdict=verdict))
     return RunComparison(metric=metric, threshold=threshold, alpha=alpha, deltas=tuple(deltas),
                          only_in_a=tuple(sorted(a_runs.keys() - b_runs.keys())),
                          only_in_b=tuple(sorted(b_runs.keys() - a_runs.keys())))

@@ -2,7 +2,8 @@
 
 Everything is derived from the raw timings CSV (one row per iteration × rank × configuration), so
 ``kbit report RUN_DIR`` can rebuild a report from that file alone. Warm-up rows stay in the CSV but never
-enter a statistic.
+enter a statistic. Tests and rankings use one sample per iteration (its makespan, and its mean over ranks);
+the pooled per-rank samples are kept as the original's descriptive view.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kbit_core.bench.compare import compare_configs
+from kbit_core.bench.compare import METRICS, compare_configs
 from kbit_core.bench.measure import COUNTERS, SAMPLE_COLUMNS, STAGES
 from kbit_core.bench.stats import BoxStats, boxplot_stats, rate_median
 from kbit_core.errors import StatisticsError
@@ -28,6 +29,9 @@ BOXPLOT_PNG = "boxplot.png"
 MEAN_STD_PNG = "mean_std.png"
 STAGES_PNG = "stages.png"
 CONFIG_FIELDS = ("format", "layout", "compression", "records_per_message", "client", "batch_size", "world_size")
+# measure.Sample's boolean ``makespan`` reads like a duration in a spreadsheet; the CSV names it for what it is.
+CSV_NAMES = {"makespan": "is_slowest_rank"}
+RANKING_METRIC = "makespan"
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,8 @@ def timings_frame(rows: list[Mapping[str, Any]]) -> pd.DataFrame:
 def read_timings(path: Path) -> pd.DataFrame:
     if not path.is_file():
         raise StatisticsError(f"raw timings file not found: {path}")
-    frame = pd.read_csv(path, float_precision="round_trip")
-    missing = [c for c in SAMPLE_COLUMNS if c not in frame.columns]
+    frame = pd.read_csv(path, float_precision="round_trip").rename(columns={v: k for k, v in CSV_NAMES.items()})
+    missing = [CSV_NAMES.get(c, c) for c in SAMPLE_COLUMNS if c not in frame.columns]
     if missing:
         raise StatisticsError(f"raw timings file {path} lacks column(s) {missing}")
     return frame[list(SAMPLE_COLUMNS)]
@@ -83,10 +87,11 @@ def config_order(rows: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(rows.sort_values(["iteration", "order_position", "rank"])["config"]))
 
 
-def makespans(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per iteration and configuration: the slowest rank's load time and the records all ranks read."""
+def per_iteration(rows: pd.DataFrame) -> pd.DataFrame:
+    """The independent units, one per iteration and configuration: the slowest rank's load time (makespan),
+    the mean over ranks, and the records and bytes all ranks read."""
     grouped = rows.groupby(["config", "iteration"], sort=False)
-    return grouped.agg(makespan_s=("load_s", "max"), records=("records", "sum"),
+    return grouped.agg(makespan_s=("load_s", "max"), rank_mean_s=("load_s", "mean"), records=("records", "sum"),
                        bytes=("bytes", "sum")).reset_index()
 
 
@@ -100,30 +105,28 @@ def analyze(timings: pd.DataFrame, *, bootstrap_resamples: int, seed: int) -> di
     """The stats document (without metadata): raw samples, box statistics, makespan view, rates, stages."""
     rows = measured(timings)
     names = config_order(rows)
-    spans = makespans(rows)
     by_config = {name: group for name, group in rows.groupby("config", sort=False)}
-    span_by_config = {name: group for name, group in spans.groupby("config", sort=False)}
+    units = {name: group for name, group in per_iteration(rows).groupby("config", sort=False)}
 
-    def box(values: pd.Series, name: str) -> dict[str, Any]:
-        return boxplot_stats(values.to_numpy(), name=name, bootstrap_resamples=bootstrap_resamples,
-                             seed=seed).to_dict()
+    def view(frame: Mapping[str, pd.DataFrame], column: str, label: str) -> dict[str, Any]:
+        """Raw samples and box statistics of one column per configuration."""
+        return {"raw_results": {n: frame[n][column].tolist() for n in names},
+                "statistical_analysis": {n: boxplot_stats(frame[n][column].to_numpy(), name=f"{n}{label}",
+                                                          bootstrap_resamples=bootstrap_resamples, seed=seed
+                                                          ).to_dict() for n in names}}
 
-    raw = {n: by_config[n]["load_s"].tolist() for n in names}
-    span_raw = {n: span_by_config[n]["makespan_s"].tolist() for n in names}
+    per_iteration_views = {metric: view(units, f"{metric}_s", f" ({metric})") for metric in METRICS}
     doc: dict[str, Any] = {
         "configurations": {n: configuration_fields(by_config[n]) for n in names},
-        "raw_results": raw,
-        "statistical_analysis": {n: box(by_config[n]["load_s"], n) for n in names},
-        "makespan": {
-            "raw_results": span_raw,
-            "statistical_analysis": {n: box(span_by_config[n]["makespan_s"], f"{n} (makespan)") for n in names},
-        },
-        "throughput": {n: throughput(by_config[n], span_by_config[n], n) for n in names},
+        # The original's pooled per-rank view: descriptive only, never tested (ranks are not independent).
+        **view(by_config, "load_s", ""),
+        **per_iteration_views,
+        "throughput": {n: throughput(by_config[n], units[n], n) for n in names},
         "stages": {n: {f"{s}_s": float(by_config[n][f"{s}_s"].median()) for s in STAGES} for n in names},
         # The maximum, not a median: one run that skipped or dropped data must show.
         "counters": {n: {c: int(by_config[n][c].max()) for c in COUNTERS} for n in names},
-        "comparison": {"load_time": compare_configs(raw).to_dict(),
-                       "makespan": compare_configs(span_raw).to_dict()},
+        "comparison": {metric: compare_configs(v["raw_results"]).to_dict()
+                       for metric, v in per_iteration_views.items()},
     }
     training = {n: training_stats(by_config[n], n) for n in names if by_config[n]["train_epoch_s"].notna().any()}
     if training:
@@ -161,7 +164,7 @@ def write_report(timings: pd.DataFrame, metadata: Mapping[str, Any], out_dir: Pa
     """Write the raw CSV, stats JSON, markdown summary and plots into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = ReportFiles.in_dir(out_dir)
-    timings.to_csv(files.raw_csv, index=False)
+    timings.rename(columns=CSV_NAMES).to_csv(files.raw_csv, index=False)
     doc = analyze(timings, bootstrap_resamples=bootstrap_resamples, seed=seed)
     doc["metadata"] = {**metadata, "order": iteration_orders(timings),
                        "bootstrap_resamples": bootstrap_resamples, "bootstrap_seed": seed}
@@ -195,53 +198,65 @@ def load_stats(path: Path) -> dict[str, Any]:
 
 
 def ranked_names(doc: Mapping[str, Any]) -> list[str]:
-    return [e["name"] for e in doc["comparison"]["load_time"]["ranking"]]
+    """Configurations fastest first, by median makespan per iteration."""
+    return [e["name"] for e in doc["comparison"][RANKING_METRIC]["ranking"]]
+
+
+def significance_label(entry: Mapping[str, Any]) -> str:
+    """A ranking entry's test result for a table cell: the Holm-adjusted p, 'insufficient runs' or 'reference'."""
+    return f"{entry['p_holm']:.2g}" if entry.get("p_holm") is not None else entry["significance"]
 
 
 def markdown_summary(doc: Mapping[str, Any]) -> str:
-    """Tables of median load time (95 % bootstrap CI), makespan, throughput and stages, fastest first."""
+    """Narrow tables (they fit MLflow's artifact viewer): the ranking by makespan per iteration with its test
+    against the fastest, the per-rank view, stages and counters, fastest first."""
     meta = doc.get("metadata", {})
-    ranking = {e["name"]: e for e in doc["comparison"]["load_time"]["ranking"]}
+    names = ranked_names(doc)
+    comparison = doc["comparison"][RANKING_METRIC]
+    ranking = {e["name"]: e for e in comparison["ranking"]}
+    title = " · ".join(str(v) for v in (meta.get("profile"), meta.get("run_id")) if v)
     lines = [
-        f"# kbit benchmark {meta.get('run_id', '')}".rstrip(), "",
+        f"# kbit benchmark {title}".rstrip(), "",
         f"{meta.get('iterations', '?')} measured iterations (+{meta.get('warmup', '?')} warm-up), "
         f"world size {meta.get('world_size', '?')}, broker {meta.get('broker', '?')}, "
         f"host {meta.get('hardware', {}).get('cpu_count', '?')} CPUs, commit {meta.get('git_commit', '?')}.", "",
-        "Load time = per rank, from a barrier-synchronised start until its train/val/test loaders are ready "
-        "(pooled over ranks and iterations); makespan = the slowest rank of each run. "
-        "CI = percentile-bootstrap 95 % interval of the median; ratio and Mann–Whitney p are against the "
-        "fastest median.", "",
-        "| # | configuration | n | median load s [95% CI] | IQR s | olympic mean s | ratio | p (MWU) "
-        "| makespan median s [95% CI] | records/s | MB/s | run records/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "## Ranking", "",
+        "One sample per iteration: its makespan (the slowest rank, what a synchronous job waits for). "
+        "CI = percentile-bootstrap 95 % interval of the median; *vs fastest* = two-sided Mann–Whitney U "
+        f"against the fastest, Holm-adjusted across the {len(names) - 1} tests (significant below "
+        f"{comparison['alpha']}), or *insufficient runs* when so few iterations cannot reach significance.", "",
+        "| # | configuration | runs | makespan s [95% CI] | ratio | vs fastest |",
+        "|---|---|---|---|---|---|",
     ]
-    for name in ranked_names(doc):
-        s = doc["statistical_analysis"][name]
-        m = doc["makespan"]["statistical_analysis"][name]
-        t = doc["throughput"][name]
-        r = ranking[name]
-        p = "–" if r["p_value"] is None else f"{r['p_value']:.3g}"
-        lines.append(
-            f"| {r['rank']} | {name} | {s['count']} | {s['median']:.4f} [{s['median_ci_low']:.4f}, "
-            f"{s['median_ci_high']:.4f}] | {s['iqr']:.4f} | {s['olympic_mean']:.4f} | {r['ratio']:.2f} | {p} "
-            f"| {m['median']:.4f} [{m['median_ci_low']:.4f}, {m['median_ci_high']:.4f}] "
-            f"| {t['records_per_s_median']:,.0f} | {t['mb_per_s_median']:.2f} "
-            f"| {t['makespan_records_per_s_median']:,.0f} |"
-        )
-    lines += ["", "Median stage seconds per rank:", "",
+    for name in names:
+        m, r = doc["makespan"]["statistical_analysis"][name], ranking[name]
+        lines.append(f"| {r['rank']} | {name} | {r['runs']} | {m['median']:.4f} [{m['median_ci_low']:.4f}, "
+                     f"{m['median_ci_high']:.4f}] | {r['ratio']:.2f} | {significance_label(r)} |")
+    lines += ["", "## Per rank", "",
+              "Rank mean = the mean over ranks per iteration (tested like the makespan); the per-rank median pools "
+              "iterations × ranks (the original's view, descriptive only); rates are per rank.", "",
+              "| configuration | rank mean s | per-rank s [95% CI] | IQR s | records/s | MB/s |",
+              "|---|---|---|---|---|---|"]
+    for name in names:
+        s, t = doc["statistical_analysis"][name], doc["throughput"][name]
+        lines.append(f"| {name} | {doc['rank_mean']['statistical_analysis'][name]['median']:.4f} "
+                     f"| {s['median']:.4f} [{s['median_ci_low']:.4f}, {s['median_ci_high']:.4f}] | {s['iqr']:.4f} "
+                     f"| {t['records_per_s_median']:,.0f} | {t['mb_per_s_median']:.2f} |")
+    lines += ["", "## Stages", "", "Median seconds per rank.", "",
               "| configuration | " + " | ".join(STAGES) + " | bytes/record |",
               "|---|" + "---|" * (len(STAGES) + 1)]
-    for name in ranked_names(doc):
+    for name in names:
         st = doc["stages"][name]
         lines.append(f"| {name} | " + " | ".join(f"{st[f'{s}_s']:.4f}" for s in STAGES)
                      + f" | {doc['throughput'][name]['bytes_per_record']:.1f} |")
-    lines += ["", "Counters, the most one rank had in one measured run:", "",
+    lines += ["", "## Counters", "", "The most one rank had in one measured run.", "",
               "| configuration | " + " | ".join(c.replace("_", " ") for c in COUNTERS) + " |",
               "|---|" + "---|" * len(COUNTERS)]
-    for name in ranked_names(doc):
+    for name in names:
         lines.append(f"| {name} | " + " | ".join(f"{doc['counters'][name][c]:,}" for c in COUNTERS) + " |")
     if "training" in doc:
-        lines += ["", "| configuration | epoch s (median) | samples/s (median) |", "|---|---|---|"]
+        lines += ["", "## Training epoch", "", "| configuration | epoch s (median) | samples/s (median) |",
+                  "|---|---|---|"]
         for name, t in doc["training"].items():
             lines.append(f"| {name} | {t['epoch_s_median']:.3f} | {t['samples_per_s_median']:,.0f} |")
     return "\n".join(lines) + "\n"
@@ -256,7 +271,7 @@ def _figure(num_configs: int, panels: int = 1):
 
 
 def plot_boxplots(doc: Mapping[str, Any], path: Path) -> None:
-    """Tukey box plots (whis=1.5), fastest on top: pooled per-rank load times and per-run makespans."""
+    """Tukey box plots (whis=1.5), fastest on top: pooled per-rank load times (descriptive) and makespans."""
     names = ranked_names(doc)[::-1]
     fig, (pooled, span) = _figure(len(names), panels=2)
     for ax, raw, title in ((pooled, doc["raw_results"], "load time per rank"),
@@ -279,7 +294,7 @@ def plot_mean_std(doc: Mapping[str, Any], path: Path) -> None:
         ax.annotate(f"{s.mean:.3f}", (s.mean, yi), xytext=(4, 4), textcoords="offset points", fontsize=8)
     ax.set_yticks(y, names)
     ax.set_xlabel("seconds (mean ± std, ddof=1)")
-    ax.set_title("load time per rank")
+    ax.set_title("load time per rank (pooled, descriptive)")
     fig.savefig(path, dpi=120)
 
 

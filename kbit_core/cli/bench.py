@@ -15,32 +15,36 @@ from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, console, load_cli_c
 
 
 def results_table(stats: dict[str, Any]) -> Table:
-    """Median load time with its bootstrap CI, makespan and throughput per configuration, fastest first."""
+    """Median makespan per iteration with its bootstrap CI and its Holm-corrected test against the fastest, the
+    per-rank median and throughput, fastest first."""
+    from kbit_core.bench.report import RANKING_METRIC, significance_label
+
     table = Table(title=f"kbit benchmark {stats.get('metadata', {}).get('run_id', '')}".rstrip())
-    for column in ("#", "configuration", "n", "median load s [95% CI]", "IQR s", "ratio", "p (MWU)",
-                   "makespan median s", "records/s", "MB/s"):
+    for column in ("#", "configuration", "runs", "makespan s [95% CI]", "ratio", "vs fastest (p Holm)",
+                   "per-rank median s", "records/s", "MB/s"):
         table.add_column(column, justify="left" if column == "configuration" else "right",
                          no_wrap=column == "configuration")
-    for entry in stats["comparison"]["load_time"]["ranking"]:
+    for entry in stats["comparison"][RANKING_METRIC]["ranking"]:
         name = entry["name"]
         s, m, t = (stats["statistical_analysis"][name], stats["makespan"]["statistical_analysis"][name],
                    stats["throughput"][name])
-        table.add_row(str(entry["rank"]), name, str(s["count"]),
-                      f"{s['median']:.4f} [{s['median_ci_low']:.4f}, {s['median_ci_high']:.4f}]", f"{s['iqr']:.4f}",
-                      f"{entry['ratio']:.2f}", "–" if entry["p_value"] is None else f"{entry['p_value']:.3g}",
-                      f"{m['median']:.4f}", f"{t['records_per_s_median']:,.0f}", f"{t['mb_per_s_median']:.2f}")
+        table.add_row(str(entry["rank"]), name, str(entry["runs"]),
+                      f"{m['median']:.4f} [{m['median_ci_low']:.4f}, {m['median_ci_high']:.4f}]",
+                      f"{entry['ratio']:.2f}", significance_label(entry), f"{s['median']:.4f}",
+                      f"{t['records_per_s_median']:,.0f}", f"{t['mb_per_s_median']:.2f}")
     return table
 
 
 def comparison_table(result: Any) -> Table:
-    table = Table(title=f"B vs A ({result.metric}, threshold {result.threshold:.0%}, alpha {result.alpha})")
-    for column in ("configuration", "A median s", "B median s", "change", "p (MWU)", "verdict"):
+    table = Table(title=f"B vs A ({result.metric} per iteration, threshold {result.threshold:.0%}, "
+                        f"alpha {result.alpha}, Holm-corrected)")
+    for column in ("configuration", "runs A/B", "A median s", "B median s", "change", "p Holm", "verdict"):
         table.add_column(column, justify="left" if column in ("configuration", "verdict") else "right",
                          no_wrap=column == "configuration")
     for d in result.deltas:
         verdict = {"regression": "[red]REGRESSION[/]", "improvement": "[green]improvement[/]"}.get(d.verdict, d.verdict)
-        table.add_row(d.name, f"{d.a_median:.4f}", f"{d.b_median:.4f}", f"{d.change_pct:+.1f}%", f"{d.p_value:.3g}",
-                      verdict)
+        table.add_row(d.name, f"{d.a_runs}/{d.b_runs}", f"{d.a_median:.4f}", f"{d.b_median:.4f}",
+                      f"{d.change_pct:+.1f}%", "–" if d.p_holm is None else f"{d.p_holm:.3g}", verdict)
     return table
 
 
@@ -85,9 +89,9 @@ def register(app: typer.Typer) -> None:
         b: Annotated[Path, typer.Argument(help="Candidate: report directory or its stats.json.")],
         threshold: Annotated[Optional[float], typer.Option(
             help="Relative median slowdown that counts as a regression (default bench.regression_threshold).")] = None,
-        alpha: Annotated[float, typer.Option(help="Significance level of the Mann–Whitney U test.")] = 0.05,
-        makespan: Annotated[bool, typer.Option("--makespan", help="Compare per-run makespans, not per-rank times.")
-                            ] = False,
+        alpha: Annotated[float, typer.Option(help="Family-wise significance level (Mann–Whitney U, Holm).")] = 0.05,
+        metric: Annotated[str, typer.Option(help="Per-iteration unit: 'makespan' (slowest rank) or 'rank_mean'.")
+                          ] = "makespan",
         as_json: JsonOpt = False,
     ) -> None:
         """Compare run B against baseline A; exit code 1 when any configuration regressed."""
@@ -96,8 +100,7 @@ def register(app: typer.Typer) -> None:
         from kbit_core.config import BenchConfig
 
         limit = threshold if threshold is not None else BenchConfig().regression_threshold
-        result = run_guarded(lambda: compare_runs(load_stats(a), load_stats(b), limit, alpha,
-                                                  "makespan" if makespan else "load_time"))
+        result = run_guarded(lambda: compare_runs(load_stats(a), load_stats(b), limit, alpha, metric))
         if as_json:
             print_json(result.to_dict())
         else:
@@ -105,6 +108,8 @@ def register(app: typer.Typer) -> None:
             for side, names in (("A", result.only_in_a), ("B", result.only_in_b)):
                 if names:
                     console.print(f"only in {side}: {', '.join(names)}")
+            if result.insufficient:
+                console.print(f"insufficient runs for a verdict: {', '.join(d.name for d in result.insufficient)}")
             console.print(f"{len(result.regressions)} regression(s)")
         if result.regressions:
             raise typer.Exit(code=1)

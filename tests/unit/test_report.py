@@ -9,23 +9,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kbit_core.bench.measure import Sample
-from kbit_core.bench.report import ReportFiles, rebuild_report, timings_frame, write_report
+from kbit_core.bench.measure import SAMPLE_COLUMNS, Sample
+from kbit_core.bench.report import ReportFiles, read_timings, rebuild_report, timings_frame, write_report
 from kbit_core.errors import ConfigError, StatisticsError
 
 CONFIGS = ("avro_list_lz4.confluent", "json_list_none.confluent")
 
 
-def synthetic_rows(iterations: int = 4, warmup: int = 1, world_size: int = 2, seed: int = 0) -> list[dict]:
-    """Raw rows as the runner records them; json is about twice as slow as avro, warm-ups 10× slower."""
+def synthetic_rows(iterations: int = 4, warmup: int = 1, world_size: int = 2, seed: int = 0,
+                   configs: tuple[str, ...] = CONFIGS, slowdown: dict[str, float] | None = None) -> list[dict]:
+    """Raw rows as the runner records them; configuration i is about i+1 times as slow as the first (json
+    about twice avro), warm-ups 10× slower, ``slowdown`` multiplies named configurations. Every iteration
+    also draws one noise factor all its ranks share (the broker and the CPU they share), as on a real machine."""
     rng = np.random.default_rng(seed)
     rows = []
     for it in range(-warmup, iterations):
-        for pos, ci in enumerate(rng.permutation(len(CONFIGS))):
-            name = CONFIGS[ci]
+        shared = rng.lognormal(0, 0.1)
+        for pos, ci in enumerate(rng.permutation(len(configs))):
+            name = configs[ci]
             fmt, layout, comp = name.split(".")[0].split("_")
             for rank in range(world_size):
-                stages = rng.uniform(0.05, 0.1, size=5) * (ci + 1) * (10 if it < 0 else 1)
+                stages = (rng.uniform(0.05, 0.1, size=5) * (ci + 1) * (10 if it < 0 else 1) * shared
+                          * (slowdown or {}).get(name, 1.0))
                 rows.append(asdict(Sample(
                     iteration=it, warmup=it < 0, config=name, format=fmt, layout=layout, compression=comp,
                     records_per_message=1, client="confluent", batch_size=64, world_size=world_size, rank=rank,
@@ -60,25 +65,39 @@ def test_stats_json_matches_the_raw_rows(report: tuple[ReportFiles, list[dict]])
     for name in CONFIGS:
         mine = [r for r in measured if r["config"] == name]
         assert doc["raw_results"][name] == [r["load_s"] for r in mine]  # warm-ups excluded
-        assert doc["statistical_analysis"][name]["count"] == 8
+        assert doc["statistical_analysis"][name]["count"] == 8  # the pooled per-rank view
         assert doc["statistical_analysis"][name]["median"] == pytest.approx(np.median([r["load_s"] for r in mine]))
         spans = [max(r["load_s"] for r in mine if r["iteration"] == it) for it in range(4)]
+        means = [np.mean([r["load_s"] for r in mine if r["iteration"] == it]) for it in range(4)]
         assert doc["makespan"]["raw_results"][name] == pytest.approx(spans)
+        assert doc["rank_mean"]["raw_results"][name] == pytest.approx(means)
+        assert doc["makespan"]["statistical_analysis"][name]["count"] == 4  # one unit per iteration
         assert doc["throughput"][name]["bytes_per_record"] == 3200.0
         assert doc["configurations"][name]["format"] == name.split("_")[0]
         assert doc["counters"][name] == {"skipped_messages": 1, "gap_offsets": 0, "padded_messages": 0,
                                          "padded_records": 1, "dropped_messages": 1, "kafka_clients": 2}
         assert set(doc["stages"][name]) == {"connect_s", "fetch_s", "decode_s", "collate_s", "other_s"}
-    assert doc["comparison"]["load_time"]["fastest"] == "avro_list_lz4.confluent"
+    for metric in ("makespan", "rank_mean"):
+        ranking = doc["comparison"][metric]["ranking"]
+        assert [e["name"] for e in ranking] == list(CONFIGS)
+        assert [e["runs"] for e in ranking] == [4, 4]  # iterations, not iterations × ranks
+        # 4 vs 4 iterations can reach p = 2/70 < 0.05: one test, so it is reported.
+        assert ranking[0]["significance"] == "reference" and ranking[0]["p_value"] is None
+        assert ranking[1]["significance"] == "significant" and ranking[1]["p_holm"] == pytest.approx(2 / 70)
+    assert "load_time" not in doc["comparison"]  # pooled ranks are never tested
     assert set(doc["metadata"]["order"]) == {"-1", "0", "1", "2", "3"}
     assert all(sorted(o) == sorted(CONFIGS) for o in doc["metadata"]["order"].values())
     assert doc["metadata"]["world_size"] == 2
 
 
-def test_summary_lists_the_fastest_first(report: tuple[ReportFiles, list[dict]]) -> None:
+def test_summary_lists_the_fastest_first_in_narrow_tables(report: tuple[ReportFiles, list[dict]]) -> None:
     files, _ = report
-    table = [line for line in files.summary_md.read_text().splitlines() if line.startswith("| 1 |")]
-    assert len(table) == 1 and "avro_list_lz4.confluent" in table[0]
+    text = files.summary_md.read_text()
+    table = [line for line in text.splitlines() if line.startswith("| 1 |")]
+    assert len(table) == 1 and "avro_list_lz4.confluent" in table[0] and table[0].endswith("| reference |")
+    assert text.count("\n# ") == 0 and text.startswith("# kbit benchmark")  # one heading
+    # MLflow's artifact viewer cuts wide tables: no table has more than seven columns.
+    assert max(line.count("|") for line in text.splitlines() if line.startswith("|")) <= 8
     assert "| skipped messages | gap offsets | padded messages | padded records | dropped messages | kafka clients |" \
         in files.summary_md.read_text()
 
@@ -95,6 +114,21 @@ def test_rebuild_from_the_csv_reproduces_the_stats(report: tuple[ReportFiles, li
     assert after["statistical_analysis"] == before["statistical_analysis"]
     assert after["metadata"] == before["metadata"]
     assert all(p.stat().st_size > 0 for p in rebuilt.paths())
+
+
+def test_too_few_iterations_say_insufficient_runs_not_a_p(tmp_path: Path) -> None:
+    files = write_report(timings_frame(synthetic_rows(iterations=3)), {}, tmp_path, bootstrap_resamples=100, seed=0)
+    slower = json.loads(files.stats_json.read_text())["comparison"]["makespan"]["ranking"][1]
+    # 3 vs 3 iterations: the smallest possible p is 2/20 = 0.1, so no claim can be made.
+    assert (slower["significance"], slower["p_value"], slower["p_holm"]) == ("insufficient runs", None, None)
+    assert "| insufficient runs |" in files.summary_md.read_text()
+
+
+def test_csv_names_the_slowest_rank_flag_and_reads_back(report: tuple[ReportFiles, list[dict]]) -> None:
+    files, _ = report
+    header = files.raw_csv.read_text().splitlines()[0].split(",")
+    assert "is_slowest_rank" in header and "makespan" not in header
+    assert list(read_timings(files.raw_csv).columns) == list(SAMPLE_COLUMNS)
 
 
 def test_only_warmup_rows_is_an_error(tmp_path: Path) -> None:

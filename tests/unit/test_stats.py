@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from matplotlib import cbook
 
-from kbit_core.bench.stats import BoxStats, boxplot_stats, olympic_mean, rate_median
+from kbit_core.bench.stats import (BoxStats, boxplot_stats, can_be_significant, holm_adjust, mann_whitney_p,
+                                   olympic_mean, rate_median, smallest_mann_whitney_p)
 from kbit_core.errors import StatisticsError
 
 HAND = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 100.0]
@@ -113,3 +114,17 @@ def test_agrees_with_numpy_and_matplotlib(values: list[float]) -> None:
     assert sorted(s.lower_outliers + s.upper_outliers) == pytest.approx(sorted(mpl["fliers"].tolist()))
     assert s.mean == pytest.approx(x.mean())
     assert s.min <= s.lower_whisker <= s.q1 <= s.median <= s.q3 <= s.upper_whisker <= s.max
+
+
+def test_holm_adjust_hand_example_keeps_input_order() -> None:
+    # Sorted 0.01, 0.03, 0.04, 0.5 -> 4·0.01, max(0.04, 3·0.03), max(0.09, 2·0.04), max(0.09, 0.5).
+    assert holm_adjust([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    assert holm_adjust([0.9, 0.8]) == pytest.approx([1.0, 1.0])  # 2·0.8 caps at 1; monotone after it
+
+
+def test_exact_mann_whitney_reaches_its_smallest_p_on_separated_samples() -> None:
+    a, b = np.arange(10.0), np.arange(10.0) + 100
+    assert smallest_mann_whitney_p(10, 10) == pytest.approx(2 / 184756)  # 1.08e-5, not scipy's asymptotic 1.8e-4
+    assert mann_whitney_p(a, b) == pytest.approx(smallest_mann_whitney_p(10, 10))
+    assert mann_whitney_p(np.ones(4), np.ones(4)) == 1.0  # tied constant samples: 1, never NaN
+    assert can_be_significant(6, 6, tests=17, alpha=0.05) and not can_be_significant(5, 5, tests=17, alpha=0.05)
