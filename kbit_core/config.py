@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +32,18 @@ class EmbeddedBrokerConfig(Section):
     port: int = Field(19092, ge=1, le=65535, description="Port of the embedded broker.")
 
 
+_SECRET_OPTION = re.compile(r"password|passwd|secret|token|credential|passphrase|private|pem|jaas|(^|[._-])key($|[._-])")
+
+
+def is_secret_option(name: str) -> bool:
+    """Whether a client option (or a flattened config key) holds a credential: passwords, tokens, PEM keys, ...
+
+    ``ssl.key.location``-style paths name a file, not the key itself, and stay readable.
+    """
+    name = name.lower()
+    return bool(_SECRET_OPTION.search(name)) and not name.endswith((".location", "_location"))
+
+
 class KafkaConfig(Section):
     bootstrap_servers: str | None = Field(
         None, description="host:port[,host:port] of a real cluster; unset means the embedded broker."
@@ -45,8 +58,9 @@ class KafkaConfig(Section):
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     request_timeout_s: float = Field(30.0, gt=0)
-    extra: dict[str, str | int | float | bool] = Field(
-        default_factory=dict, description="Extra client options passed through verbatim (librdkafka names)."
+    extra: dict[str, str | int | float | bool | SecretStr] = Field(
+        default_factory=dict, description="Extra client options passed through verbatim (librdkafka names); "
+                                          "credential-like ones (key/secret/password/token/pem) are kept secret."
     )
 
     @property
@@ -57,6 +71,24 @@ class KafkaConfig(Section):
         if self.bootstrap_servers:
             return self.bootstrap_servers
         return f"{self.embedded.host}:{self.embedded.port}"
+
+    @field_validator("extra")
+    @classmethod
+    def _hide_secret_extras(cls, extra: dict[str, Any]) -> dict[str, Any]:
+        # A SecretStr prints and dumps as '**********': the credential cannot reach a log, param or file by accident.
+        return {k: SecretStr(v) if isinstance(v, str) and is_secret_option(k) else v for k, v in extra.items()}
+
+    def client_extra(self) -> dict[str, str | int | float | bool]:
+        """``extra`` with its secrets revealed: only for building a client."""
+        return {k: v.get_secret_value() if isinstance(v, SecretStr) else v for k, v in self.extra.items()}
+
+    def secret_dict(self) -> dict[str, Any]:
+        """This section as JSON-able data with every secret revealed: only for handing to worker processes."""
+        data = self.model_dump(mode="json")
+        data["extra"] = self.client_extra()
+        if self.sasl_password is not None:
+            data["sasl_password"] = self.sasl_password.get_secret_value()
+        return data
 
     @model_validator(mode="after")
     def _check_security(self) -> KafkaConfig:
@@ -70,7 +102,8 @@ class KafkaConfig(Section):
             raise ValueError(f"{', '.join(ssl_files)} given but security_protocol={self.security_protocol} does "
                              "not use TLS (use SSL or SASL_SSL)")
         if self.uses_embedded and self.security_protocol != "PLAINTEXT":
-            raise ValueError("the embedded broker speaks PLAINTEXT only; set bootstrap_servers for a secured cluster")
+            raise ValueError("the embedded broker speaks PLAINTEXT only; set bootstrap_servers for a secured cluster "
+                             "(`kbit cluster up` starts a TLS broker: its state file names the bootstrap and CA)")
         return self
 
 
@@ -146,6 +179,9 @@ class ShardConfig(Section):
 class ReaderConfig(Section):
     mode: Literal["stream", "eager"] = "stream"
     bad_records: Literal["fail", "skip"] = "fail"
+    decoder: Literal["fast", "stock"] = Field(
+        "fast", description="fast: kbit's schema-aware decoders (bit-for-bit the stock results); stock: the format's "
+                            "own library (what the format costs without kbit).")
     prefetch_batches: int = Field(4, ge=1, description="Bounded queue of decoded batches per rank.")
     poll_timeout_s: float = Field(0.5, gt=0)
     deadline_s: float = Field(60.0, gt=0, description="Give up when a range makes no progress for this long.")
@@ -227,10 +263,24 @@ class LaunchConfig(Section):
     executor_gpu_amount: int | None = Field(None, ge=0)
     task_gpu_amount: float | None = Field(None, ge=0)
     gpu_discovery_script: Path | None = None
+    driver_host: str = Field("127.0.0.1", description="Address executors use to reach the driver "
+                             "(spark.driver.host); must be reachable from every executor host on a cluster.")
+    driver_bind_address: str = Field("127.0.0.1", description="Address the driver's sockets bind to "
+                                     "(spark.driver.bindAddress); 0.0.0.0 binds every interface.")
+    driver_port: int | None = Field(None, ge=1, le=65535, description="spark.driver.port; unset = random.")
+    block_manager_port: int | None = Field(None, ge=1, le=65535,
+                                           description="spark.driver.blockManager.port; unset = random.")
     spark_conf: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check_launch(self) -> LaunchConfig:
+        if self.master.startswith(("spark://", "yarn", "k8s://")):
+            for name in ("driver_host", "driver_bind_address"):
+                if is_loopback(getattr(self, name)):
+                    raise ValueError(
+                        f"launch.{name}={getattr(self, name)} is a loopback address, which executors on other hosts "
+                        f"cannot reach with launch.master={self.master}; set launch.{name} to this machine's "
+                        f"address on the cluster network")
         local_n = local_slots(self.master)
         if not self.local_mode and local_n is not None and local_n < self.num_processes:
             raise ValueError(
@@ -244,6 +294,17 @@ class LaunchConfig(Section):
             raise ValueError("use_gpu on a spark:// cluster needs gpu_discovery_script: a script path that exists "
                              "on every executor host (a generated one would exist on the driver only)")
         return self
+
+
+def is_loopback(address: str) -> bool:
+    import ipaddress
+
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def local_slots(master: str) -> int | None:
@@ -337,10 +398,19 @@ class KbitConfig(Section):
 
     def to_secret_dict(self) -> dict[str, Any]:
         """Like to_dict but with secrets revealed: only for handing to worker processes, never for logs."""
-        d = self.to_dict()
-        if self.kafka.sasl_password is not None:
-            d["kafka"]["sasl_password"] = self.kafka.sasl_password.get_secret_value()
-        return d
+        return {**self.to_dict(), "kafka": self.kafka.secret_dict()}
+
+    def to_secret_json(self) -> str:
+        """The config as JSON with secrets revealed: the one form a rank receives (see ``from_json``)."""
+        import json
+
+        return json.dumps(self.to_secret_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> KbitConfig:
+        import json
+
+        return cls.from_dict(json.loads(text))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KbitConfig:
@@ -348,6 +418,13 @@ class KbitConfig(Section):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise ConfigError(_format_validation(exc)) from None
+
+    def override(self, changes: dict[str, Any]) -> KbitConfig:
+        """A validated copy with ``changes`` applied; keys are dotted paths or nested sections, secrets kept.
+
+        ``cfg.override({"launch.num_processes": 4, "reader": {"mode": "eager"}})``
+        """
+        return KbitConfig.from_dict(deep_merge(self.to_secret_dict(), nest_dotted(changes)))
 
     @model_validator(mode="after")
     def _cross_checks(self) -> KbitConfig:
@@ -414,7 +491,8 @@ def nest_dotted(dotted: dict[str, Any]) -> dict[str, Any]:
         node = out
         for part in parents:
             node = node.setdefault(part, {})
-        node[leaf] = value
+        node[leaf] = deep_merge(node[leaf], value) if isinstance(value, dict) and isinstance(node.get(leaf), dict) \
+            else value
     return out
 
 

@@ -26,7 +26,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kbit_core.config import KbitConfig
+    from kbit_core.train.loop import SplitLoaders
 
 STAGES: tuple[str, ...] = ("connect", "fetch", "decode", "collate", "other")
 COUNTERS: tuple[str, ...] = ("skipped_messages", "gap_offsets", "padded_messages", "padded_records",
@@ -77,7 +81,7 @@ SAMPLE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Sample))
 
 @dataclass(frozen=True)
 class Task:
-    """One configuration as the driver hands it to the workers (plain values: it crosses cloudpickle)."""
+    """One configuration as the driver hands it to the workers (as a plain dict: it crosses the wire)."""
 
     config: str
     client: str
@@ -85,35 +89,30 @@ class Task:
     manifest_json: str
 
 
-def cell_config(base: Mapping[str, Any], task: Task) -> Any:
+def cell_config(base: KbitConfig, task: Task) -> KbitConfig:
     """The KbitConfig one configuration runs with: eager reader, its client and its global batch size."""
-    from kbit_core.config import KbitConfig, deep_merge
-
-    return KbitConfig.from_dict(deep_merge(dict(base), {
-        "reader": {"mode": "eager"}, "kafka": {"client": task.client},
-        "train": {"global_batch_size": task.batch_size}}))
+    return base.override({"reader.mode": "eager", "kafka.client": task.client,
+                          "train.global_batch_size": task.batch_size})
 
 
-def measure_iteration(config: dict[str, Any], tasks: list[Task], iteration: int, warmup: bool,
+def measure_iteration(cfg: KbitConfig, tasks: list[dict[str, Any]], iteration: int, warmup: bool,
                       train_epoch: bool) -> list[dict[str, Any]]:
     """Run every task in the given order on this rank; return all ranks' :class:`Sample` rows (on every rank).
 
     Args:
-        config: ``KbitConfig.to_secret_dict()`` of the benchmark (secrets revealed: this runs inside the job).
-        tasks: The configurations in this iteration's (shuffled) order.
+        cfg: The benchmark's config.
+        tasks: The configurations (:class:`Task` fields) in this iteration's (shuffled) order.
         iteration: Iteration number recorded in the rows (negative for warm-ups).
         warmup: Whether the rows are warm-up rows, excluded from the statistics.
         train_epoch: Also time one DDP training epoch over each configuration's train split.
     """
-    from kbit_core.config import KbitConfig
     from kbit_core.train.distributed import all_gather, init_process_group, read_env, teardown
 
-    base = KbitConfig.from_dict(config)
-    env = read_env(base.launch.use_gpu)
-    init_process_group(env, base.launch.timeout_s)
+    env = read_env(cfg.launch.use_gpu)
+    init_process_group(env, cfg.launch.timeout_s)
     rows: list[dict[str, Any]] = []
-    for position, task in enumerate(tasks):
-        mine = _measure_task(config, task, env, train_epoch)
+    for position, task in enumerate(Task(**t) for t in tasks):
+        mine = _measure_task(cfg, task, env, train_epoch)
         gathered = all_gather(mine, env)
         slowest = max(range(len(gathered)), key=lambda r: gathered[r]["load_s"])
         for rank, numbers in enumerate(gathered):
@@ -123,7 +122,7 @@ def measure_iteration(config: dict[str, Any], tasks: list[Task], iteration: int,
     return rows
 
 
-def _measure_task(config: Mapping[str, Any], task: Task, env: Any, train_epoch: bool) -> dict[str, Any]:
+def _measure_task(base: KbitConfig, task: Task, env: Any, train_epoch: bool) -> dict[str, Any]:
     """This rank's numbers for one configuration (the Sample fields that do not describe the run)."""
     import gc
 
@@ -131,7 +130,7 @@ def _measure_task(config: Mapping[str, Any], task: Task, env: Any, train_epoch: 
 
     from kbit_core.kafka.manifest import Manifest
 
-    cfg = cell_config(config, task)
+    cfg = cell_config(base, task)
     manifest = Manifest.model_validate_json(task.manifest_json)
     dist.barrier()
     numbers, loaders = time_loading(cfg, manifest, env.rank, env.world_size)
@@ -142,28 +141,30 @@ def _measure_task(config: Mapping[str, Any], task: Task, env: Any, train_epoch: 
         "client": task.client, "batch_size": task.batch_size,
         "train_epoch_s": float("nan"), "train_samples_per_s": float("nan"),
     })
-    with loaders:
+    try:
         if train_epoch:
             numbers["train_epoch_s"], numbers["train_samples_per_s"] = _train_one_epoch(cfg, env, manifest,
-                                                                                        loaders["train"])
+                                                                                        loaders.train)
+    finally:
+        loaders.close()
     del loaders
     gc.collect()
     return numbers
 
 
-def time_loading(cfg: Any, manifest: Any, rank: int, world_size: int) -> tuple[dict[str, Any], Any]:
+def time_loading(cfg: KbitConfig, manifest: Any, rank: int, world_size: int) -> tuple[dict[str, Any], SplitLoaders]:
     """The timed region of one configuration on one rank: stage seconds, ``load_s``, records, bytes and
-    counters, and the loaded (still open) ``SplitLoaderSet`` for the caller to use and close."""
-    from kbit_core.data.loader import make_split_loaders
+    counters, and the loaded (still open) loaders, sharing one reader, for the caller to use and close."""
+    from kbit_core.train.rank_data import rank_loaders
 
     start = time.perf_counter()
-    loaders = make_split_loaders(cfg, manifest, rank, world_size)
+    loaders = rank_loaders(cfg, manifest, rank, world_size, share_reader=True)
     try:
         t0 = time.perf_counter()
-        loaders.connect()
+        loaders.shared.connect()
         connect = time.perf_counter() - t0
         collate = 0.0
-        for loader in loaders.values():
+        for loader in loaders.splits().values():
             loader.load()
             t0 = time.perf_counter()
             for _ in loader:
@@ -173,8 +174,8 @@ def time_loading(cfg: Any, manifest: Any, rank: int, world_size: int) -> tuple[d
     except BaseException:
         loaders.close()
         raise
-    read = loaders.reader.stats
-    shards = [loader.shard for loader in loaders.values()]
+    read = loaders.shared.reader.stats
+    shards = [loader.shard for loader in loaders.splits().values()]
     measured = {"connect_s": connect, "fetch_s": read.fetch_seconds, "decode_s": read.decode_seconds,
                 "collate_s": collate}
     return {
@@ -182,7 +183,7 @@ def time_loading(cfg: Any, manifest: Any, rank: int, world_size: int) -> tuple[d
         "records": read.records, "bytes": read.bytes,
         "skipped_messages": read.skipped, "gap_offsets": read.gaps,
         "padded_messages": sum(s.padded for s in shards),
-        "padded_records": sum(loader.stats.padded_records for loader in loaders.values()),
+        "padded_records": sum(loader.stats.padded_records for loader in loaders.splits().values()),
         "dropped_messages": sum(s.dropped for s in shards), "kafka_clients": read.kafka_clients,
     }, loaders
 

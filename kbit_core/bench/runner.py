@@ -9,7 +9,7 @@ but excluded from every statistic. Topic production and the job launch stay off 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kbit_core.bench.measure import Task, measure_iteration
+from kbit_core.bench.measure import Sample, Task, measure_iteration
 from kbit_core.bench.report import ReportFiles, load_stats, timings_frame, write_report
-from kbit_core.config import DataVariant, KbitConfig, deep_merge
+from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.errors import ConfigError
 from kbit_core.tracking import make_tracker, run_environment
 
@@ -115,10 +115,11 @@ def run_iterations(cfg: KbitConfig, cells: list[Cell], manifests: dict[str, str]
             label = f"warm-up {index + 1}" if iteration < 0 else f"iteration {iteration + 1}/{b.iterations}"
             bar.update(task, description=f"{label} (world size {ws})")
             order = [c for c in iteration_order(cfg, cells, index) if c.world_size == ws]
-            tasks = [Task(c.name, c.client, c.batch_size, manifests[c.name]) for c in order]
-            job_cfg = KbitConfig.from_dict(deep_merge(cfg.to_secret_dict(), {"launch": {"num_processes": ws}}))
-            rows += run_distributed(measure_iteration, job_cfg, job_cfg.to_secret_dict(), tasks, iteration,
-                                    iteration < 0, b.train_epoch)
+            tasks = [asdict(Task(c.name, c.client, c.batch_size, manifests[c.name])) for c in order]
+            job_cfg = cfg.override({"launch.num_processes": ws})
+            samples = run_distributed(measure_iteration, job_cfg, tasks, iteration, iteration < 0, b.train_epoch,
+                                      result_type=list[Sample])
+            rows += [asdict(sample) for sample in samples]
             bar.advance(task)
     return rows
 

@@ -29,7 +29,7 @@ from typing import Any
 from rich.progress import Progress
 from rich.table import Table
 
-from kbit_core.config import KbitConfig, deep_merge
+from kbit_core.config import KbitConfig
 from kbit_core.errors import DistributedError
 from kbit_core.launch.distributor import run_distributed
 
@@ -39,7 +39,12 @@ STREAM_TARGET = 0.9
 RESULTS_FILE = "train_bench.json"
 
 
-def first_step_probe(called_at: float, use_gpu: bool, timeout_s: int) -> float:
+def first_step_probe(cfg: KbitConfig, called_at: float) -> float:
+    """The rank entry of the TorchDistributor launch measurements (see :func:`first_step`)."""
+    return first_step(called_at, cfg.launch.use_gpu, cfg.launch.timeout_s)
+
+
+def first_step(called_at: float, use_gpu: bool, timeout_s: int) -> float:
     """Join the process group, complete one all-reduce step, and return seconds since ``called_at`` (wall clock)."""
     import torch
     import torch.distributed as dist
@@ -65,14 +70,14 @@ def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int
     base = _bench_config(cfg)
     ds_name = f"deepspeed_zero{cfg.deepspeed.zero_stage}"
     trainings: dict[str, KbitConfig] = {
-        "kafka_stream": _with(base, {"train": {"data": "kafka"}, "reader": {"mode": "stream"}}),
-        "memory": _with(base, {"train": {"data": "memory"}}),
-        ds_name: _with(base, {"train": {"data": "memory"}, "deepspeed": {"enabled": True}}),
+        "kafka_stream": base.override({"train": {"data": "kafka"}, "reader": {"mode": "stream"}}),
+        "memory": base.override({"train": {"data": "memory"}}),
+        ds_name: base.override({"train": {"data": "memory"}, "deepspeed": {"enabled": True}}),
     }
     launches: dict[str, Callable[[], float]] = {
         "torchrun": lambda: _torchrun_first_step(base),
-        "distributor_local_mode": lambda: _distributor_first_step(_with(base, {"launch": {"local_mode": True}})),
-        "distributor_cluster_mode": lambda: _distributor_first_step(_with(base, {"launch": {"local_mode": False}})),
+        "distributor_local_mode": lambda: _distributor_first_step(base.override({"launch": {"local_mode": True}})),
+        "distributor_cluster_mode": lambda: _distributor_first_step(base.override({"launch": {"local_mode": False}})),
     }
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name in trainings}
     overheads: dict[str, list[float | None]] = {name: [] for name in launches}
@@ -90,8 +95,8 @@ def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int
                     progress.update(task, description=f"train bench: {name} (round {round_no + 1}/{repeats})")
                     if name in trainings:
                         run_cfg = trainings[name]
-                        samples[name].append(run_distributed(train_main, run_cfg, run_cfg.to_secret_dict(),
-                                                             manifest_json, str(base.run_dir)))
+                        samples[name].append(run_distributed(train_main, run_cfg, manifest_json,
+                                                             str(base.run_dir)))
                     else:
                         overheads[name].append(_measure_launch(name, launches[name]))
                     progress.advance(task)
@@ -105,12 +110,8 @@ def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int
 
 def _bench_config(cfg: KbitConfig) -> KbitConfig:
     """The user's config with at least two epochs (the last one is measured) and no checkpoint I/O in the timing."""
-    return _with(cfg, {"train": {"epochs": max(2, cfg.train.epochs)},
+    return cfg.override({"train": {"epochs": max(2, cfg.train.epochs)},
                        "checkpoint": {"dir": None, "max_restarts": 0, "resume": "none"}})
-
-
-def _with(cfg: KbitConfig, overrides: dict[str, Any]) -> KbitConfig:
-    return KbitConfig.from_dict(deep_merge(cfg.to_secret_dict(), overrides))
 
 
 def _measure_launch(name: str, measure: Callable[[], float]) -> float | None:
@@ -123,7 +124,7 @@ def _measure_launch(name: str, measure: Callable[[], float]) -> float | None:
 
 
 def _distributor_first_step(cfg: KbitConfig) -> float:
-    return run_distributed(first_step_probe, cfg, time.time(), cfg.launch.use_gpu, cfg.launch.timeout_s)
+    return run_distributed(first_step_probe, cfg, time.time())
 
 
 def _torchrun_first_step(cfg: KbitConfig) -> float:
@@ -221,6 +222,6 @@ def _fmt(value: float | None, pattern: str) -> str:
 
 if __name__ == "__main__":
     out_path, called_at, use_gpu, timeout_s = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
-    first_step = first_step_probe(called_at, use_gpu, timeout_s)
+    first_step_s = first_step(called_at, use_gpu, timeout_s)
     if int(os.environ.get("RANK", "0")) == 0:
-        Path(out_path).write_text(json.dumps({"first_step_s": first_step}))
+        Path(out_path).write_text(json.dumps({"first_step_s": first_step_s}))

@@ -24,6 +24,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter
+
+from kbit_core import wire
 from kbit_core.config import KbitConfig
 from kbit_core.errors import DistributedError
 from kbit_core.launch.spark import check_barrier_slots, clean_worker_tmp, get_spark, spark_dir
@@ -48,15 +51,21 @@ class WorkerFailedError(DistributedError):
         self.rank, self.exception_type = rank, exception_type
 
 
+RankEntry = Callable[..., Any]  # entry(cfg: KbitConfig, *args) -> a wire-encodable result
+
+
 def errors_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "errors"
 
 
-def run_distributed(fn: Callable[..., Any], cfg: KbitConfig, *args: Any, **kwargs: Any) -> Any:
-    """Run ``fn(*args, **kwargs)`` on ``cfg.launch.num_processes`` ranks; return rank 0's result.
+def run_distributed(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: Any = None) -> Any:
+    """Run ``entry(cfg, *args)`` on ``cfg.launch.num_processes`` ranks; return rank 0's result.
 
-    Every rank returns the same object (rank 0's). ``fn`` must be a module-level function; one from a
-    module the workers cannot import (a test file, a notebook helper) is shipped by value.
+    The hand-off is data only: the config crosses once as JSON and each rank validates it into its own
+    ``KbitConfig``; ``args`` and the result cross as kbit wire JSON (:mod:`kbit_core.wire`), never as
+    pickles, and ``result_type`` (a type pydantic validates, e.g. ``list[Sample]``) types the result on
+    the driver. ``entry`` must be a module-level function; one from a module the workers cannot import
+    (a test file, a notebook helper) is shipped by value.
 
     Raises:
         DistributedError: the launch settings do not fit the SparkSession, or a worker raised (the
@@ -67,7 +76,7 @@ def run_distributed(fn: Callable[..., Any], cfg: KbitConfig, *args: Any, **kwarg
     launch = cfg.launch
     session = get_spark(cfg)
     check_barrier_slots(session, launch)
-    _ship_by_value_if_needed(fn)
+    _ship_by_value_if_needed(entry)
     errors = errors_dir(cfg.run_dir)
     with _run_lock:
         shutil.rmtree(errors, ignore_errors=True)
@@ -76,14 +85,16 @@ def run_distributed(fn: Callable[..., Any], cfg: KbitConfig, *args: Any, **kwarg
                                            use_gpu=launch.use_gpu)
         except RuntimeError as exc:
             raise DistributedError(f"TorchDistributor refused launch settings {_describe(cfg)}: {exc}") from exc
-        log.info("launching %s on %s", getattr(fn, "__qualname__", fn), _describe(cfg))
+        log.info("launching %s on %s", getattr(entry, "__qualname__", entry), _describe(cfg))
         with _run_tmpdir(cfg.run_dir):
             try:
-                return distributor.run(_run_rank, fn, str(errors), float(launch.timeout_s), args, kwargs)
+                text = distributor.run(_run_rank, entry, cfg.to_secret_json(), wire.dumps(list(args)), str(errors))
             except Exception as exc:
                 raise _worker_failure(exc, errors, cfg) from exc
             finally:
                 clean_worker_tmp()
+    result = wire.loads(text)
+    return result if result_type is None else TypeAdapter(result_type).validate_python(result)
 
 
 def _describe(cfg: KbitConfig) -> str:
@@ -92,13 +103,13 @@ def _describe(cfg: KbitConfig) -> str:
             f"use_gpu={launch.use_gpu} master={launch.master}")
 
 
-def _run_rank(fn: Callable[..., Any], error_dir: str, timeout_s: float, args: tuple[Any, ...],
-              kwargs: dict[str, Any]) -> Any:
-    """Per-rank wrapper: run ``fn``, record a failure's traceback, and hand every rank rank 0's result."""
+def _run_rank(entry: RankEntry, config_json: str, args_json: str, error_dir: str) -> str:
+    """Per-rank wrapper: build the config, run ``entry``, record a failure's traceback; rank 0's result as JSON."""
     rank = int(os.environ.get("RANK", "0"))
     try:
-        result = fn(*args, **kwargs)
-        return _rank0_result(result, rank, timeout_s)
+        cfg = KbitConfig.from_json(config_json)
+        result = entry(cfg, *wire.loads(args_json))
+        return _rank0_result(wire.dumps(result), rank, float(cfg.launch.timeout_s))
     except BaseException:
         _record_traceback(Path(error_dir), rank)
         raise
@@ -118,33 +129,31 @@ def _record_traceback(error_dir: Path, rank: int) -> None:
         print(f"kbit: cannot record rank {rank}'s traceback in {error_dir} ({exc}):\n{text}", file=sys.stderr)
 
 
-def _rank0_result(result: Any, rank: int, timeout_s: float) -> Any:
-    """Rank 0's ``result`` on every rank.
+def _rank0_result(text: str, rank: int, timeout_s: float) -> str:
+    """Rank 0's result text on every rank.
 
     In local_mode=True every rank writes its return value to the same output file and the last
-    writer wins, so ranks must agree. The process group may already be destroyed by ``fn``; the
-    torchrun agent's store (which outlives the workers) carries the value then.
+    writer wins, so ranks must agree. The process group may already be destroyed by the entry; the
+    torchrun agent's store (which outlives the workers) carries the text then.
     """
     import torch.distributed as dist
 
+    from kbit_core.train.distributed import broadcast_from_main
+
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
-        return result
+        return text
     if dist.is_available() and dist.is_initialized():
-        box = [result]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        return broadcast_from_main(text)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return result
-    from pyspark import cloudpickle
-
+        return text
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world_size,
                           is_master=False, timeout=timedelta(seconds=timeout_s))
     if rank == 0:
-        store.set(_RESULT_KEY, cloudpickle.dumps(result))
-        return result
+        store.set(_RESULT_KEY, text)
+        return text
     # The agent store is private to this torchrun job: only rank 0 of this job wrote the value.
-    return cloudpickle.loads(store.get(_RESULT_KEY))
+    return store.get(_RESULT_KEY).decode()
 
 
 def _worker_failure(exc: Exception, errors: Path, cfg: KbitConfig) -> DistributedError:

@@ -20,8 +20,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
-
 # Spark logs through log4j2 before Python can call setLogLevel, so its start-up WARNs are silenced
 # by handing the JVM this file (console at error level) through extraJavaOptions.
 LOG4J2_PROPERTIES = """\
@@ -62,7 +60,7 @@ def worker_tmp_dir() -> Path | None:
 
 def _prepare_process_env(launch: LaunchConfig) -> None:
     """Variables the JVM and every Python worker inherit: they must be set before the JVM starts."""
-    os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    os.environ["SPARK_LOCAL_IP"] = launch.driver_host
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     if not launch.use_gpu:
@@ -90,17 +88,24 @@ def spark_conf(launch: LaunchConfig, run_dir: Path) -> dict[str, str]:
         "spark.app.name": "kbit",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.driver.host": LOOPBACK,
-        "spark.driver.bindAddress": LOOPBACK,
+        "spark.driver.host": launch.driver_host,
+        "spark.driver.bindAddress": launch.driver_bind_address,
         "spark.driver.extraJavaOptions": java_opts,
         "spark.executor.extraJavaOptions": java_opts,
         "spark.local.dir": str(sdir / "local"),
-        "spark.executorEnv.TMPDIR": str(sdir / "worker-tmp"),
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         # Fail a barrier job that cannot get its slots in seconds instead of retrying 40 × 15 s.
         "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
         "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
     }
+    if launch.driver_port is not None:
+        conf["spark.driver.port"] = str(launch.driver_port)
+    if launch.block_manager_port is not None:
+        conf["spark.driver.blockManager.port"] = str(launch.block_manager_port)
+    if local_slots(launch.master) is not None or launch.master.startswith("local-cluster"):
+        # Executors share this host: their temp files land where kbit cleans up. A cluster's executors keep
+        # their own TMPDIR, since this path need not exist on their hosts.
+        conf["spark.executorEnv.TMPDIR"] = str(sdir / "worker-tmp")
     if not launch.use_gpu:
         conf["spark.executorEnv.DS_ACCELERATOR"] = "cpu"
     if launch.executor_instances is not None:

@@ -62,8 +62,7 @@ def _train_with_restarts(cfg: KbitConfig, train_main: Callable[..., dict[str, An
     attempt_cfg, restarts = cfg, 0
     while True:
         try:
-            result = run_distributed(train_main, attempt_cfg, attempt_cfg.to_secret_dict(), manifest_json,
-                                     str(cfg.run_dir))
+            result = run_distributed(train_main, attempt_cfg, manifest_json, str(cfg.run_dir))
             return {**result, "restarts": restarts}
         except WorkerFailedError as exc:
             if restarts >= cfg.checkpoint.max_restarts or _not_restartable(exc):
@@ -85,9 +84,7 @@ def _checkpoint_dir(cfg: KbitConfig) -> Path | None:
 
 
 def _resume_latest(cfg: KbitConfig) -> KbitConfig:
-    data = cfg.to_secret_dict()
-    data["checkpoint"]["resume"] = "latest"
-    return KbitConfig.from_dict(data)
+    return cfg.override({"checkpoint.resume": "latest"})
 
 
 def _restart_point(cfg: KbitConfig) -> str:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from kbit_core import wire
 from kbit_core.errors import DistributedError
 
 log = logging.getLogger(__name__)
@@ -143,23 +144,58 @@ def seed_everything(seed: int, rank: int, deterministic: bool, device: torch.dev
 
 def broadcast_from_main(obj: Any) -> Any:
     """Rank 0's ``obj`` on every rank (TorchDistributor's local mode returns whichever rank writes last)."""
-    holder = [obj]
-    dist.broadcast_object_list(holder, src=0)
-    return holder[0]
+    payload = _to_bytes(obj if dist.get_rank() == 0 else None)
+    length = torch.tensor([payload.numel()], dtype=torch.int64, device=payload.device)
+    dist.broadcast(length, src=0)
+    if dist.get_rank() != 0:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8, device=payload.device)
+    dist.broadcast(payload, src=0)
+    return _from_bytes(payload)
 
 
 def gather_to_main(obj: Any, env: DistEnv) -> list[Any] | None:
-    """Every rank's ``obj`` as a list on rank 0 (None elsewhere); small picklable values only."""
-    out: list[Any] | None = [None] * env.world_size if env.is_main else None
-    dist.gather_object(obj, out, dst=0)
-    return out
+    """Every rank's ``obj`` as a list on rank 0 (None elsewhere); small wire-encodable values only."""
+    gathered = all_gather(obj, env)
+    return gathered if env.is_main else None
 
 
 def all_gather(obj: Any, env: DistEnv) -> list[Any]:
-    """Every rank's small picklable ``obj`` on every rank."""
-    out: list[Any] = [None] * env.world_size
-    dist.all_gather_object(out, obj)
-    return out
+    """Every rank's small ``obj`` on every rank, sent as kbit wire JSON (never pickled: it crosses sockets)."""
+    payload = _to_bytes(obj)
+    lengths = [torch.zeros(1, dtype=torch.int64, device=payload.device) for _ in range(env.world_size)]
+    dist.all_gather(lengths, torch.tensor([payload.numel()], dtype=torch.int64, device=payload.device))
+    longest = max(int(n.item()) for n in lengths)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=payload.device)
+    padded[: payload.numel()] = payload
+    buffers = [torch.empty(longest, dtype=torch.uint8, device=payload.device) for _ in range(env.world_size)]
+    dist.all_gather(buffers, padded)
+    return [_from_bytes(buffer[: int(n.item())]) for buffer, n in zip(buffers, lengths)]
+
+
+def _collective_device() -> torch.device:
+    # nccl moves only CUDA tensors; gloo only CPU ones.
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _to_bytes(obj: Any) -> torch.Tensor:
+    return torch.frombuffer(bytearray(wire.dumps(obj).encode()), dtype=torch.uint8).to(_collective_device())
+
+
+def _from_bytes(payload: torch.Tensor) -> Any:
+    return wire.loads(payload.cpu().numpy().tobytes().decode())
+
+
+def rank_identity(env: DistEnv) -> dict[str, Any]:
+    """Where this rank runs: its rank, its host's name and the address it reaches the rendezvous host from."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        # Connecting a UDP socket sends nothing; it only picks the interface that routes to MASTER_ADDR.
+        probe.connect((env.master_addr, env.master_port))
+        address = probe.getsockname()[0]
+    return {"rank": env.rank, "host": socket.gethostname(), "address": address}
 
 
 def teardown() -> None:

@@ -18,7 +18,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from kbit_core.config import KbitConfig
-from kbit_core.data.loader import LoaderStats
+from kbit_core.data.loader import LoaderStats, SplitLoaderSet
 from kbit_core.errors import ConfigError, DistributedError, TrainingDivergedError
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.distributed import DistEnv, broadcast_from_main, gather_to_main
@@ -59,6 +59,8 @@ class SplitLoaders:
     # Per split: the shard plan's messages, messages_per_rank and PLAN_COUNTS for one epoch (the same on every
     # rank); empty when the loaders do not read a planned topic.
     plan: dict[str, dict[str, int]] = field(default_factory=dict)
+    # The one reader set every split reads through, when the loaders share a consumer (the benchmark's).
+    shared: SplitLoaderSet | None = None
 
     def splits(self) -> dict[str, Loader]:
         """The loaders present, by split name."""
@@ -69,6 +71,8 @@ class SplitLoaders:
         """Release the loaders' consumers and cached shards."""
         for loader in self.splits().values():
             loader.close()
+        if self.shared is not None:
+            self.shared.close()
 
 
 @dataclass

@@ -12,59 +12,41 @@ from typing import Any
 import torch
 
 from kbit_core.config import KbitConfig
-from kbit_core.data.loader import ShardLoader, make_split_loader
 from kbit_core.kafka.manifest import Manifest
 from kbit_core.train import checkpoint as ckpt
-from kbit_core.train.distributed import (DistEnv, import_deepspeed, init_process_group, read_env, seed_everything,
-                                         teardown)
+from kbit_core.train.distributed import (DistEnv, all_gather, import_deepspeed, init_process_group, rank_identity,
+                                         read_env, seed_everything, teardown)
 from kbit_core.train.engine import build_engine
 from kbit_core.train.loop import SplitLoaders, Trainer, steps_per_epoch
+from kbit_core.train.rank_data import rank_loaders
 from kbit_core.train.models import ImageShape, build_model
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "val", "test")
 RESULT_FILE = "train_result.json"
 
 LoaderFactory = Callable[[KbitConfig, DistEnv], SplitLoaders]
 
 
-def train_main(config: dict[str, Any], manifest_json: str, run_dir: str) -> dict[str, Any]:
+def train_main(cfg: KbitConfig, manifest_json: str, run_dir: str) -> dict[str, Any]:
     """Train on the Kafka topic described by ``manifest_json``; the same dict returns on every rank.
 
     Args:
-        config: ``KbitConfig.to_secret_dict()`` (secrets revealed: this runs inside the job's own processes).
+        cfg: The run's config, as :func:`kbit_core.launch.distributor.run_distributed` hands it to each rank.
         manifest_json: The produce run's manifest (topic, partitions, offsets, image shape, classes) as JSON,
             passed inline because executors on other hosts cannot read the driver's files.
         run_dir: Directory for this run's outputs (checkpoints, errors/rank*.txt); relative checkpoint paths
             are resolved against it. Every rank writes there, so a multi-host run needs it on a shared filesystem.
     """
-    cfg = KbitConfig.from_dict(config)
     manifest = Manifest.model_validate_json(manifest_json)
     if cfg.train.data == "memory":
         # The in-memory baseline: each rank reads its whole shard before training starts.
-        cfg = cfg.model_copy(update={"reader": cfg.reader.model_copy(update={"mode": "eager"})})
+        cfg = cfg.override({"reader.mode": "eager"})
 
     def kafka_loaders(cfg: KbitConfig, env: DistEnv) -> SplitLoaders:
-        splits = SPLITS[: len(cfg.shard.split_rates)]
-        # One reader per split, so each loader's read counts (skipped, gaps, retries) are its split's own.
-        made = {s: make_split_loader(cfg, manifest, s, env.rank, env.world_size) for s in splits}
-        if cfg.train.data == "memory":
-            for loader in made.values():
-                loader.load()
-        return SplitLoaders(**made, plan=_plan_counts(made, env.world_size))
+        return rank_loaders(cfg, manifest, env.rank, env.world_size, share_reader=False)
 
     return run_worker(cfg, run_dir, kafka_loaders, manifest.dataset.image_shape, manifest.dataset.num_classes)
-
-
-def _plan_counts(loaders: dict[str, ShardLoader], world_size: int) -> dict[str, dict[str, int]]:
-    """Per split, what one epoch's shard plan reads, drops and pads, plus the train records left past the last
-    whole batch (every rank has the same shard size, hence the same tail)."""
-    report = next(iter(loaders.values())).plan.report()
-    return {split: {"messages": report[split]["messages"], "messages_per_rank": report[split]["messages_per_rank"],
-                    "dropped_messages": report[split]["dropped"], "padded_messages": report[split]["padded"],
-                    "dropped_tail_records": loader.tail_records * world_size}
-            for split, loader in loaders.items()}
 
 
 def run_worker(cfg: KbitConfig, run_dir: str | Path, make_loaders: LoaderFactory, image_shape: ImageShape,
@@ -105,7 +87,7 @@ def _fit(cfg: KbitConfig, env: DistEnv, deepspeed: ModuleType | None, run_dir: P
     trainer = Trainer(cfg, env, engine, loaders, writer)
     if resume_from is not None:
         trainer.resume(resume_from)
-    result = trainer.fit()
+    result = {**trainer.fit(), "ranks": all_gather(rank_identity(env), env)}
     if writer is not None:
         writer.finish()
     if env.is_main:

@@ -42,7 +42,7 @@ def opened_clients(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_one_configuration_opens_one_consumer_and_one_bounds_client(produce_topic: Produce, opened_clients,
                                                                     client, consumer_class):
     base, manifest = produce_topic(RAW, 301, partitions=3)
-    cfg = cell_config(base.to_secret_dict(), Task("raw_bytes_lz4", client, 16, manifest.model_dump_json()))
+    cfg = cell_config(base, Task("raw_bytes_lz4", client, 16, manifest.model_dump_json()))
     opened_clients.clear()
     numbers, loaders = time_loading(cfg, manifest, 0, 2)
     loaders.close()
@@ -66,7 +66,7 @@ def test_skipped_and_padded_records_reach_the_numbers(produce_topic: Produce):
     base, manifest = produce_topic(RAW, 40, partitions=2, reader__bad_records="skip", shard__split_rates=[0.5, 0.5])
     inject(base, manifest.topic, 1, b"not an image")
     bad = extended(manifest, 1, 1)
-    cfg = cell_config(base.to_secret_dict(), Task("raw", "confluent", 4, bad.model_dump_json()))
+    cfg = cell_config(base, Task("raw", "confluent", 4, bad.model_dump_json()))
     numbers, loaders = time_loading(cfg, bad, 0, 1)
     loaders.close()
     assert numbers["skipped_messages"] == 1 and numbers["padded_records"] == 1

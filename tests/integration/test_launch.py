@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 
+from kbit_core.config import KbitConfig
 from kbit_core.errors import DistributedError
 from kbit_core.launch.distributor import WorkerFailedError, errors_dir, run_distributed
 from kbit_core.launch.spark import worker_tmp_dir
@@ -15,7 +16,7 @@ from kbit_core.launch.spark import worker_tmp_dir
 pytestmark = [pytest.mark.spark]
 
 
-def rank_report(delay_rank0_s: float) -> dict[str, int]:
+def rank_report(cfg: KbitConfig, delay_rank0_s: float) -> dict[str, int]:
     """All-reduce the ranks, tear the group down, and return this rank's view.
 
     Rank 0 finishes last on purpose: without the launcher's rank-0 hand-off, the other rank's
@@ -32,10 +33,11 @@ def rank_report(delay_rank0_s: float) -> dict[str, int]:
     dist.destroy_process_group()
     if rank == 0:
         time.sleep(delay_rank0_s)
-    return {"rank": rank, "world_size": world_size, "rank_sum": int(total.item()), "pid": os.getpid()}
+    return {"rank": rank, "world_size": world_size, "rank_sum": int(total.item()), "pid": os.getpid(),
+            "profile": cfg.profile}
 
 
-def fail_on_rank(bad_rank: int) -> None:
+def fail_on_rank(cfg: KbitConfig, bad_rank: int) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
@@ -52,9 +54,9 @@ def fail_on_rank(bad_rank: int) -> None:
 @pytest.mark.parametrize("local_mode", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_every_rank_returns_rank0_result(spark, make_config, audited_tmpdir, launch_debris, local_mode):
     cfg = make_config(launch__local_mode=local_mode)
-    result = run_distributed(rank_report, cfg, delay_rank0_s=1.0)
-    assert {k: result[k] for k in ("rank", "world_size", "rank_sum")} == {"rank": 0, "world_size": 2,
-                                                                          "rank_sum": 1}
+    result = run_distributed(rank_report, cfg, 1.0)
+    assert {k: result[k] for k in ("rank", "world_size", "rank_sum", "profile")} == {
+        "rank": 0, "world_size": 2, "rank_sum": 1, "profile": cfg.profile}
     assert result["pid"] != os.getpid()
     assert launch_debris(audited_tmpdir, cfg.run_dir, worker_tmp_dir()) == []
 
@@ -79,11 +81,11 @@ def test_more_barrier_tasks_than_slots_is_refused_before_launch(spark, make_conf
                       train__global_batch_size=64)
     started = time.monotonic()
     with pytest.raises(DistributedError, match=r"needs 3 concurrent barrier tasks .*SparkSession \(local\[2\]\) has 2 slot"):
-        run_distributed(rank_report, cfg, delay_rank0_s=0.0)
+        run_distributed(rank_report, cfg, 0.0)
     assert time.monotonic() - started < 10
 
 
 def test_gpu_launch_without_gpu_resources_is_a_clear_error(spark, make_config):
     cfg = make_config(launch__use_gpu=True)
     with pytest.raises(DistributedError, match="TorchDistributor refused launch settings .*use_gpu=True.*GPU"):
-        run_distributed(rank_report, cfg, delay_rank0_s=0.0)
+        run_distributed(rank_report, cfg, 0.0)

@@ -107,7 +107,8 @@ def _kafka_rank_main(rank: int, port: int, config: dict[str, Any], manifest_json
     """One rank of ``train_main``, the entry TorchDistributor runs, streaming its shard from the broker."""
     _rank_env(rank)
     os.environ["MASTER_PORT"] = str(port)
-    Path(run_dir, f"rank{rank}.json").write_text(json.dumps(train_main(config, manifest_json, run_dir)))
+    result = train_main(KbitConfig.from_dict(config), manifest_json, run_dir)
+    Path(run_dir, f"rank{rank}.json").write_text(json.dumps(result))
 
 
 def train_config(tmp_path: Path, **sections: Any) -> dict[str, Any]:

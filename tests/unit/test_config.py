@@ -151,9 +151,11 @@ def test_inconsistent_kafka_security_is_rejected(kafka: dict, match: str) -> Non
 
 
 def test_gpu_on_a_cluster_needs_a_discovery_script_on_the_executors() -> None:
+    driver = {"driver_host": "10.1.0.5", "driver_bind_address": "0.0.0.0"}
     with pytest.raises(ValueError, match="gpu_discovery_script"):
-        LaunchConfig(master="spark://h:7077", local_mode=False, use_gpu=True)
-    LaunchConfig(master="spark://h:7077", local_mode=False, use_gpu=True, gpu_discovery_script="/opt/gpus.sh")
+        LaunchConfig(master="spark://h:7077", local_mode=False, use_gpu=True, **driver)
+    LaunchConfig(master="spark://h:7077", local_mode=False, use_gpu=True, gpu_discovery_script="/opt/gpus.sh",
+                 **driver)
 
 
 def test_gpu_cluster_mode_on_plain_local_master_rejected_even_without_task_amount() -> None:
@@ -165,3 +167,33 @@ def test_librdkafka_extras_refused_for_kafka_python() -> None:
     with pytest.raises(ConfigError, match="kafka.extra holds librdkafka options"):
         KbitConfig.from_dict({"kafka": {"client": "kafka-python", "extra": {"fetch.wait.max.ms": 10}}})
     KbitConfig.from_dict({"kafka": {"extra": {"fetch.wait.max.ms": 10}}})
+
+
+@pytest.mark.parametrize("setting", ["driver_host", "driver_bind_address"])
+def test_a_cluster_master_with_a_loopback_driver_address_names_the_setting(setting: str) -> None:
+    launch = {"master": "spark://10.213.7.1:7077", "local_mode": False, "driver_host": "10.213.7.1",
+              "driver_bind_address": "10.213.7.1", setting: "127.0.0.1"}
+    with pytest.raises(ConfigError, match=rf"launch\.{setting}=127\.0\.0\.1 is a loopback address"):
+        KbitConfig.from_dict({"launch": launch})
+
+
+def test_local_masters_keep_the_driver_on_loopback() -> None:
+    launch = KbitConfig().launch
+    assert (launch.driver_host, launch.driver_bind_address) == ("127.0.0.1", "127.0.0.1")
+
+
+def test_override_takes_dotted_and_nested_keys_validates_and_keeps_secrets() -> None:
+    cfg = KbitConfig.from_dict({"kafka": {"bootstrap_servers": "k:9093", "security_protocol": "SASL_SSL",
+                                          "sasl_mechanism": "PLAIN", "sasl_username": "u",
+                                          "sasl_password": "hunter2"}})
+    changed = cfg.override({"launch.num_processes": 4, "train": {"global_batch_size": 128}, "reader.mode": "eager"})
+    assert (changed.launch.num_processes, changed.train.global_batch_size, changed.reader.mode) == (4, 128, "eager")
+    assert changed.kafka.sasl_password.get_secret_value() == "hunter2"
+    assert cfg.launch.num_processes == 2  # the original is untouched
+    with pytest.raises(ConfigError, match="launch.num_processes"):
+        cfg.override({"launch.num_processes": 0})
+
+
+def test_the_rank_hand_off_round_trips_the_whole_config() -> None:
+    cfg = KbitConfig.from_dict({"profile": "p", "train": {"epochs": 5}})
+    assert KbitConfig.from_json(cfg.to_secret_json()) == cfg
