@@ -45,6 +45,7 @@ class LoaderStats:
     batches: int = 0
     records: int = 0
     padded_records: int = 0  # repeated to keep len() after corrupt records were skipped
+    left_out_records: int = 0  # read from this rank's shard but not yielded: see ShardLoader.left_out_records
     wait_seconds: float = 0.0  # time the consumer spent blocked waiting for a batch (data-wait)
     load_seconds: float = 0.0  # eager mode: reading and decoding the whole shard
     reader: ReaderStats = field(default_factory=ReaderStats)  # shared by every loader of a shared reader
@@ -164,6 +165,23 @@ class ShardLoader:
     def _available(self) -> int:
         return max(0, self.shard.num_records - self._short)
 
+    @property
+    def left_out_records(self) -> int:
+        """Records of this rank's shard an epoch does not yield: the train split's partial last batch, and, with
+        several records per message, the records past what the rank holding the dataset's short last message
+        can yield (every rank yields that many, so len() is equal on all of them)."""
+        held = self.shard.num_records - (self._short if self._holds_short_message else 0)
+        return held - self.num_records
+
+    @property
+    def _holds_short_message(self) -> bool:
+        if not self._short:
+            return False
+        # message i went to partition i % P, in order: the last one is the last offset of partition (N - 1) % P
+        parts = self.manifest.partitions
+        last = next(p for p in parts if p.partition == (self.manifest.num_messages - 1) % len(parts))
+        return any(r.partition == last.partition and r.start <= last.last_offset < r.stop for r in self.shard.ranges)
+
     def __len__(self) -> int:
         return -(-self.num_records // self.batch_size)
 
@@ -218,6 +236,12 @@ class ShardLoader:
                 self.stats.batches += 1
                 self.stats.records += len(batch.y)
                 yield batch
+        left_out = self.left_out_records
+        self.stats.left_out_records += left_out
+        if left_out > self.tail_records:
+            log.info("rank %d split %s epoch %d: %d records of this rank's shard left out (%d past the last whole "
+                     "batch, %d to yield as many as the rank holding the dataset's short last message)", self.rank,
+                     self.split, self.epoch, left_out, self.tail_records, left_out - self.tail_records)
 
     def _decoded(self, blocks: list[Block]) -> Iterator[tuple[Block, Any]]:
         if self.mode == "eager":
@@ -364,8 +388,8 @@ def make_split_loader(cfg: KbitConfig, manifest: Manifest, split: str, rank: int
     bounds check; its owner closes it. :func:`make_split_loaders` builds all splits that way.
     """
     if reader is None:
-        return ShardLoader(cfg, manifest, split, rank, world_size, manifest_codec(manifest), epoch=epoch,
-                           client=client)
+        return ShardLoader(cfg, manifest, split, rank, world_size, manifest_codec(manifest, cfg.reader.decoder),
+                           epoch=epoch, client=client)
     if reader.topic != manifest.topic or client not in (None, reader.client):
         wanted = f" with client {client}" if client else ""
         raise ConfigError(f"the loader of topic {manifest.topic!r}{wanted} cannot share the {reader.client} reader "
@@ -373,11 +397,13 @@ def make_split_loader(cfg: KbitConfig, manifest: Manifest, split: str, rank: int
     return ShardLoader(cfg, manifest, split, rank, world_size, reader.codec, epoch=epoch, reader=reader)
 
 
-def manifest_codec(manifest: Manifest) -> Any:
-    """The codec the topic was written with; ManifestMismatchError when this kbit's schema differs."""
+def manifest_codec(manifest: Manifest, decoder: str = "stock") -> Any:
+    """The codec the topic was written with, decoding with ``decoder`` (``fast`` falls back to the stock library,
+    logging why, when no fast decoder recognises the schema); ManifestMismatchError when this kbit's schema
+    differs."""
     variant = manifest.variant
     codec = get_codec(variant.format, variant.layout, tuple(manifest.dataset.image_shape), variant.records_per_message,
-                      num_classes=manifest.dataset.num_classes)
+                      num_classes=manifest.dataset.num_classes, decoder=decoder)
     if codec.schema_fingerprint() != manifest.schema_fingerprint:
         raise ManifestMismatchError(
             f"topic {manifest.topic!r} was written with schema {manifest.schema_fingerprint}, but this kbit's "
@@ -425,6 +451,6 @@ def make_split_loaders(cfg: KbitConfig, manifest: Manifest, rank: int, world_siz
     """The loaders of ``splits`` (default: every split ``shard.split_rates`` defines) for ``rank``, sharing one
     reader. Nothing connects until :meth:`SplitLoaderSet.connect` or the first read."""
     names = SPLIT_NAMES[: len(cfg.shard.split_rates)] if splits is None else tuple(splits)
-    reader = RangeReader(cfg.kafka, cfg.reader, manifest.topic, manifest_codec(manifest), client)
+    reader = RangeReader(cfg.kafka, cfg.reader, manifest.topic, manifest_codec(manifest, cfg.reader.decoder), client)
     return SplitLoaderSet(reader, {s: make_split_loader(cfg, manifest, s, rank, world_size, epoch=epoch, reader=reader)
                                    for s in names})

@@ -156,14 +156,14 @@ class RangeReader:
                     continue  # the head of a compressed batch before our start, or a re-delivery: never ours
                 if rec.offset >= rng.stop:
                     self._carry = [x for x in batch[i:] if x.partition == rng.partition]
+                    next_offset = self._gap(rng, next_offset, rng.stop)
                     break
-                if rec.offset > next_offset:
-                    self.stats.gaps += rec.offset - next_offset
-                    log.warning("topic %s partition %d: offsets %d..%d are missing inside planned range %s "
-                                "(transaction markers or compaction)", self.topic, rng.partition, next_offset,
-                                rec.offset - 1, rng)
                 records.append(rec)
-                next_offset = rec.offset + 1
+                next_offset = self._gap(rng, next_offset, rec.offset) + 1
+            if not batch and next_offset < rng.stop and (consumer.position(rng.partition) or 0) >= rng.stop:
+                # The consumer moved past the range's end without delivering its last offsets: they hold
+                # control records (a transaction's marker at the log end) or were compacted away.
+                next_offset = self._gap(rng, next_offset, rng.stop)
             if next_offset > before:
                 last_progress, backoff = time.monotonic(), 0.05
             elif time.monotonic() - last_progress > cfg.deadline_s:
@@ -177,6 +177,14 @@ class RangeReader:
         self.stats.bytes += sum(len(r.value) for r in records if r.value is not None)
         self.stats.fetch_seconds += time.perf_counter() - t0
         return records
+
+    def _gap(self, rng: OffsetRange, expected: int, found: int) -> int:
+        """Count offsets ``[expected, found)`` of ``rng`` as missing (logged); returns ``found``."""
+        if found > expected:
+            self.stats.gaps += found - expected
+            log.warning("topic %s partition %d: offsets %d..%d are missing inside planned range %s "
+                        "(transaction markers or compaction)", self.topic, rng.partition, expected, found - 1, rng)
+        return found
 
     # -- decode ------------------------------------------------------------------------------------
 

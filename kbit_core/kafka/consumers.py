@@ -48,6 +48,11 @@ class ConsumerBackend(ABC):
         """Up to ``max_records`` records (possibly none when ``timeout_s`` passes)."""
 
     @abstractmethod
+    def position(self, partition: int) -> int | None:
+        """The next offset this consumer will deliver from ``partition`` of the assigned topic (past records it
+        delivered and control records it skipped), or None before the first fetch."""
+
+    @abstractmethod
     def close(self) -> None: ...
 
     @property
@@ -133,6 +138,12 @@ class ConfluentConsumer(ConsumerBackend):
                               f"{err.str()}")
         return out
 
+    def position(self, partition: int) -> int | None:
+        from confluent_kafka import TopicPartition
+
+        (tp,) = self._consumer.position([TopicPartition(self.topic, partition)])
+        return tp.offset if tp.offset >= 0 else None  # librdkafka's OFFSET_INVALID is negative
+
     def close(self) -> None:
         self._consumer.close()
 
@@ -185,6 +196,11 @@ class KafkaPythonConsumer(ConsumerBackend):
         except KafkaError as exc:  # transport and leadership trouble: the reader retries until its deadline
             raise BrokerError(f"consumer error on topic {self.topic!r}: {exc}") from None
         return [RawRecord(r.partition, r.offset, r.value) for recs in batches.values() for r in recs]
+
+    def position(self, partition: int) -> int | None:
+        from kafka import TopicPartition
+
+        return self._consumer.position(TopicPartition(self.topic, partition), timeout_ms=0)
 
     def close(self) -> None:
         self._consumer.close(autocommit=False)

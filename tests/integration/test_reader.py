@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -190,3 +192,61 @@ def test_unknown_split_or_rank_is_a_config_error(produce_topic: Produce):
         make_split_loader(cfg, manifest, "test", 0, 1)
     with pytest.raises(ConfigError, match="rank 2 is outside world size 2"):
         make_split_loader(cfg, manifest, "train", 2, 2)
+
+
+def append_transaction(cfg, topic: str, partition: int, values: list[bytes]) -> list[int]:
+    """Produce ``values`` to ``partition`` in one committed transaction: the commit marker takes the offset after
+    them, the log's last, and no consumer ever delivers it. Returns the values' offsets."""
+    from confluent_kafka import Producer
+
+    offsets: list[int] = []
+    producer = Producer({"bootstrap.servers": cfg.kafka.resolved_bootstrap(), "transactional.id": f"kbit-{topic}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for value in values:
+        producer.produce(topic, value, partition=partition, on_delivery=lambda err, msg: offsets.append(msg.offset()))
+    producer.flush(30)
+    producer.commit_transaction(30)
+    return offsets
+
+
+@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
+def test_offsets_missing_at_the_end_of_a_range_are_counted_as_gaps(produce_topic: Produce, client):
+    # A range whose last offsets never arrive (a transaction marker at the log end; compaction likewise) must end
+    # with those offsets counted as gaps, not wait out the reader's deadline.
+    cfg, manifest = produce_topic(RAW, 20, partitions=1, reader__deadline_s=10.0)
+    codec = get_codec("raw", "bytes", manifest.dataset.image_shape)
+    end = manifest.partitions[0].stop_offset
+    extra = codec.encode(*[a[:2] for a in (np.arange(2), np.zeros((2, *codec.image_shape), np.uint8),
+                                            np.zeros(2, np.int64))])
+    assert append_transaction(cfg, manifest.topic, 0, extra) == [end, end + 1]
+    log_end = end + 3  # the two records and the commit marker
+    with RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec, client) as reader:
+        t0 = time.monotonic()
+        ((rng, records),) = list(reader.read_raw([OffsetRange(0, end - 5, log_end)]))
+        elapsed = time.monotonic() - t0
+        assert [r.offset for r in records] == list(range(end - 5, end + 2))
+        assert reader.stats.gaps == 1 and reader.stats.messages == 7
+        assert elapsed < cfg.reader.deadline_s / 2, f"waited {elapsed:.1f}s for the marker"
+        # the same offsets in the middle of a longer read: counted once more, nothing else lost
+        got = list(reader.read_raw([OffsetRange(0, end + 1, log_end), OffsetRange(0, 0, 3)]))
+        assert [[r.offset for r in recs] for _, recs in got] == [[end + 1], [0, 1, 2]]
+        assert reader.stats.gaps == 2
+
+
+def test_records_left_out_with_several_records_per_message_are_counted(produce_topic: Produce):
+    # 43 records in groups of 4: the last message holds 3, so every rank yields what the rank holding it can,
+    # and the records the others read past that are counted, not silently dropped.
+    cfg, manifest = produce_topic({**RAW, "records_per_message": 4}, 43, partitions=2,
+                                  train__global_batch_size=2, shard__split_rates=[1.0])
+    codec = get_codec("raw", "bytes", manifest.dataset.image_shape, 4)
+    yielded = left_out = held = 0
+    for rank in range(2):
+        with make_split_loader(cfg, manifest, "train", rank, 2) as loader:
+            yielded += sum(len(y) for _, y in loader)
+            assert loader.stats.left_out_records == loader.left_out_records
+            left_out += loader.stats.left_out_records
+            with RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec) as reader:
+                held += sum(len(batch) for _, batch in reader.read(loader.shard.ranges))
+    assert held == 39  # 10 of the 11 messages planned (the remainder leaves one full message out): 20 + 19 records
+    assert yielded + left_out == held and left_out == 1  # both shards yield 19
