@@ -6,7 +6,6 @@ from typing import Any, Literal
 
 from prefect import flow
 
-from kbit_core.config import deep_merge, nest_dotted
 from kbit_core.sweep import DEFAULT_SPACE, best_trial, expand_space
 from tasks.config import load_run_config
 from tasks.produce import ensure_dataset_topics
@@ -28,7 +27,8 @@ def sweep(profile: str = "train", overrides: dict[str, Any] | None = None,
       5. Choose the best trial by ``metric`` (``mode`` max or min) and publish the trial table.
     """
     trials = expand_space(space or DEFAULT_SPACE, num_trials, seed)
-    configs = [load_run_config(profile, deep_merge(overrides or {}, nest_dotted(trial))) for trial in trials]
+    base = load_run_config(profile, overrides)
+    configs = [base.override(trial) for trial in trials]
     ensure_dataset_topics(configs[0], [configs[0].produce.variant])
     results = [{"trial": i, "params": trial, **train_model(cfg)}
                for i, (trial, cfg) in enumerate(zip(trials, configs))]

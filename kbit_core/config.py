@@ -362,6 +362,11 @@ class StackConfig(Section):
     prefect_api_url: str | None = Field(None, description="Remote Prefect API; unset means the local server.")
 
 
+# Paths that ranks open themselves; relative ones mean "relative to the driver's working directory".
+_RANK_PATHS = (("kafka", "ssl_cafile"), ("kafka", "ssl_certfile"), ("kafka", "ssl_keyfile"), ("dataset", "path"),
+               ("launch", "gpu_discovery_script"))
+
+
 class KbitConfig(Section):
     profile: str = "default"
     workdir: Path = Field(Path(".kbit"), description="Run directory: broker pid/log, manifests, reports, mlflow.db.")
@@ -401,10 +406,19 @@ class KbitConfig(Section):
         return {**self.to_dict(), "kafka": self.kafka.secret_dict()}
 
     def to_secret_json(self) -> str:
-        """The config as JSON with secrets revealed: the one form a rank receives (see ``from_json``)."""
+        """The config as JSON with secrets revealed: the one form a rank receives (see ``from_json``).
+
+        Paths a rank opens (the run directory, the dataset, TLS files, the GPU discovery script) are made
+        absolute here, on the driver: an executor on another host starts in its own working directory.
+        """
         import json
 
-        return json.dumps(self.to_secret_dict())
+        data = self.to_secret_dict()
+        data["workdir"] = str(self.run_dir)
+        for section, key in _RANK_PATHS:
+            if data[section][key] is not None:
+                data[section][key] = str(Path(data[section][key]).expanduser().resolve())
+        return json.dumps(data)
 
     @classmethod
     def from_json(cls, text: str) -> KbitConfig:

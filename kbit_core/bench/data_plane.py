@@ -83,13 +83,12 @@ class DataPlaneRow:
 
 def _bench_config(cfg: KbitConfig, num_records: int | None, mode: str | None = None) -> KbitConfig:
     """The run's config with the requested size and reader mode, and one split holding every record."""
-    data = cfg.to_secret_dict()
+    changes: dict[str, object] = {"shard.split_rates": [1.0]}
     if num_records is not None:
-        data["dataset"]["num_records"] = num_records
+        changes["dataset.num_records"] = num_records
     if mode is not None:
-        data["reader"]["mode"] = mode
-    data["shard"]["split_rates"] = [1.0]
-    return KbitConfig.from_dict(data)
+        changes["reader.mode"] = mode
+    return cfg.override(changes)
 
 
 def _whole_topic_blocks(cfg: KbitConfig, manifest: Manifest) -> list[OffsetRange]:

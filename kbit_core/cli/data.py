@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, print_json, run_guarded
-from kbit_core.config import COMPRESSIONS, FORMATS, KbitConfig, deep_merge, load_config, parse_overrides
+from kbit_core.config import COMPRESSIONS, FORMATS, KbitConfig, load_config
 from kbit_core.errors import TopicError
 from kbit_core.kafka import admin
 from kbit_core.kafka.admin import TopicCheck
@@ -34,14 +34,7 @@ ClientOpt = Annotated[Optional[str], typer.Option("--client", help="confluent | 
 
 def _config_with_flags(config: Path | None, sets: list[str] | None, flags: dict[str, Any]) -> KbitConfig:
     """The profile, then --set overrides, then the explicit flags (the most specific wins)."""
-    overrides = parse_overrides(sets or [])
-    for dotted, value in flags.items():
-        if value is None:
-            continue
-        for key in reversed(dotted.split(".")):
-            value = {key: value}
-        overrides = deep_merge(overrides, value)
-    return load_config(config, overrides)
+    return load_config(config, sets or []).override({key: value for key, value in flags.items() if value is not None})
 
 
 def _mb(n: int | None) -> str:

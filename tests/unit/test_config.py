@@ -194,6 +194,14 @@ def test_override_takes_dotted_and_nested_keys_validates_and_keeps_secrets() -> 
         cfg.override({"launch.num_processes": 0})
 
 
-def test_the_rank_hand_off_round_trips_the_whole_config() -> None:
-    cfg = KbitConfig.from_dict({"profile": "p", "train": {"epochs": 5}})
-    assert KbitConfig.from_json(cfg.to_secret_json()) == cfg
+def test_the_rank_hand_off_round_trips_the_config_with_paths_made_absolute(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = KbitConfig.from_dict({"profile": "p", "train": {"epochs": 5}, "workdir": "runs/a",
+                                "kafka": {"bootstrap_servers": "k:9093", "security_protocol": "SSL",
+                                          "ssl_cafile": "certs/ca.pem"}})
+    hand_off = cfg.to_secret_json()
+    monkeypatch.chdir("/")  # a rank on another host starts elsewhere
+    rank_cfg = KbitConfig.from_json(hand_off)
+    assert rank_cfg.run_dir == tmp_path / "runs/a" and rank_cfg.kafka.ssl_cafile == tmp_path / "certs/ca.pem"
+    assert rank_cfg.train == cfg.train and rank_cfg.profile == "p"
