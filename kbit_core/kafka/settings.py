@@ -1,22 +1,166 @@
-"""Translate the typed Kafka config into each client library's connection options, and mask secrets for logs."""
+"""Translate the typed Kafka config into each client library's connection options, and mask secrets for logs.
+
+Before a secured connection's options are handed out, the certificate files are checked and one
+connection (TLS handshake, ApiVersions, SASL mechanism handshake) is made to the broker, once per process
+and setting: a wrong CA, a missing or mismatched certificate, a refused client certificate or a mechanism
+the broker lacks then fails within seconds with the setting named, instead of as a generic transport
+error after the client's request timeout.
+"""
 
 from __future__ import annotations
 
+import socket
+import ssl
+import struct
+import threading
+from pathlib import Path
 from typing import Any
 
-from kbit_core.config import KafkaConfig
+from kbit_core.config import KafkaConfig, is_secret_option
+from kbit_core.errors import BrokerError, ConfigError
 
-_SECRET_HINTS = ("password", "secret", "token", "key.password", "sasl.oauthbearer")
+TLS_CHECK_TIMEOUT_S = 10.0
+_checked: set[tuple[Any, ...]] = set()
+_checked_lock = threading.Lock()
 
 
 def mask(options: dict[str, Any]) -> dict[str, Any]:
     """Copy of ``options`` with every credential-looking value replaced by '***'."""
-    return {k: ("***" if any(h in k.lower() for h in _SECRET_HINTS) and v not in (None, "") else v)
-            for k, v in options.items()}
+    return {k: ("***" if is_secret_option(k) and v not in (None, "") else v) for k, v in options.items()}
+
+
+def _tls_files(cfg: KafkaConfig) -> dict[str, Path]:
+    files = {name: getattr(cfg, name) for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile")}
+    return {name: Path(path) for name, path in files.items() if path is not None}
+
+
+def _tls_context(cfg: KafkaConfig) -> ssl.SSLContext:
+    files = _tls_files(cfg)
+    for name, path in files.items():
+        if not path.is_file():
+            raise ConfigError(f"kafka.{name}: {path} does not exist or is not a file")
+    if ("ssl_certfile" in files) != ("ssl_keyfile" in files):
+        raise ConfigError("kafka.ssl_certfile and kafka.ssl_keyfile go together (a client certificate and its key)")
+    ctx = ssl.create_default_context()
+    if "ssl_cafile" in files:
+        try:
+            ctx.load_verify_locations(cafile=str(files["ssl_cafile"]))
+        except ssl.SSLError as exc:
+            raise ConfigError(f"kafka.ssl_cafile: {files['ssl_cafile']} holds no PEM CA certificate ({exc})") from None
+    if "ssl_certfile" in files:
+        try:
+            ctx.load_cert_chain(str(files["ssl_certfile"]), str(files["ssl_keyfile"]))
+        except ssl.SSLError as exc:
+            raise ConfigError(f"kafka.ssl_keyfile ({files['ssl_keyfile']}) is not the key of kafka.ssl_certfile "
+                              f"({files['ssl_certfile']}), or one of them is not PEM ({exc})") from None
+    return ctx
+
+
+class _Closed(Exception):
+    """The broker closed the connection instead of answering."""
+
+
+def _request(conn: socket.socket, api_key: int, version: int, payload: bytes = b"") -> bytes:
+    """Send one Kafka request (header v1, correlation id 1); return the response after its correlation id."""
+    client_id = b"kbit-preflight"
+    body = struct.pack(">hhih", api_key, version, 1, len(client_id)) + client_id + payload
+    conn.sendall(struct.pack(">i", len(body)) + body)
+    head = _read_exactly(conn, 4)
+    return _read_exactly(conn, struct.unpack(">i", head)[0])[4:]
+
+
+def _read_exactly(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise _Closed
+        data += chunk
+    return data
+
+
+def _check_sasl_mechanism(conn: socket.socket, cfg: KafkaConfig, address: str) -> None:
+    mechanism = (cfg.sasl_mechanism or "").encode()
+    try:
+        resp = _request(conn, 17, 1, struct.pack(">h", len(mechanism)) + mechanism)  # SaslHandshake v1
+    except _Closed:
+        raise BrokerError(f"the broker at {address} closed the connection on the SASL handshake: it does not "
+                          f"authenticate with SASL (kafka.security_protocol={cfg.security_protocol}, "
+                          f"kafka.sasl_mechanism={cfg.sasl_mechanism})") from None
+    error_code, count = struct.unpack(">hi", resp[:6])
+    offered, pos = [], 6
+    for _ in range(max(count, 0)):
+        (size,) = struct.unpack(">h", resp[pos:pos + 2])
+        offered.append(resp[pos + 2:pos + 2 + size].decode(errors="replace"))
+        pos += 2 + size
+    if error_code != 0:
+        # Tansu without --authentication refuses every mechanism and "offers" the one asked for.
+        raise BrokerError(f"the broker at {address} refuses kafka.sasl_mechanism={cfg.sasl_mechanism} (Kafka error "
+                          f"{error_code}; mechanisms it reports: {', '.join(offered) or 'none'}): SASL is not enabled "
+                          f"there, or not with this mechanism; check kafka.security_protocol and kafka.sasl_mechanism")
+
+
+def check_security(cfg: KafkaConfig, timeout_s: float | None = None) -> None:
+    """Prove TLS files, certificates and the SASL mechanism against the first reachable bootstrap broker.
+
+    Raises naming the setting at fault; checked once per process and setting. A broker that cannot be
+    reached at all is left to the client (it has its own retries and errors). The SASL password itself
+    is proven by the client's own authentication.
+    """
+    if cfg.security_protocol == "PLAINTEXT":
+        return
+    files = _tls_files(cfg)
+    key = (cfg.resolved_bootstrap(), cfg.security_protocol, cfg.sasl_mechanism,
+           *((n, str(p), p.stat().st_mtime) for n, p in files.items() if p.is_file()))
+    if key in _checked:
+        return
+    ctx = _tls_context(cfg) if cfg.security_protocol.endswith("SSL") else None
+    timeout_s = min(cfg.request_timeout_s, TLS_CHECK_TIMEOUT_S) if timeout_s is None else timeout_s
+    ca = f"kafka.ssl_cafile ({cfg.ssl_cafile})" if cfg.ssl_cafile else "the system CA store (kafka.ssl_cafile unset)"
+    for address in cfg.resolved_bootstrap().split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            raw = socket.create_connection((host, int(port)), timeout=timeout_s)
+        except OSError:
+            continue
+        try:
+            with ctx.wrap_socket(raw, server_hostname=host) if ctx else raw as conn:
+                try:
+                    _request(conn, 18, 0)  # ApiVersions v0: any Kafka broker answers it before authentication
+                except _Closed:
+                    hint = ("it may require a client certificate: set kafka.ssl_certfile and kafka.ssl_keyfile"
+                            if ctx and cfg.ssl_certfile is None else
+                            f"check kafka.security_protocol={cfg.security_protocol}")
+                    raise BrokerError(f"the broker at {address} closed the connection without answering; "
+                                      f"{hint}") from None
+                if cfg.sasl_mechanism:
+                    _check_sasl_mechanism(conn, cfg, address)
+        except ssl.SSLCertVerificationError as exc:
+            raise BrokerError(f"the certificate of the broker at {address} does not verify against {ca}: "
+                              f"{exc.verify_message}") from None
+        except ssl.SSLError as exc:
+            text = str(exc).upper()
+            if "CERTIFICATE_REQUIRED" in text:
+                raise BrokerError(f"the broker at {address} requires a client certificate: set kafka.ssl_certfile "
+                                  f"and kafka.ssl_keyfile") from None
+            if "UNKNOWN_CA" in text or "BAD_CERTIFICATE" in text:
+                raise BrokerError(f"the broker at {address} does not accept the client certificate in "
+                                  f"kafka.ssl_certfile ({cfg.ssl_certfile}): {exc.reason}") from None
+            raise BrokerError(f"TLS with the broker at {address} failed ({exc.reason}); check "
+                              f"kafka.security_protocol={cfg.security_protocol} and kafka.ssl_*") from None
+        except (TimeoutError, socket.timeout):
+            raise BrokerError(f"no answer from the broker at {address} within {timeout_s:.0f}s; check "
+                              f"kafka.security_protocol={cfg.security_protocol} (a TLS listener?)") from None
+        except OSError:
+            continue
+        with _checked_lock:
+            _checked.add(key)
+        return
 
 
 def confluent_options(cfg: KafkaConfig) -> dict[str, Any]:
     """librdkafka connection options (bootstrap, security) shared by producer, consumer and admin."""
+    check_security(cfg)
     opts: dict[str, Any] = {
         "bootstrap.servers": cfg.resolved_bootstrap(),
         "security.protocol": cfg.security_protocol.lower(),
@@ -32,12 +176,13 @@ def confluent_options(cfg: KafkaConfig) -> dict[str, Any]:
         opts["ssl.certificate.location"] = str(cfg.ssl_certfile)
     if cfg.ssl_keyfile:
         opts["ssl.key.location"] = str(cfg.ssl_keyfile)
-    opts.update(cfg.extra)
+    opts.update(cfg.client_extra())
     return opts
 
 
 def kafka_python_options(cfg: KafkaConfig) -> dict[str, Any]:
     """kafka-python connection keyword arguments equivalent to :func:`confluent_options`."""
+    check_security(cfg)
     opts: dict[str, Any] = {
         "bootstrap_servers": cfg.resolved_bootstrap().split(","),
         "security_protocol": cfg.security_protocol,

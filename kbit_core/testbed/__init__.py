@@ -1,7 +1,7 @@
 """A simulated multi-host cluster on this machine: network namespaces, a TLS Kafka broker and a Spark standalone cluster.
 
 API: ``up(bed_dir, BedOptions()) -> BedState``, ``down(bed_dir) -> list[str]``, ``status(bed_dir) -> BedStatus``,
-``load_state(bed_dir) -> BedState | None`` and ``require_bed_for(addresses)``, the guard to call before
+``load_state(bed_dir) -> BedState | None``, ``running_bed_dir() -> Path | None`` and ``require_bed_for(addresses)``, the guard to call before
 connecting to any configured address.
 """
 
@@ -14,6 +14,7 @@ from kbit_core.testbed.bed import (
     load_state,
     missing_prerequisites,
     require_bed_for,
+    running_bed_dir,
     state_path,
     status,
     up,
@@ -21,4 +22,4 @@ from kbit_core.testbed.bed import (
 from kbit_core.testbed.network import TestbedError
 
 __all__ = ["DEFAULT_SUBNET", "BedOptions", "BedState", "BedStatus", "TestbedError", "down", "load_state",
-           "missing_prerequisites", "require_bed_for", "state_path", "status", "up"]
+           "missing_prerequisites", "require_bed_for", "running_bed_dir", "state_path", "status", "up"]

@@ -187,6 +187,10 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
     current = status(bed_dir)
     if current.up and current.state is not None:
         return current.state
+    other = running_bed_dir()
+    if other is not None and other != bed_dir and status(other).up:
+        raise TestbedError(f"a test bed from {other} is already up (there is one per machine); use it, or stop it "
+                           "with `kbit cluster down` first")
     if current.state is not None or current.bridge or current.namespaces or _marked_pids():
         down(bed_dir)
     procs = _Processes(bed_dir, options)
@@ -263,10 +267,10 @@ def status(bed_dir: Path) -> BedStatus:
     return result
 
 
-def _marked_pids() -> list[int]:
-    """PIDs of every process carrying the bed's marker variable (any bed directory), except this one."""
+def _marked_processes() -> dict[int, str]:
+    """PID -> bed directory of every process carrying the bed's marker variable, except this one."""
     needle = f"{MARKER_ENV}=".encode()
-    pids = []
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -274,9 +278,20 @@ def _marked_pids() -> list[int]:
             environ = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if any(var.startswith(needle) for var in environ.split(b"\0")):
-            pids.append(int(entry.name))
-    return pids
+        for var in environ.split(b"\0"):
+            if var.startswith(needle):
+                found[int(entry.name)] = var[len(needle):].decode(errors="replace")
+    return found
+
+
+def _marked_pids() -> list[int]:
+    return list(_marked_processes())
+
+
+def running_bed_dir() -> Path | None:
+    """The directory of the bed whose processes run on this machine (whoever started it), or None."""
+    dirs = set(_marked_processes().values())
+    return Path(dirs.pop()) if len(dirs) == 1 else None
 
 
 def _terminate(pids: Iterable[int], timeout_s: float = 10.0) -> None:

@@ -1,0 +1,32 @@
+"""The multi-host test bed for the tests that need several hosts: one bed per session, skipped where it cannot run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from kbit_core import testbed as bed
+from kbit_core.testbed import BedState
+
+
+@pytest.fixture(scope="session")
+def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BedState]:
+    """The bed's state: master URL, broker bootstrap, CA and client certificate, hosts (``state.kafka_overrides()``).
+
+    A bed that is already up (`kbit cluster up` in a shell) is used as it is and left running;
+    otherwise the session brings one up and takes it down at the end.
+    """
+    missing = bed.missing_prerequisites()
+    if missing:
+        pytest.skip("the multi-host test bed cannot run here; missing: " + "; ".join(missing))
+    running = bed.running_bed_dir()
+    if running is not None and bed.status(running).up:
+        state = bed.load_state(running)
+        assert state is not None
+        yield state
+        return
+    bed_dir = tmp_path_factory.mktemp("bed") / "testbed"  # `<workdir>/testbed`, as the CLI places it
+    state = bed.up(bed_dir)
+    yield state
+    bed.down(bed_dir)
