@@ -10,7 +10,7 @@ from tasks.bench import compare_with_baseline, fail_on_regressions, run_benchmar
 from tasks.config import load_run_config
 from tasks.produce import ensure_dataset_topics
 from tasks.report import publish_benchmark_summary, publish_regression_check
-from tasks.tracking import mlflow_run_url, previous_benchmark
+from tasks.tracking import mlflow_run_url, previous_benchmark, record_overrides
 
 
 @flow(name="benchmark", log_prints=True)
@@ -22,17 +22,20 @@ def benchmark(profile: str = "smoke", overrides: dict[str, Any] | None = None,
       1. Load and validate the profile with the overrides.
       2. Ensure the topics of every ``bench.variants`` entry (matching manifests are reused).
       3. Run the warm-up and measured iterations; statistics, reports and the MLflow parent run come out.
-      4. Publish the summary table with a link to the MLflow run as a markdown artifact.
-      5. With ``compare_with_previous`` (the nightly deployment): find the previous finished run of this
-         profile in MLflow, publish the comparison, and fail on a significant regression.
+      4. Record the overrides that change what is measured on the MLflow run (a run with any is no baseline).
+      5. Publish the summary table with a link to the MLflow run as a markdown artifact.
+      6. With ``compare_with_previous`` (the nightly deployment): find the newest finished run of this profile
+         with the same identity and no overrides in MLflow, publish the comparison, and fail on a significant
+         regression.
     """
     cfg = load_run_config(profile, overrides)
     ensure_dataset_topics(cfg, cfg.bench.variants)
     result = run_benchmark_iterations(cfg)
+    record_overrides(cfg, result["mlflow_run_id"], overrides)
     run_url = mlflow_run_url(cfg, result["mlflow_run_id"])
     publish_benchmark_summary(cfg.profile, result["summary_md"], run_url)
     if compare_with_previous:
-        baseline = previous_benchmark(cfg, result["mlflow_run_id"])
+        baseline = previous_benchmark(cfg, result["mlflow_run_id"], result["stats_json"])
         if baseline is not None:
             comparison = compare_with_baseline(baseline["stats"], result["stats_json"], cfg.bench.regression_threshold)
             publish_regression_check(cfg.profile, comparison, baseline["run_id"])

@@ -30,6 +30,9 @@ MAX_PARAM_CHARS = 6000
 BATCH_SIZE = 100
 SYSTEM_METRICS_INTERVAL_S = 1.0
 BENCHMARK_ARTIFACT_DIR = "benchmark"
+IDENTITY_TAG = "kbit.identity"
+IDENTITY_HASH_TAG = "kbit.identity_hash"
+OVERRIDES_TAG = "kbit.overrides"
 
 
 # ---------------------------------------------------------------------------------------------- environment
@@ -63,7 +66,7 @@ def hardware(cfg: KbitConfig) -> dict[str, Any]:
 
     info: dict[str, Any] = {
         "host": platform.node(), "platform": platform.platform(), "machine": platform.machine(),
-        "cpu_count": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
     if cfg.launch.use_gpu:
@@ -74,10 +77,22 @@ def hardware(cfg: KbitConfig) -> dict[str, Any]:
     return info
 
 
-def broker_description(cfg: KbitConfig) -> str:
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what platform reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def broker_identity(cfg: KbitConfig) -> dict[str, str]:
+    """The broker's kind and version: the embedded Tansu's own version, or the external cluster's address."""
     if cfg.kafka.uses_embedded:
-        return f"embedded {tansu_version()} at {cfg.kafka.resolved_bootstrap()}"
-    return f"external kafka at {cfg.kafka.resolved_bootstrap()} ({cfg.kafka.security_protocol})"
+        return {"kind": "embedded", "version": tansu_version()}
+    return {"kind": "external kafka", "version": f"at {cfg.kafka.resolved_bootstrap()} ({cfg.kafka.security_protocol})"}
 
 
 def tansu_version() -> str:
@@ -93,9 +108,15 @@ def tansu_version() -> str:
 
 
 def run_environment(cfg: KbitConfig) -> dict[str, Any]:
-    """What a run's numbers depend on besides the config (pyperf-style metadata)."""
-    return {"git_commit": git_commit(), "versions": package_versions(), "hardware": hardware(cfg),
-            "broker": broker_description(cfg)}
+    """What a run's numbers depend on besides the config (pyperf-style metadata), and the run's identity: what
+    another run must share to be compared with it (``kbit_core.bench.identity``)."""
+    from kbit_core.bench.identity import run_identity
+
+    machine, broker = hardware(cfg), broker_identity(cfg)
+    described = (f"embedded {broker['version']} at {cfg.kafka.resolved_bootstrap()}" if cfg.kafka.uses_embedded
+                 else f"{broker['kind']} {broker['version']}")
+    return {"git_commit": git_commit(), "versions": package_versions(), "hardware": machine, "broker": described,
+            "identity": run_identity(cfg, machine, broker)}
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -285,6 +306,12 @@ class MlflowTracker:
             children[name] = child.info.run_id
         for path in artifacts:
             self.client.log_artifact(run_id, str(path), artifact_path=BENCHMARK_ARTIFACT_DIR)
+        identity = doc.get("metadata", {}).get("identity")
+        if identity is not None:
+            from kbit_core.bench.identity import identity_hash
+
+            self._log(run_id, tags={IDENTITY_TAG: json.dumps(identity, sort_keys=True),
+                                    IDENTITY_HASH_TAG: identity_hash(identity)})
         fastest = doc["comparison"]["makespan"]["fastest"]
         self._log(run_id, metrics=self._metrics({
             "configurations": len(children),
@@ -382,29 +409,59 @@ def run_url(cfg: KbitConfig, run_id: str | None) -> str | None:
     return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
-def previous_benchmark(cfg: KbitConfig, current_run_id: str | None, stats_file: str) -> dict[str, Any] | None:
-    """The newest finished benchmark of this profile other than ``current_run_id``, with its stats document.
+def record_overrides(cfg: KbitConfig, run_id: str | None, overrides: Mapping[str, Any] | None) -> dict[str, str]:
+    """Tag a benchmark run with the overrides that change what it measures (masked; '{}' when none).
 
-    None when there is none yet (the first night sets the baseline).
+    Only a run tagged '{}' can become a baseline (:func:`previous_benchmark`); returns what was recorded.
+    """
+    from kbit_core.bench.identity import measurement_overrides
+
+    recorded = mask(measurement_overrides(overrides))
+    if run_id is not None and cfg.tracking.enabled:
+        from mlflow import MlflowClient
+
+        MlflowClient(tracking_uri=cfg.tracking_uri()).set_tag(run_id, OVERRIDES_TAG, json.dumps(recorded,
+                                                                                                sort_keys=True))
+    return recorded
+
+
+def previous_benchmark(cfg: KbitConfig, current_run_id: str | None, identity: Mapping[str, Any],
+                       stats_file: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """The newest finished benchmark of this profile that has ``identity`` and was started without measurement
+    overrides, with its stats document; and why each newer run was passed over.
+
+    None when there is none (the first night of an identity sets the baseline).
     """
     import tempfile
 
     from mlflow import MlflowClient
 
+    from kbit_core.bench.identity import identity_differences
+
     client = MlflowClient(tracking_uri=cfg.tracking_uri())
     experiment = client.get_experiment_by_name(cfg.experiment_name())
     if experiment is None:
-        return None
+        return None, []
     runs = client.search_runs(
         [experiment.experiment_id],
         filter_string=(f"tags.`kbit.kind` = 'benchmark' and tags.`kbit.profile` = '{cfg.profile}' "
                        "and attributes.status = 'FINISHED'"),
-        order_by=["attributes.start_time DESC"], max_results=5,
+        order_by=["attributes.start_time DESC"], max_results=50,
     )
-    previous = next((r for r in runs if r.info.run_id != current_run_id), None)
-    if previous is None:
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        local = client.download_artifacts(previous.info.run_id, f"{BENCHMARK_ARTIFACT_DIR}/{stats_file}", tmp)
-        stats = json.loads(Path(local).read_text())
-    return {"run_id": previous.info.run_id, "experiment": experiment.name, "stats": stats}
+    passed_over: list[str] = []
+    for run in runs:
+        tags, run_id = run.data.tags, run.info.run_id
+        if run_id == current_run_id:
+            continue
+        if tags.get(OVERRIDES_TAG) != "{}":
+            passed_over.append(f"{run_id}: started with overrides {tags.get(OVERRIDES_TAG, '(not recorded)')}")
+            continue
+        differences = identity_differences(json.loads(tags.get(IDENTITY_TAG, "{}")), identity)
+        if differences:
+            passed_over.append(f"{run_id}: differs in {'; '.join(differences)}")
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            local = client.download_artifacts(run_id, f"{BENCHMARK_ARTIFACT_DIR}/{stats_file}", tmp)
+            stats = json.loads(Path(local).read_text())
+        return {"run_id": run_id, "experiment": experiment.name, "stats": stats}, passed_over
+    return None, passed_over

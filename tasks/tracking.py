@@ -1,16 +1,18 @@
-"""MLflow lookups the flows need: where a run is shown, and the previous finished benchmark of a profile.
+"""MLflow lookups and tags the flows need: where a run is shown, its overrides, and its comparable baseline.
 
 kbit_core.tracking writes runs; these read them back for orchestration decisions.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 
 from kbit_core import tracking
-from kbit_core.bench.report import STATS_JSON
+from kbit_core.bench.identity import stats_identity
+from kbit_core.bench.report import STATS_JSON, load_stats
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError
 from tasks.policy import BACKOFF_S, is_transient
@@ -23,17 +25,32 @@ def mlflow_run_url(cfg: KbitConfig, run_id: str | None) -> str | None:
     return tracking.run_url(cfg, run_id)
 
 
+@task(name="record-overrides", retries=2, retry_delay_seconds=BACKOFF_S[:2], retry_condition_fn=is_transient,
+      timeout_seconds=120)
+def record_overrides(cfg: KbitConfig, run_id: str | None, overrides: dict[str, Any] | None) -> dict[str, str]:
+    """Tag the run with the overrides that change what it measures: a run with any never becomes a baseline."""
+    recorded = tracking.record_overrides(cfg, run_id, overrides)
+    if recorded:
+        get_run_logger().info("run %s has measurement overrides %s: it will not be a baseline", run_id, recorded)
+    return recorded
+
+
 @task(name="find-previous-run", retries=2, retry_delay_seconds=BACKOFF_S[:2], retry_condition_fn=is_transient,
       timeout_seconds=300)
-def previous_benchmark(cfg: KbitConfig, current_run_id: str) -> dict[str, Any] | None:
-    """The newest finished benchmark run of this profile other than ``current_run_id``, with its stats document.
+def previous_benchmark(cfg: KbitConfig, current_run_id: str, current_stats_json: str) -> dict[str, Any] | None:
+    """The newest finished, override-free benchmark run of this profile with the current run's identity (read from
+    ``current_stats_json``), with its stats document; the runs passed over are logged with the reason.
 
-    None when there is none yet (the first night), so the first run sets the baseline.
+    None when there is none yet, so the first run of an identity sets the baseline.
     """
     if not cfg.tracking.enabled:
         raise ConfigError("comparing with the previous run needs tracking.enabled: the runs are found in MLflow")
-    previous = tracking.previous_benchmark(cfg, current_run_id, STATS_JSON)
+    identity = stats_identity(load_stats(Path(current_stats_json)), "current")
+    previous, passed_over = tracking.previous_benchmark(cfg, current_run_id, identity, STATS_JSON)
+    log = get_run_logger()
+    for reason in passed_over:
+        log.info("not a comparable baseline: %s", reason)
     if previous is None:
-        get_run_logger().info("no earlier finished %r benchmark in experiment %s: this run is the baseline",
-                              cfg.profile, cfg.experiment_name())
+        log.info("no comparable finished %r benchmark in experiment %s: this run is the baseline",
+                 cfg.profile, cfg.experiment_name())
     return previous

@@ -54,14 +54,19 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def bench(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = False,
               quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False) -> None:
-        """Benchmark loading every configured variant from Kafka across ranks (warm-up + N iterations)."""
+        """Benchmark loading every configured variant from Kafka across ranks (warm-up + N iterations).
+
+        A run with --set overrides that change what is measured never becomes a nightly baseline."""
         from kbit_core.bench.runner import run_benchmark
+        from kbit_core.config import parse_overrides
+        from kbit_core.tracking import record_overrides
 
         cfg = run_guarded(load_cli_config, config, sets)
         # With --json, stdout carries exactly one JSON document: worker output goes to stderr.
         redirect = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
         with redirect:
             result = run_guarded(run_benchmark, cfg, progress=not quiet)
+            run_guarded(record_overrides, cfg, result.parent_run_id, parse_overrides(sets or []))
         if as_json:
             print_json(result.to_dict())
             return
@@ -92,15 +97,26 @@ def register(app: typer.Typer) -> None:
         alpha: Annotated[float, typer.Option(help="Family-wise significance level (Mann–Whitney U, Holm).")] = 0.05,
         metric: Annotated[str, typer.Option(help="Per-iteration unit: 'makespan' (slowest rank) or 'rank_mean'.")
                           ] = "makespan",
+        force: Annotated[bool, typer.Option("--force", help="Compare runs of different identities anyway.")
+                         ] = False,
         as_json: JsonOpt = False,
     ) -> None:
-        """Compare run B against baseline A; exit code 1 when any configuration regressed."""
+        """Compare run B against baseline A; exit code 1 when any configuration regressed.
+
+        Runs of different identities (profile, dataset, variants, iterations, world size, engine, clients,
+        broker, hardware) are refused with their differences named, unless --force."""
         from kbit_core.bench.compare import compare_runs
+        from kbit_core.bench.identity import check_comparable, comparability_problems
         from kbit_core.bench.report import load_stats
         from kbit_core.config import BenchConfig
 
         limit = threshold if threshold is not None else BenchConfig().regression_threshold
-        result = run_guarded(lambda: compare_runs(load_stats(a), load_stats(b), limit, alpha, metric))
+        a_stats, b_stats = run_guarded(load_stats, a), run_guarded(load_stats, b)
+        if not force:
+            run_guarded(check_comparable, a_stats, b_stats)
+        for problem in comparability_problems(a_stats, b_stats):
+            console.print(f"[yellow]compared anyway (--force):[/] {problem}", highlight=False)
+        result = run_guarded(compare_runs, a_stats, b_stats, limit, alpha, metric)
         if as_json:
             print_json(result.to_dict())
         else:

@@ -10,10 +10,13 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from kbit_core.bench.report import timings_frame, write_report
+from kbit_core.bench.identity import identity_hash
+from kbit_core.bench.report import STATS_JSON, timings_frame, write_report
 from kbit_core.config import KbitConfig
-from kbit_core.tracking import MlflowTracker, NoopTracker, final_metrics, make_tracker
+from kbit_core.tracking import (MlflowTracker, NoopTracker, final_metrics, make_tracker, previous_benchmark,
+                                record_overrides)
 from kbit_core.train.models import build_model
+from tests.unit.test_identity import identity
 from tests.unit.test_report import CONFIGS, synthetic_rows
 
 
@@ -73,6 +76,36 @@ def test_benchmark_parent_and_children(tmp_path: Path, store: Path) -> None:
 
     artifacts = {a.path for a in client.list_artifacts(parent_id, "benchmark")}
     assert artifacts == {f"benchmark/{p.name}" for p in files.paths()}
+
+
+def test_the_baseline_is_the_newest_comparable_run_without_measurement_overrides(tmp_path: Path, store: Path) -> None:
+    cfg = tracked_config(tmp_path, store, "baseline")
+    tracker = make_tracker(cfg)
+    rows = synthetic_rows(iterations=3)
+
+    def night(name: str, identity_changes: dict, overrides: dict | None) -> str:
+        files = write_report(timings_frame(rows), {"identity": identity(identity_changes)}, tmp_path / name,
+                             bootstrap_resamples=100, seed=0)
+        with tracker.run(cfg, name=name, kind="benchmark") as run_id:
+            tracker.log_benchmark(run_id, json.loads(files.stats_json.read_text()), rows, files.paths())
+        record_overrides(cfg, run_id, overrides)
+        return run_id
+
+    plain = night("plain", {}, {"workdir": str(tmp_path)})  # where it ran is no measurement override
+    smaller = night("smaller", {"dataset.num_records": 20000}, None)
+    overridden = night("overridden", {}, {"reader": {"prefetch_batches": 1}, "kafka": {"sasl_password": "pw"}})
+    tonight = night("tonight", {}, None)
+
+    found, passed_over = previous_benchmark(cfg, tonight, identity(), STATS_JSON)
+
+    assert found is not None and found["run_id"] == plain
+    assert found["stats"]["metadata"]["identity"] == identity()
+    assert passed_over == [f"{overridden}: started with overrides {{\"kafka.sasl_password\": \"***\", "
+                           f"\"reader.prefetch_batches\": \"1\"}}",
+                           f"{smaller}: differs in dataset.num_records: 20000 vs 70000"]
+    client = client_for(cfg)
+    assert client.get_run(plain).data.tags["kbit.identity_hash"] == identity_hash(identity())
+    assert client.get_run(smaller).data.tags["kbit.identity_hash"] != identity_hash(identity())
 
 
 def test_a_failing_body_marks_the_run_failed(tmp_path: Path, store: Path) -> None:
