@@ -54,13 +54,34 @@ def test_bench_data_cli_writes_rates_ratios_rss_and_targets(make_config, tmp_pat
     results = json.loads(out.read_text())
     (row,) = results["rows"]
     assert (row["variant"], row["client"], row["records"]) == ("raw_bytes_none", "confluent", 300)
-    for key in ("produce_records_per_s", "fetch_records_per_s", "decode_records_per_s", "loader_records_per_s"):
+    for key in ("produce_records_per_s", "fetch_records_per_s", "decode_records_per_s", "stock_decode_records_per_s",
+                "loader_records_per_s"):
         assert row[key] > 0, key
-    assert row["decode_ratio"] == pytest.approx(row["fetch_records_per_s"] and
-                                                row["decode_records_per_s"] / row["fetch_records_per_s"])
+    for prefix in ("", "stock_"):
+        assert row[f"{prefix}decode_ratio"] == pytest.approx(row[f"{prefix}decode_records_per_s"] /
+                                                             row["fetch_records_per_s"])
+    assert row["speedup"] == pytest.approx(row["decode_records_per_s"] / row["stock_decode_records_per_s"])
+    assert row["fast_decoder"] is False  # raw decodes with numpy already: both columns are the same decoder
     assert [r["records"] for r in results["rss"]["runs"]] == [200, 1000]
     assert all(r["peak_rss_mb"] > 0 for r in results["rss"]["runs"])
     targets = {t["target"] for t in results["targets"]}
     assert any("decode >= 0.8x fetch" in t for t in targets) and any("RSS growth" in t for t in targets)
     assert "| raw_bytes_none | confluent |" in md.read_text()
     assert not [t for t in admin.list_topics(cfg.kafka) if ".n300." in t or ".n1000." in t], "topics cleaned up"
+
+
+@pytest.mark.kafka
+def test_bench_data_reports_fast_and_stock_decoders_and_their_targets(make_config, tmp_path):
+    cfg = make_config()
+    out = tmp_path / "results.json"
+    result = CliRunner().invoke(app, [
+        "bench-data", "--set", f"kafka.embedded.port={cfg.kafka.embedded.port}", "--set", f"workdir={cfg.workdir}",
+        "--records", "200", "-v", "avro_list_none", "--clients", "kafka-python", "--repeats", "1", "--no-rss",
+        "--out", str(out), "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["fast_decoder"] is True and row["decode_only_speedup"] > 0
+    targets = {t["target"] for t in json.loads(out.read_text())["targets"]}
+    assert targets == {"avro_list_none (kafka-python) decode >= 0.5x fetch",
+                       "avro_list_none (kafka-python) fast read+decode >= 20x stock"}
