@@ -6,7 +6,7 @@ from typing import Any
 
 from prefect import flow
 
-from tasks.bench import compare_with_baseline, fail_on_regressions, run_benchmark_iterations
+from tasks.bench import compare_with_baseline, draw_history, fail_on_regressions, run_benchmark_iterations
 from tasks.config import load_run_config
 from tasks.produce import ensure_dataset_topics
 from tasks.report import publish_benchmark_summary, publish_regression_check
@@ -23,8 +23,11 @@ def benchmark(profile: str = "smoke", overrides: dict[str, Any] | None = None,
       2. Ensure the topics of every ``bench.variants`` entry (matching manifests are reused).
       3. Run the warm-up and measured iterations; statistics, reports and the MLflow parent run come out.
       4. Record the overrides that change what is measured on the MLflow run (a run with any is no baseline).
-      5. Publish the summary table with a link to the MLflow run as a markdown artifact.
-      6. With ``compare_with_previous`` (the nightly deployment): find the newest finished run of this profile
+      5. With ``compare_with_previous`` (the nightly deployment): draw the history of this profile's nights
+         (median and CI per night, change points with their commit ranges, unstable configurations) into
+         the report and the MLflow run.
+      6. Publish the summary table (and the history) with a link to the MLflow run as a markdown artifact.
+      7. With ``compare_with_previous``: find the newest finished run of this profile
          with the same identity and no overrides in MLflow, publish the comparison, and fail on a significant
          regression.
     """
@@ -33,7 +36,8 @@ def benchmark(profile: str = "smoke", overrides: dict[str, Any] | None = None,
     result = run_benchmark_iterations(cfg)
     record_overrides(cfg, result["mlflow_run_id"], overrides)
     run_url = mlflow_run_url(cfg, result["mlflow_run_id"])
-    publish_benchmark_summary(cfg.profile, result["summary_md"], run_url)
+    history = draw_history(cfg, result["mlflow_run_id"], result["report_dir"]) if compare_with_previous else None
+    publish_benchmark_summary(cfg.profile, result["summary_md"], run_url, history)
     if compare_with_previous:
         baseline = previous_benchmark(cfg, result["mlflow_run_id"], result["stats_json"])
         if baseline is not None:

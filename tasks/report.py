@@ -15,12 +15,17 @@ def _key(text: str) -> str:
 
 
 @task(name="publish-benchmark-summary")
-def publish_benchmark_summary(profile: str, summary_md: str, mlflow_run_url: str | None) -> str:
-    """Publish the report's summary tables (file ``summary_md``) and where to find the run in MLflow."""
-    link = f"\n\nMLflow run: [{mlflow_run_url}]({mlflow_run_url})\n" if mlflow_run_url else ""
+def publish_benchmark_summary(profile: str, summary_md: str, mlflow_run_url: str | None,
+                              history: dict[str, Any] | None = None) -> str:
+    """Publish the report's summary tables (file ``summary_md``, which carries the one heading), the history's
+    verdict and table when drawn, and where to find the run in MLflow."""
+    link = f"[Open the run in MLflow]({mlflow_run_url})\n\n" if mlflow_run_url else ""
     summary = Path(summary_md).read_text()
-    artifact_id = create_markdown_artifact(markdown=f"# kbit benchmark `{profile}`\n\n{summary}{link}",
-                                           key=_key(f"kbit-benchmark-{profile}"),
+    title, _, body = summary.partition("\n")
+    parts = [title, "", link + (f"**{history['verdict']}**\n" if history else ""), body.lstrip("\n")]
+    if history:
+        parts += ["## History", "", history["table"]]
+    artifact_id = create_markdown_artifact(markdown="\n".join(parts), key=_key(f"kbit-benchmark-{profile}"),
                                            description=f"kbit benchmark summary ({profile})")
     return str(artifact_id)
 

@@ -210,6 +210,11 @@ def significance_label(entry: Mapping[str, Any]) -> str:
 def markdown_summary(doc: Mapping[str, Any]) -> str:
     """Narrow tables (they fit MLflow's artifact viewer): the ranking by makespan per iteration with its test
     against the fastest, the per-rank view, stages and counters, fastest first."""
+    return ranking_markdown(doc) + details_markdown(doc)
+
+
+def ranking_markdown(doc: Mapping[str, Any]) -> str:
+    """The title, what was run, and the ranking table: the answer (an MLflow run's description)."""
     meta = doc.get("metadata", {})
     names = ranked_names(doc)
     comparison = doc["comparison"][RANKING_METRIC]
@@ -232,7 +237,13 @@ def markdown_summary(doc: Mapping[str, Any]) -> str:
         m, r = doc["makespan"]["statistical_analysis"][name], ranking[name]
         lines.append(f"| {r['rank']} | {name} | {r['runs']} | {m['median']:.4f} [{m['median_ci_low']:.4f}, "
                      f"{m['median_ci_high']:.4f}] | {r['ratio']:.2f} | {significance_label(r)} |")
-    lines += ["", "## Per rank", "",
+    return "\n".join(lines) + "\n"
+
+
+def details_markdown(doc: Mapping[str, Any]) -> str:
+    """The per-rank view, stages, counters and the optional training epoch, fastest first."""
+    names = ranked_names(doc)
+    lines = ["", "## Per rank", "",
               "Rank mean = the mean over ranks per iteration (tested like the makespan); the per-rank median pools "
               "iterations × ranks (the original's view, descriptive only); rates are per rank.", "",
               "| configuration | rank mean s | per-rank s [95% CI] | IQR s | records/s | MB/s |",

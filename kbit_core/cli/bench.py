@@ -1,4 +1,5 @@
-"""`kbit bench`, `kbit report` and `kbit compare`: run the benchmark, rebuild its report, flag regressions."""
+"""`kbit bench`, `kbit report`, `kbit compare` and `kbit history`: run the benchmark, rebuild its report, flag
+regressions, and follow each configuration over the nights."""
 
 from __future__ import annotations
 
@@ -129,3 +130,34 @@ def register(app: typer.Typer) -> None:
             console.print(f"{len(result.regressions)} regression(s)")
         if result.regressions:
             raise typer.Exit(code=1)
+
+    @app.command()
+    def history(
+        profile: Annotated[Optional[str], typer.Option(
+            help="Benchmark profile whose runs to read (experiment kbit-<profile>); default: the config's, "
+                 "or nightly without --config.")] = None,
+        last: Annotated[Optional[int], typer.Option(min=1, help="Only the newest N nights.")] = None,
+        tracking_uri: Annotated[Optional[str], typer.Option(
+            envvar="MLFLOW_TRACKING_URI", help="MLflow store (default: the config's, sqlite in its workdir).")] = None,
+        out: Annotated[Optional[Path], typer.Option(
+            help="Where history.png/.md/.json go (default: <bench.output_dir>/history).")] = None,
+        config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = False,
+    ) -> None:
+        """Each configuration's nightly median makespan with its CI, change points (with the commits between)
+        and unstable configurations, over the finished override-free runs of the newest run's identity."""
+        from kbit_core.bench.history import history_markdown, history_report
+
+        cfg = run_guarded(load_cli_config, config, sets)
+        chosen = {"profile": profile or (cfg.profile if config else "nightly")}
+        if tracking_uri:
+            chosen["tracking.tracking_uri"] = tracking_uri
+        cfg = run_guarded(cfg.override, chosen)
+        found, files, left_out = run_guarded(history_report, cfg, out or Path(cfg.bench.output_dir) / "history", last)
+        if as_json:
+            print_json({**found.to_dict(), "files": {k: str(v) for k, v in files.items()}, "left_out": left_out})
+            return
+        console.print(found.verdict(), highlight=False)
+        Console().print(history_markdown(found), markup=False, highlight=False)
+        for reason in left_out:
+            console.print(f"left out: {reason}", highlight=False)
+        console.print(f"plot: {files['plot']}", highlight=False)

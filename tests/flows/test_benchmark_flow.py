@@ -75,6 +75,14 @@ def test_benchmark_reports_publishes_and_compares_with_the_previous_run(
     assert "compare-runs" not in task_runs(first) and task_runs(second)["compare-runs"].state.is_completed()
     summary = Artifact.get("kbit-benchmark-smoke")
     assert summary is not None and "raw_bytes_none" in summary.data
+    assert summary.data.startswith("# kbit benchmark smoke") and summary.data.count("\n# ") == 0  # one heading
+    # The history: one override-free night of this identity (the first), said so in the artifact and in MLflow.
+    assert task_runs(second)["draw-history"].state.is_completed()
+    assert "1 night(s) of this identity" in summary.data and "## History" in summary.data
+    note = client.get_run(b["mlflow_run_id"]).data.tags["mlflow.note.content"]
+    assert "1 night(s) of this identity" in note and "| 1 | raw_bytes_none.confluent |" in note
+    assert {a.path for a in client.list_artifacts(b["mlflow_run_id"], "history")} == {
+        "history/history.png", "history/history.md", "history/history.json"}
     regression = Artifact.get("kbit-regression-smoke")
     assert regression is not None and a["mlflow_run_id"] in regression.data
 
@@ -84,9 +92,10 @@ def test_benchmark_reports_publishes_and_compares_with_the_previous_run(
 @pytest.mark.slow
 def test_nightly_flow_runs_the_nightly_profile_and_gates_on_the_previous_run(
         broker: EmbeddedBroker, tmp_path: Path, own_topics: None) -> None:
-    # Three iterations × two ranks: enough samples for the Mann–Whitney gate to reach p < 0.05.
+    # Four iterations, one makespan each: the fewest for which Mann–Whitney can reach p < 0.05 (2/70); with
+    # three the gate says "insufficient runs" instead of failing.
     overrides = flow_overrides(broker, tmp_path, {**TINY_BENCH, "bench": {**TINY_BENCH["bench"],
-                                                                           "iterations": 3}})
+                                                                           "iterations": 4}})
     first = nightly(overrides=overrides, return_state=True)
     assert first.is_completed(), first.message
     client = MlflowClient(overrides["tracking"]["tracking_uri"])

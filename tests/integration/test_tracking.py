@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 from mlflow import MlflowClient
+from typer.testing import CliRunner
 
 from kbit_core.bench.identity import identity_hash
 from kbit_core.bench.report import STATS_JSON, timings_frame, write_report
+from kbit_core.cli import app
 from kbit_core.config import KbitConfig
 from kbit_core.tracking import (MlflowTracker, NoopTracker, final_metrics, make_tracker, previous_benchmark,
                                 record_overrides)
@@ -106,6 +108,38 @@ def test_the_baseline_is_the_newest_comparable_run_without_measurement_overrides
     client = client_for(cfg)
     assert client.get_run(plain).data.tags["kbit.identity_hash"] == identity_hash(identity())
     assert client.get_run(smaller).data.tags["kbit.identity_hash"] != identity_hash(identity())
+
+
+def test_kbit_history_draws_a_step_and_leaves_flat_noise_alone(tmp_path: Path, store: Path) -> None:
+    """Twelve nights in a real store: one configuration gets 1.6× slower from night 6 on, the other stays flat."""
+    cfg = tracked_config(tmp_path, store, "history")
+    tracker, client = make_tracker(cfg), client_for(cfg)
+    for night in range(12):
+        rows = synthetic_rows(iterations=4, warmup=0, seed=night, slowdown={CONFIGS[1]: 1.6 if night >= 6 else 1.0})
+        files = write_report(timings_frame(rows), {"identity": identity()}, tmp_path / f"night{night}",
+                             bootstrap_resamples=100, seed=0)
+        with tracker.run(cfg, name=f"night{night}", kind="benchmark") as run_id:
+            tracker.log_benchmark(run_id, json.loads(files.stats_json.read_text()), rows, [])
+        record_overrides(cfg, run_id, None)
+        client.set_tag(run_id, "git_commit", f"{night:02d}" * 20)
+    # A last run with overrides is no night of the history.
+    with tracker.run(cfg, name="tuned", kind="benchmark") as run_id:
+        tracker.log_benchmark(run_id, json.loads(files.stats_json.read_text()), rows, [])
+    record_overrides(cfg, run_id, {"reader": {"prefetch_batches": 1}})
+
+    result = CliRunner().invoke(app, ["history", "--profile", "history", "--tracking-uri", cfg.tracking_uri(),
+                                      "--out", str(tmp_path / "history"), "--json"])
+
+    assert result.exit_code == 0, result.output
+    history = json.loads(result.stdout)
+    assert len(history["nights"]) == 12
+    by_name = {c["name"]: c for c in history["configurations"]}
+    (change,) = by_name[CONFIGS[1]]["change_points"]
+    assert change["night"] == 6 and change["commits"] == f"{'05' * 6}..{'06' * 6}"
+    assert change["change_pct"] == pytest.approx(60, abs=15)
+    assert by_name[CONFIGS[0]]["change_points"] == []
+    assert "1 run(s) started with overrides" in " ".join(history["left_out"])
+    assert (tmp_path / "history" / "history.png").stat().st_size > 0
 
 
 def test_a_failing_body_marks_the_run_failed(tmp_path: Path, store: Path) -> None:
