@@ -9,10 +9,13 @@ error after the client's request timeout.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import ssl
 import struct
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,25 +37,45 @@ def _tls_files(cfg: KafkaConfig) -> dict[str, Path]:
     return {name: Path(path) for name, path in files.items() if path is not None}
 
 
+@contextlib.contextmanager
+def _memory_file(text: str) -> Iterator[str]:
+    """A path to ``text`` that never touches a disk (Linux memfd): for PEM keys given inline in kafka.extra."""
+    fd = os.memfd_create("kbit-pem")
+    try:
+        os.write(fd, text.encode())
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
 def _tls_context(cfg: KafkaConfig) -> ssl.SSLContext:
+    """The client's TLS trust and identity, from the ssl_* files or the librdkafka PEM options in kafka.extra."""
     files = _tls_files(cfg)
     for name, path in files.items():
         if not path.is_file():
             raise ConfigError(f"kafka.{name}: {path} does not exist or is not a file")
     if ("ssl_certfile" in files) != ("ssl_keyfile" in files):
         raise ConfigError("kafka.ssl_certfile and kafka.ssl_keyfile go together (a client certificate and its key)")
+    pem = {k: str(v) for k, v in cfg.client_extra().items() if k in ("ssl.ca.pem", "ssl.certificate.pem", "ssl.key.pem")}
     ctx = ssl.create_default_context()
-    if "ssl_cafile" in files:
-        try:
+    try:
+        if "ssl_cafile" in files:
             ctx.load_verify_locations(cafile=str(files["ssl_cafile"]))
-        except ssl.SSLError as exc:
-            raise ConfigError(f"kafka.ssl_cafile: {files['ssl_cafile']} holds no PEM CA certificate ({exc})") from None
-    if "ssl_certfile" in files:
-        try:
+        if "ssl.ca.pem" in pem:
+            ctx.load_verify_locations(cadata=pem["ssl.ca.pem"])
+    except ssl.SSLError as exc:
+        where = f"kafka.ssl_cafile ({files['ssl_cafile']})" if "ssl_cafile" in files else "kafka.extra['ssl.ca.pem']"
+        raise ConfigError(f"{where} holds no PEM CA certificate ({exc.reason})") from None
+    try:
+        if "ssl_certfile" in files:
+            where = f"kafka.ssl_keyfile ({files['ssl_keyfile']}) and kafka.ssl_certfile ({files['ssl_certfile']})"
             ctx.load_cert_chain(str(files["ssl_certfile"]), str(files["ssl_keyfile"]))
-        except ssl.SSLError as exc:
-            raise ConfigError(f"kafka.ssl_keyfile ({files['ssl_keyfile']}) is not the key of kafka.ssl_certfile "
-                              f"({files['ssl_certfile']}), or one of them is not PEM ({exc})") from None
+        elif "ssl.certificate.pem" in pem and "ssl.key.pem" in pem:
+            where = "kafka.extra['ssl.key.pem'] and kafka.extra['ssl.certificate.pem']"
+            with _memory_file(pem["ssl.certificate.pem"]) as cert, _memory_file(pem["ssl.key.pem"]) as key:
+                ctx.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        raise ConfigError(f"{where} are not a PEM certificate and its key ({exc.reason})") from None
     return ctx
 
 
@@ -111,7 +134,8 @@ def check_security(cfg: KafkaConfig, timeout_s: float | None = None) -> None:
         return
     files = _tls_files(cfg)
     key = (cfg.resolved_bootstrap(), cfg.security_protocol, cfg.sasl_mechanism,
-           *((n, str(p), p.stat().st_mtime) for n, p in files.items() if p.is_file()))
+           *((n, str(p), p.stat().st_mtime) for n, p in files.items() if p.is_file()),
+           *((k, hash(str(v))) for k, v in sorted(cfg.client_extra().items()) if k.startswith("ssl.")))
     if key in _checked:
         return
     ctx = _tls_context(cfg) if cfg.security_protocol.endswith("SSL") else None
@@ -128,9 +152,14 @@ def check_security(cfg: KafkaConfig, timeout_s: float | None = None) -> None:
                 try:
                     _request(conn, 18, 0)  # ApiVersions v0: any Kafka broker answers it before authentication
                 except _Closed:
-                    hint = ("it may require a client certificate: set kafka.ssl_certfile and kafka.ssl_keyfile"
-                            if ctx and cfg.ssl_certfile is None else
-                            f"check kafka.security_protocol={cfg.security_protocol}")
+                    # A TLS 1.3 server verifies the client's certificate after the handshake and may just close.
+                    if not ctx:
+                        hint = f"check kafka.security_protocol={cfg.security_protocol}"
+                    elif cfg.ssl_certfile is None and "ssl.key.pem" not in cfg.extra:
+                        hint = "it may require a client certificate: set kafka.ssl_certfile and kafka.ssl_keyfile"
+                    else:
+                        hint = ("it may not accept the client certificate (kafka.ssl_certfile or "
+                                "kafka.extra['ssl.certificate.pem']): is it issued by the broker's CA?")
                     raise BrokerError(f"the broker at {address} closed the connection without answering; "
                                       f"{hint}") from None
                 if cfg.sasl_mechanism:
