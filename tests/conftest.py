@@ -1,8 +1,10 @@
-"""Shared fixtures: a real embedded broker on a free loopback port, and configs pointing at it."""
+"""Shared fixtures: a real embedded broker on a free loopback port, configs pointing at it, one SparkSession per
+test session, a TMPDIR to audit, and the fault-injecting models (tests/integration/fault_models.py) for training."""
 
 from __future__ import annotations
 
 import socket
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -70,3 +72,62 @@ def make_config(broker: EmbeddedBroker, tmp_path: Path) -> Callable[..., KbitCon
 @pytest.fixture
 def topic_name() -> str:
     return f"test-{uuid.uuid4().hex[:10]}"
+
+
+# A small training run: 2000 records, one epoch of 25 steps per rank at global batch 64.
+SMALL_TRAINING: dict[str, Any] = {
+    "dataset": {"num_records": 2000},
+    "produce": {"partitions": 2, "variant": {"format": "raw", "layout": "bytes", "compression": "lz4"}},
+    "shard": {"split_rates": [0.8, 0.1, 0.1]},
+    "train": {"epochs": 1, "global_batch_size": 64},
+    "tracking": {"enabled": False},
+}
+
+REPO = Path(__file__).resolve().parents[1]
+FAULT_MODELS_DIR = REPO / "tests" / "integration"
+
+
+@pytest.fixture
+def fault_models_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``train.model.name='fault_models:<factory>'`` works: torchrun children inherit the driver's environment."""
+    monkeypatch.setenv("PYTHONPATH", f"{FAULT_MODELS_DIR}:{REPO}")
+
+
+@pytest.fixture(scope="session")
+def spark_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("spark-session")
+
+
+@pytest.fixture(scope="session")
+def spark(spark_run_dir: Path) -> Iterator[object]:
+    """The process's SparkSession (local[2], as the launch defaults), stopped with its JVM at the end."""
+    from kbit_core.launch.spark import get_spark, stop_spark
+
+    session = get_spark(KbitConfig.from_dict({"workdir": str(spark_run_dir)}))
+    yield session
+    stop_spark()
+
+
+@pytest.fixture
+def audited_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A TMPDIR of its own, so a test can assert that a run left no torchelastic_* or tmp*/train.py there."""
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    yield tmp
+
+
+def _debris(*roots: Path | None) -> list[str]:
+    found: list[str] = []
+    for root in roots:
+        if root is not None and root.is_dir():
+            found += [str(p) for p in root.rglob("torchelastic_*")]
+            found += [str(p) for p in root.rglob("train.py")]
+    return found
+
+
+@pytest.fixture
+def launch_debris() -> Callable[..., list[str]]:
+    """``launch_debris(*dirs)``: leftovers of torchrun (torchelastic_*) and TorchDistributor (tmp*/train.py)."""
+    return _debris
