@@ -85,10 +85,13 @@ class RangeReader:
             TopicError: the topic or a partition does not exist.
             OffsetRangeError: a range starts below the earliest stored offset or ends past the log end.
         """
-        unknown = sorted({r.partition for r in ranges if len(r)} - set(self._bounds))
-        if unknown:
+        starts: dict[int, int] = {}
+        for r in ranges:
+            if len(r) and r.partition not in self._bounds:
+                starts[r.partition] = min(r.start, starts.get(r.partition, r.start))
+        if starts:
             self.stats.kafka_clients += 1
-            self._bounds.update(admin.offset_bounds(self.kafka_cfg, self.topic, unknown))
+            self._bounds.update(admin.offset_bounds(self.kafka_cfg, self.topic, sorted(starts), probes=starts))
         for r in ranges:
             if not len(r):
                 continue

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,9 +69,9 @@ def _admin(kcfg: KafkaConfig) -> AdminClient:
     return AdminClient(client_options(kcfg))
 
 
-def _metadata(client: AdminClient | Consumer, kcfg: KafkaConfig):
+def _metadata(client: AdminClient | Consumer, kcfg: KafkaConfig, topic: str | None = None):
     try:
-        return client.list_topics(timeout=min(METADATA_TIMEOUT_S, kcfg.request_timeout_s))
+        return client.list_topics(topic, timeout=min(METADATA_TIMEOUT_S, kcfg.request_timeout_s))
     except KafkaException as exc:
         raise unreachable(kcfg, exc.args[0].str()) from None
 
@@ -144,7 +144,8 @@ def _offset_consumer(kcfg: KafkaConfig) -> Consumer:
         # never joins the group (assign only) and never commits; the id is required by librdkafka
         "group.id": f"kbit-offsets-{uuid.uuid4().hex[:8]}",
         "enable.auto.commit": False,
-        "enable.partition.eof": False,
+        # an empty partition answers a fetch with an EOF event at once: waiting on a poll would take its timeout
+        "enable.partition.eof": True,
         "fetch.wait.max.ms": 10,
         "fetch.max.bytes": 1024 * 1024,
         "max.partition.fetch.bytes": 64 * 1024,
@@ -192,17 +193,34 @@ def exact_end_offsets(kcfg: KafkaConfig, topic: str, partitions: Iterable[int] |
         consumer.close()
 
 
-def offset_bounds(kcfg: KafkaConfig, topic: str, partitions: Iterable[int]) -> dict[int, tuple[int, int]]:
-    """partition -> (earliest stored offset, exact log end) over a single connection: metadata, ListOffsets and
-    the end-probing Fetch all go through one consumer, so a reader checking its ranges opens one client, not four.
+def offset_bounds(kcfg: KafkaConfig, topic: str, partitions: Iterable[int],
+                  probes: Mapping[int, int] | None = None) -> dict[int, tuple[int, int]]:
+    """partition -> (earliest stored offset, exact log end) over a single connection: metadata, then one Fetch per
+    partition (and ListOffsets only where needed), so a reader checking its ranges opens one client, not four.
+
+    Args:
+        probes: partition -> an offset expected to be stored (a planned range's start). A Fetch from there
+            answers both bounds: its response carries the log start offset and the high watermark, so the
+            check costs one metadata and one fetch round trip. Partitions without a probe, or whose response
+            carried no log start offset, are asked with ListOffsets first.
 
     Raises:
         TopicError: the topic or one of ``partitions`` does not exist.
     """
     consumer = _offset_consumer(kcfg)
     try:
-        parts = _present(topic, partitions, _partitions_in(_metadata(consumer, kcfg), kcfg, topic))
-        return _bounds(consumer, kcfg, topic, parts)
+        parts = _present(topic, partitions, _partitions_in(_metadata(consumer, kcfg, topic), kcfg, topic))
+        probes = {p: probes[p] for p in parts if p in probes} if probes else {}
+        found: dict[int, tuple[int, int]] = {}
+        if probes:
+            # An offset below the log start resets to the end (the consumer's default policy), and the reply
+            # still carries both bounds, so the caller's check names the offsets that are gone.
+            consumer.assign([TopicPartition(topic, p, o) for p, o in probes.items()])
+            found = {p: (low, high) for p, (low, high) in _await_watermarks(consumer, kcfg, topic, list(probes)).items()
+                     if low >= 0}
+            consumer.unassign()
+        rest = [p for p in parts if p not in found]
+        return {**found, **(_bounds(consumer, kcfg, topic, rest) if rest else {})}
     finally:
         consumer.close()
 
@@ -215,20 +233,26 @@ def _bounds(consumer: Consumer, kcfg: KafkaConfig, topic: str, parts: list[int])
         lows[p], approx_high = _query_watermarks(consumer, kcfg, topic, p)
         starts[p] = max(lows[p], approx_high - 1)
     consumer.assign([TopicPartition(topic, p, starts[p]) for p in parts])
-    ends: dict[int, int] = {}
+    marks = _await_watermarks(consumer, kcfg, topic, parts)
+    return {p: (lows[p], marks[p][1]) for p in parts}
+
+
+def _await_watermarks(consumer: Consumer, kcfg: KafkaConfig, topic: str, parts: list[int]) -> dict[int, tuple[int, int]]:
+    """The (low, high) watermarks cached from the first Fetch response of each assigned partition (low is negative
+    when the response had none). Polls return at the first message, EOF or error, so nothing waits a fixed time."""
     deadline = time.monotonic() + kcfg.request_timeout_s
-    while len(ends) < len(parts):
-        if time.monotonic() > deadline:
+    while True:
+        marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True) for p in parts}
+        if all(high >= 0 for _, high in marks.values()):
+            return marks
+        left = deadline - time.monotonic()
+        if left <= 0:
             raise unreachable(kcfg, f"no fetch response for {topic} partition(s) "
-                                    f"{sorted(set(parts) - set(ends))} within {kcfg.request_timeout_s:.0f}s")
-        for msg in consumer.consume(num_messages=len(parts), timeout=0.05):
-            if msg.error() is not None and msg.error().code() != KafkaError._PARTITION_EOF:
-                raise TopicError(f"fetching {topic}[{msg.partition()}] failed: {msg.error().str()}")
-        for p in parts:
-            high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)[1]
-            if high >= 0:
-                ends[p] = high
-    return {p: (lows[p], ends[p]) for p in parts}
+                                    f"{sorted(p for p, (_, high) in marks.items() if high < 0)} within "
+                                    f"{kcfg.request_timeout_s:.0f}s")
+        msg = consumer.poll(min(left, 0.1))
+        if msg is not None and msg.error() is not None and msg.error().code() != KafkaError._PARTITION_EOF:
+            raise TopicError(f"fetching {topic}[{msg.partition()}] failed: {msg.error().str()}")
 
 
 @dataclass(frozen=True)
