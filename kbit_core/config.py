@@ -183,6 +183,9 @@ class ReaderConfig(Section):
         "fast", description="fast: kbit's schema-aware decoders (bit-for-bit the stock results); stock: the format's "
                             "own library (what the format costs without kbit).")
     prefetch_batches: int = Field(4, ge=1, description="Bounded queue of decoded batches per rank.")
+    fetch_ahead_blocks: int = Field(
+        2, ge=0, description="Stream mode: blocks of raw records fetched ahead of decoding on a thread of their "
+                             "own, so fetch and decode overlap (0: fetch on the decoding thread).")
     poll_timeout_s: float = Field(0.5, gt=0)
     deadline_s: float = Field(60.0, gt=0, description="Give up when a range makes no progress for this long.")
     max_poll_records: int = Field(4096, ge=1)

@@ -10,10 +10,9 @@ in-memory baseline).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
-import queue
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 
 from kbit_core.config import ClientName, KbitConfig
+from kbit_core.data.pipeline import threaded
 from kbit_core.data.reader import RangeReader, ReaderStats
 from kbit_core.errors import ConfigError, KbitError, ManifestMismatchError
 from kbit_core.formats import get_codec
@@ -253,7 +253,11 @@ class ShardLoader:
             cache = self.load()
             return ((b, cache[b.range]) for b in blocks if b.range in cache)
         by_range = {b.range: b for b in blocks}
-        return ((by_range[r], decoded) for r, decoded in self.reader.read([b.range for b in blocks]))
+        ranges = [b.range for b in blocks]
+        ahead = self.cfg.reader.fetch_ahead_blocks
+        fetched = (threaded(self.reader.read_raw(ranges), ahead, f"kbit-loader-fetch-r{self.rank}-{self.split}")
+                   if ahead else self.reader.read_raw(ranges))
+        return ((by_range[r], decoded) for r, decoded in self.reader.decode_ranges(fetched))
 
     def load(self) -> dict[OffsetRange, Any]:
         """Eager mode: read and decode the whole shard once (again only when the epoch's shard changes)."""
@@ -314,56 +318,22 @@ class ShardLoader:
         return filler if have is None else tuple(np.concatenate([a, b]) for a, b in zip(have, filler))
 
     def _timed(self, groups: Iterator[list[Batch]]) -> Iterator[list[Batch]]:
-        while True:
-            t0 = time.perf_counter()
-            group = next(groups, None)
-            self.stats.wait_seconds += time.perf_counter() - t0
-            if group is None:
-                return
-            yield group
+        """``groups`` with the time spent waiting for each counted as data-wait; closing it closes ``groups``."""
+        with contextlib.closing(groups):  # type: ignore[type-var]
+            while True:
+                t0 = time.perf_counter()
+                group = next(groups, None)
+                self.stats.wait_seconds += time.perf_counter() - t0
+                if group is None:
+                    return
+                yield group
 
     def _prefetched(self, groups: Iterator[list[Batch]]) -> Iterator[list[Batch]]:
         """Run ``groups`` on a worker thread into a queue of ``reader.prefetch_batches`` batches, rounded up to
         whole blocks; a worker exception is re-raised here."""
         per_block = max(1, self.cfg.shard.block_records // self.batch_size)
-        q: queue.Queue[Any] = queue.Queue(maxsize=-(-self.cfg.reader.prefetch_batches // per_block))
-        stop = threading.Event()
-
-        def put(item: Any) -> bool:
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.1)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        def work() -> None:
-            try:
-                for group in groups:
-                    if not put(group):
-                        return
-                put(_END)
-            except BaseException as exc:  # handed to the consuming thread, which re-raises it
-                put(_Failure(exc))
-            finally:
-                groups.close()
-
-        worker = threading.Thread(target=work, name=f"kbit-loader-r{self.rank}-{self.split}", daemon=True)
-        worker.start()
-        try:
-            while True:
-                t0 = time.perf_counter()
-                item = q.get()
-                self.stats.wait_seconds += time.perf_counter() - t0
-                if item is _END:
-                    return
-                if isinstance(item, _Failure):
-                    raise item.exc
-                yield item
-        finally:
-            stop.set()
-            worker.join()
+        return self._timed(threaded(groups, -(-self.cfg.reader.prefetch_batches // per_block),
+                                    f"kbit-loader-r{self.rank}-{self.split}"))
 
     def close(self) -> None:
         if self._owns_reader:
@@ -375,13 +345,6 @@ class ShardLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_END = object()
-
-
-class _Failure(NamedTuple):
-    exc: BaseException
 
 
 def make_split_loader(cfg: KbitConfig, manifest: Manifest, split: str, rank: int, world_size: int, *,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,7 +193,12 @@ class RangeReader:
 
     def read(self, ranges: Sequence[OffsetRange]) -> Iterator[tuple[OffsetRange, Any]]:
         """Yield ``(range, DecodedBatch)`` per range; a range whose messages were all skipped yields nothing."""
-        for rng, records in self.read_raw(ranges):
+        return self.decode_ranges(self.read_raw(ranges))
+
+    def decode_ranges(self, fetched: Iterable[tuple[OffsetRange, Sequence[RawRecord]]]
+                      ) -> Iterator[tuple[OffsetRange, Any]]:
+        """Decode what :meth:`read_raw` yielded (possibly fetched ahead on another thread), as :meth:`read` does."""
+        for rng, records in fetched:
             batch = self.decode(records)
             if batch is not None:
                 yield rng, batch

@@ -97,21 +97,111 @@ def read_blocks(buf: bytes, pos: int, item_size: int) -> tuple[list[tuple[int, i
             raise Defer("array block runs past the value")
 
 
+def read_ints(buf: bytes, pos: int) -> tuple[list[int], int]:
+    """An array of ints or longs: its items, and the position after it."""
+    numbers = []
+    while True:
+        count, pos = read_long(buf, pos)
+        if count == 0:
+            return numbers, pos
+        if count < 0:
+            count = -count
+            _, pos = read_long(buf, pos)
+        for _ in range(count):
+            number, pos = read_long(buf, pos)
+            numbers.append(number)
+
+
+def zigzag(value: int) -> bytes:
+    """The Avro encoding of ``value`` (zigzag varint), for the byte patterns the generated walker expects."""
+    rest, out = (value << 1) ^ (value >> 63), bytearray()
+    while rest > 0x7F:
+        out.append(rest & 0x7F | 0x80)
+        rest >>= 7
+    out.append(rest)
+    return bytes(out)
+
+
+_VARINT = """\
+    byte = buf[pos]
+    if byte < 0x80:
+        {target} = (byte >> 1) ^ -(byte & 1)
+        pos += 1
+    else:
+        {target}, pos = read_long(buf, pos)
+"""
+
+
+def record_walker(steps: Sequence[tuple[int, str | None]], layout: str, shape: Sequence[int]) -> Any:
+    """A function ``walk(buf, view, pos, indices, labels, pieces) -> end`` for one record, generated as straight-line
+    code from the plan: per record the plan's interpretation would cost more than the parsing itself.
+
+    The single-block float array and the expected shape are matched as whole byte patterns (what every Avro
+    writer emits for them); anything else takes the general block parser, so any valid encoding decodes.
+    """
+    size = int(np.prod(shape))
+    head, shape_bytes = zigzag(size), zigzag(len(shape)) + b"".join(zigzag(d) for d in shape) + b"\x00"
+    lines = ["def walk(buf, view, pos, indices, labels, pieces):"]
+    for kind, name in steps:
+        if kind == VARINT:
+            lines.append(_VARINT.format(target={"label": "label", "index": "index"}.get(name or "", "_")))
+            if name in ("label", "index"):
+                lines.append(f"    {'labels' if name == 'label' else 'indices'}.append({name})")
+        elif kind in FIXED_SIZES:
+            lines.append(f"    pos += {FIXED_SIZES[kind]}")
+        elif kind in (STRING, BYTES):
+            lines.append(_VARINT.format(target="length"))
+            lines.append("    end = pos + length\n    if length < 0 or end > len(buf):\n"
+                         "        raise Defer('string or bytes past the value')")
+            if kind == STRING:
+                lines.append("    str(view[pos:end], 'utf-8')  # fastavro refuses invalid UTF-8 too")
+            elif name == "data":
+                lines.append(f"    if length != {size}:\n        raise Defer('pixel byte count')\n"
+                             "    pieces.append(view[pos:end])")
+            lines.append("    pos = end")
+        elif kind == FLOAT_ARRAY and name == "data":
+            stop = len(head) + 4 * size
+            lines.append(f"    if buf[pos:pos + {len(head)}] == {head!r} and buf[pos + {stop}] == 0:\n"
+                         f"        pieces.append(view[pos + {len(head)}:pos + {stop}])\n"
+                         f"        pos += {stop + 1}\n"
+                         "    else:\n"
+                         "        blocks, pos = read_blocks(buf, pos, 4)\n"
+                         f"        if sum(count for _, count in blocks) != {size}:\n"
+                         "            raise Defer('pixel count')\n"
+                         "        pieces.extend(view[start:start + 4 * count] for start, count in blocks)")
+        elif kind == FLOAT_ARRAY:
+            lines.append("    _, pos = read_blocks(buf, pos, 4)")
+        elif name == "shape":
+            lines.append(f"    if buf[pos:pos + {len(shape_bytes)}] == {shape_bytes!r}:\n"
+                         f"        pos += {len(shape_bytes)}\n"
+                         "    else:\n"
+                         "        numbers, pos = read_ints(buf, pos)\n"
+                         f"        if numbers != {list(shape)!r}:\n"
+                         "            raise Defer('shape')")
+        else:
+            lines.append("    _, pos = read_ints(buf, pos)")
+    lines.append("    if pos > len(buf):\n        raise Defer('the record runs past the value')\n    return pos")
+    namespace = {"read_long": read_long, "read_blocks": read_blocks, "read_ints": read_ints, "Defer": Defer}
+    exec(compile("\n".join(lines), f"<avro walker {layout} {tuple(shape)}>", "exec"), namespace)  # noqa: S102
+    return namespace["walk"]
+
+
 class AvroWalker:
     """Walks schemaless Avro values along a compiled plan and gathers one batch's columns."""
 
     def __init__(self, steps: tuple[tuple[int, str | None], ...], layout: str, shape: tuple[int, ...],
                  records_per_message: int) -> None:
-        self.steps, self.layout, self.shape = steps, layout, list(shape)
-        self.size, self.rpm = int(np.prod(shape)), records_per_message
+        self.layout, self.size, self.rpm = layout, int(np.prod(shape)), records_per_message
+        self._record = record_walker(steps, layout, shape)
 
     def columns(self, values: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         indices: list[int] = []
         labels: list[int] = []
-        pieces: list[bytes] = []
+        pieces: list[memoryview] = []
+        walk = self._record
         for value in values:
             if self.rpm == 1:
-                end = self._record(value, 0, indices, labels, pieces)
+                end = walk(value, memoryview(value), 0, indices, labels, pieces)
             else:
                 end = self._batch(value, indices, labels, pieces)
             if end != len(value):
@@ -120,12 +210,12 @@ class AvroWalker:
             pixels = np.frombuffer(b"".join(pieces), dtype=np.uint8)
         else:
             pixels = np.frombuffer(b"".join(pieces), dtype="<f4").astype(np.float32, copy=False)
-        if pixels.size != len(indices) * self.size:
+        if pixels.size != len(indices) * self.size or len(labels) != len(indices):
             raise Defer("a record has the wrong number of pixels")
         return np.array(indices, dtype=np.int64), np.array(labels, dtype=np.int64), pixels
 
-    def _batch(self, value: bytes, indices: list[int], labels: list[int], pieces: list[bytes]) -> int:
-        pos, items = 0, 0
+    def _batch(self, value: bytes, indices: list[int], labels: list[int], pieces: list[memoryview]) -> int:
+        pos, items, view = 0, 0, memoryview(value)
         while True:
             count, pos = read_long(value, pos)
             if count == 0:
@@ -134,56 +224,10 @@ class AvroWalker:
                 count = -count
                 _, pos = read_long(value, pos)
             for _ in range(count):
-                pos = self._record(value, pos, indices, labels, pieces)
+                pos = self._record(value, view, pos, indices, labels, pieces)
             items += count
         if not 1 <= items <= self.rpm:
             raise Defer(f"value holds {items} records")
-        return pos
-
-    def _record(self, buf: bytes, pos: int, indices: list[int], labels: list[int], pieces: list[bytes]) -> int:
-        for kind, name in self.steps:
-            if kind == VARINT:
-                number, pos = read_long(buf, pos)
-                if name == "label":
-                    labels.append(number)
-                elif name == "index":
-                    indices.append(number)
-            elif kind == FLOAT_ARRAY:
-                blocks, pos = read_blocks(buf, pos, 4)
-                if name == "data":
-                    if sum(count for _, count in blocks) != self.size:
-                        raise Defer("wrong number of pixels")
-                    pieces.extend(buf[start:start + 4 * count] for start, count in blocks)
-            elif kind == INT_ARRAY:
-                start = pos
-                numbers = []
-                while True:
-                    count, pos = read_long(buf, pos)
-                    if count == 0:
-                        break
-                    if count < 0:
-                        count = -count
-                        _, pos = read_long(buf, pos)
-                    for _ in range(count):
-                        number, pos = read_long(buf, pos)
-                        numbers.append(number)
-                if name == "shape" and numbers != self.shape:
-                    raise Defer(f"shape {numbers} at byte {start}")
-            elif kind in FIXED_SIZES:
-                pos += FIXED_SIZES[kind]
-            else:
-                length, pos = read_long(buf, pos)
-                if length < 0 or pos + length > len(buf):
-                    raise Defer("string or bytes length out of the value")
-                if kind == STRING:
-                    buf[pos:pos + length].decode()  # fastavro refuses invalid UTF-8 too
-                elif name == "data":
-                    if length != self.size:
-                        raise Defer("wrong number of pixel bytes")
-                    pieces.append(buf[pos:pos + length])
-                pos += length
-        if pos > len(buf):
-            raise Defer("the record runs past the value")
         return pos
 
 
