@@ -67,7 +67,7 @@ def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int
     from kbit_core.kafka.broker import embedded_broker
     from kbit_core.train.worker import train_main
 
-    base = _bench_config(cfg)
+    base = bench_config(cfg)
     ds_name = f"deepspeed_zero{cfg.deepspeed.zero_stage}"
     trainings: dict[str, KbitConfig] = {
         "kafka_stream": base.override({"train": {"data": "kafka"}, "reader": {"mode": "stream"}}),
@@ -76,8 +76,8 @@ def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int
     }
     launches: dict[str, Callable[[], float]] = {
         "torchrun": lambda: _torchrun_first_step(base),
-        "distributor_local_mode": lambda: _distributor_first_step(base.override({"launch": {"local_mode": True}})),
-        "distributor_cluster_mode": lambda: _distributor_first_step(base.override({"launch": {"local_mode": False}})),
+        "distributor_local_mode": lambda: distributor_first_step(base.override({"launch": {"local_mode": True}})),
+        "distributor_cluster_mode": lambda: distributor_first_step(base.override({"launch": {"local_mode": False}})),
     }
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name in trainings}
     overheads: dict[str, list[float | None]] = {name: [] for name in launches}
@@ -108,7 +108,7 @@ def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int
     return results
 
 
-def _bench_config(cfg: KbitConfig) -> KbitConfig:
+def bench_config(cfg: KbitConfig) -> KbitConfig:
     """The user's config with at least two epochs (the last one is measured) and no checkpoint I/O in the timing."""
     return cfg.override({"train": {"epochs": max(2, cfg.train.epochs)},
                        "checkpoint": {"dir": None, "max_restarts": 0, "resume": "none"}})
@@ -123,7 +123,7 @@ def _measure_launch(name: str, measure: Callable[[], float]) -> float | None:
         return None
 
 
-def _distributor_first_step(cfg: KbitConfig) -> float:
+def distributor_first_step(cfg: KbitConfig) -> float:
     return run_distributed(first_step_probe, cfg, time.time())
 
 
@@ -145,12 +145,12 @@ def _torchrun_first_step(cfg: KbitConfig) -> float:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _median(values: list[float | None]) -> float | None:
+def median(values: list[float | None]) -> float | None:
     measured = [v for v in values if v is not None]
     return statistics.median(measured) if measured else None
 
 
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator if numerator is not None and denominator else None
 
 
@@ -158,8 +158,8 @@ def _summarize(cfg: KbitConfig, topic: str, ds_name: str, samples: dict[str, lis
                overheads: dict[str, list[float | None]], repeats: int) -> dict[str, Any]:
     speed = {name: [r["samples_per_s"] for r in runs] for name, runs in samples.items()}
     step_time = {name: [cfg.train.global_batch_size / s for s in speed[name] if s] for name in ("memory", ds_name)}
-    kafka_vs_memory = _ratio(_median(speed["kafka_stream"]), _median(speed["memory"]))
-    torchrun = _median(overheads["torchrun"])
+    kafka_vs_memory = ratio(median(speed["kafka_stream"]), median(speed["memory"]))
+    torchrun = median(overheads["torchrun"])
     return {
         "config": {
             "topic": topic, "world_size": cfg.launch.num_processes, "global_batch_size": cfg.train.global_batch_size,
@@ -177,13 +177,13 @@ def _summarize(cfg: KbitConfig, topic: str, ds_name: str, samples: dict[str, lis
         },
         "launch_overhead_s": {
             **overheads,
-            "vs_torchrun": {name: _ratio(_median(values), torchrun) for name, values in overheads.items()
+            "vs_torchrun": {name: ratio(median(values), torchrun) for name, values in overheads.items()
                             if name != "torchrun"},
         },
         "step_time_s": {
             "ddp": step_time["memory"],
             ds_name: step_time[ds_name],
-            "deepspeed_vs_ddp": _ratio(_median(step_time[ds_name]), _median(step_time["memory"])),
+            "deepspeed_vs_ddp": ratio(median(step_time[ds_name]), median(step_time["memory"])),
             "final_loss": {"ddp": [r["loss_curve"][-1] for r in samples["memory"] if r["loss_curve"]],
                            ds_name: [r["loss_curve"][-1] for r in samples[ds_name] if r["loss_curve"]]},
         },
@@ -198,17 +198,17 @@ def results_table(results: dict[str, Any]) -> Table:
         table.add_column(column, justify="left" if column in ("measure", "baseline") else "right")
     thr, launch, steps = results["throughput"], results["launch_overhead_s"], results["step_time_s"]
     verdict = "[green]meets[/]" if thr["meets_target"] else "[red]below[/]"
-    table.add_row("samples/s kafka stream", _fmt(_median(thr["kafka_stream_samples_per_s"]), "{:,.0f}"),
-                  _fmt(thr["kafka_vs_memory"], "{:.3f}x"), f"in-memory; target {thr['target']}x {verdict}")
-    table.add_row("samples/s in memory", _fmt(_median(thr["memory_samples_per_s"]), "{:,.0f}"), "1.000x", "")
-    table.add_row("first step, plain torchrun (s)", _fmt(_median(launch["torchrun"]), "{:.2f}"), "1.000x", "")
+    table.add_row("samples/s kafka stream", fmt(median(thr["kafka_stream_samples_per_s"]), "{:,.0f}"),
+                  fmt(thr["kafka_vs_memory"], "{:.3f}x"), f"in-memory; target {thr['target']}x {verdict}")
+    table.add_row("samples/s in memory", fmt(median(thr["memory_samples_per_s"]), "{:,.0f}"), "1.000x", "")
+    table.add_row("first step, plain torchrun (s)", fmt(median(launch["torchrun"]), "{:.2f}"), "1.000x", "")
     for name, ratio in launch["vs_torchrun"].items():
-        table.add_row(f"first step, {name} (s)", _fmt(_median(launch[name]), "{:.2f}"), _fmt(ratio, "{:.2f}x"),
+        table.add_row(f"first step, {name} (s)", fmt(median(launch[name]), "{:.2f}"), fmt(ratio, "{:.2f}x"),
                       "plain torchrun")
     ds_name = next(k for k in steps if k.startswith("deepspeed_zero"))
-    table.add_row("step time DDP (ms)", _fmt(_ms(_median(steps["ddp"])), "{:.1f}"), "1.000x", "")
-    table.add_row(f"step time {ds_name} (ms)", _fmt(_ms(_median(steps[ds_name])), "{:.1f}"),
-                  _fmt(steps["deepspeed_vs_ddp"], "{:.2f}x"), "DDP")
+    table.add_row("step time DDP (ms)", fmt(_ms(median(steps["ddp"])), "{:.1f}"), "1.000x", "")
+    table.add_row(f"step time {ds_name} (ms)", fmt(_ms(median(steps[ds_name])), "{:.1f}"),
+                  fmt(steps["deepspeed_vs_ddp"], "{:.2f}x"), "DDP")
     return table
 
 
@@ -216,7 +216,7 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000
 
 
-def _fmt(value: float | None, pattern: str) -> str:
+def fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 

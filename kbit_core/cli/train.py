@@ -92,7 +92,27 @@ def bench_train_command(
         out.print(results_table(results))
 
 
+def bench_placement_command(
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="JSON results file.")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Rounds of both placements.")] = 2,
+    as_json: JsonOpt = False,
+) -> None:
+    """A cluster launch (e.g. deployments/train-cluster.yaml on the test bed) vs the same training on this host alone."""
+    from kbit_core.bench.placement_bench import placement_table, run_placement_bench
+
+    cfg = run_guarded(load_cli_config, config, sets)
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        results = run_guarded(run_placement_bench, cfg, output=output, repeats=repeats)
+    if as_json:
+        print_json(results)
+    else:
+        out.print(placement_table(results))
+
+
 def register(app: typer.Typer) -> None:
-    """Add `kbit train` and `kbit bench-train` to the root app."""
+    """Add `kbit train`, `kbit bench-train` and `kbit bench-placement` to the root app."""
     app.command("train")(train_command)
     app.command("bench-train")(bench_train_command)
+    app.command("bench-placement")(bench_placement_command)

@@ -1,9 +1,11 @@
-"""Run a function on every rank through Spark's TorchDistributor and bring worker failures back with their tracebacks.
+"""Run an entry function on every rank through Spark's TorchDistributor and bring failures back typed.
 
-TorchDistributor reports any worker failure as a generic RuntimeError (local_mode=True) or
-Py4JJavaError (local_mode=False) and leaves the real traceback in the streamed logs. Each rank here
-runs inside :func:`_run_rank`, which writes its own traceback to ``<run_dir>/errors/rank<r>.txt``
-before re-raising, so the driver can raise one DistributedError that holds the worker's own words.
+The hand-off is data only: each rank gets the config as JSON once and builds its own ``KbitConfig``;
+arguments and rank 0's result travel as kbit wire JSON. TorchDistributor reports any worker failure as a
+generic RuntimeError (local_mode=True) or Py4JJavaError (local_mode=False); here each rank runs inside
+:func:`_run_rank`, which writes its own traceback to ``<run_dir>/errors/rank<r>.txt`` before re-raising,
+and the torchrun agents' failure summaries are read from the relayed output, so the driver raises one
+error naming the rank that caused the failure: its own Python error, or how its process died.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,13 +32,14 @@ from pydantic import TypeAdapter
 from kbit_core import wire
 from kbit_core.config import KbitConfig
 from kbit_core.errors import DistributedError
-from kbit_core.launch.spark import check_barrier_slots, clean_worker_tmp, get_spark, spark_dir
+from kbit_core.launch.failures import OutputTail, RankExit, rank_exits, rank_lines
+from kbit_core.launch.spark import check_barrier_slots, clean_worker_tmp, get_spark, spark_dir, wait_for_executors
 
 log = logging.getLogger(__name__)
 
 _RESULT_KEY = "kbit/rank0-result"
 _MAX_SECONDARY_LINES = 8
-# A rank whose collective broke because a peer died reports after the peer itself, but is not the cause.
+_EXECUTOR_LOST = re.compile(r"\((?P<host>[^\s()]+) executor (?P<executor>[\w.-]+)\): ExecutorLostFailure")
 _PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "DistBackendError",
                          "DistNetworkError", "DistStoreError", "ProcessGroupGloo", "NCCL communicator was aborted")
 
@@ -44,11 +48,27 @@ _run_lock = threading.Lock()
 
 
 class WorkerFailedError(DistributedError):
-    """A rank raised; ``exception_type`` is the qualified name of what it raised (e.g. 'ValueError')."""
+    """A rank failed; ``exception_type`` is the qualified name of what it raised (e.g. 'ValueError')."""
 
-    def __init__(self, message: str, *, rank: str, exception_type: str) -> None:
+    def __init__(self, message: str, *, rank: str, exception_type: str, host: str | None = None) -> None:
         super().__init__(message)
-        self.rank, self.exception_type = rank, exception_type
+        self.rank, self.exception_type, self.host = rank, exception_type, host
+
+
+class ExecutorLostError(WorkerFailedError):
+    """Spark lost the executor (JVM or host) that ran a rank; a restart runs on the executors left or relaunched."""
+
+    def __init__(self, message: str, *, host: str, executor: str) -> None:
+        super().__init__(message, rank=f"executor {executor}", exception_type="ExecutorLostFailure", host=host)
+
+
+class RankDiedError(WorkerFailedError):
+    """A rank's process ended without a Python error: killed by a signal, or exited with a code."""
+
+    def __init__(self, message: str, exit_: RankExit) -> None:
+        kind = exit_.signal_name or f"exit code {exit_.exitcode}"
+        super().__init__(message, rank=f"rank{exit_.rank}", exception_type=kind, host=exit_.host)
+        self.exit = exit_
 
 
 RankEntry = Callable[..., Any]  # entry(cfg: KbitConfig, *args) -> a wire-encodable result
@@ -76,6 +96,7 @@ def run_distributed(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: 
     launch = cfg.launch
     session = get_spark(cfg)
     check_barrier_slots(session, launch)
+    wait_for_executors(session, launch)
     _ship_by_value_if_needed(entry)
     errors = errors_dir(cfg.run_dir)
     with _run_lock:
@@ -87,10 +108,13 @@ def run_distributed(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: 
             raise DistributedError(f"TorchDistributor refused launch settings {_describe(cfg)}: {exc}") from exc
         log.info("launching %s on %s", getattr(entry, "__qualname__", entry), _describe(cfg))
         with _run_tmpdir(cfg.run_dir):
+            tail = OutputTail()
             try:
-                text = distributor.run(_run_rank, entry, cfg.to_secret_json(), wire.dumps(list(args)), str(errors))
+                with tail.capturing():
+                    text = distributor.run(_run_rank, entry, cfg.to_secret_json(), wire.dumps(list(args)),
+                                           str(errors))
             except Exception as exc:
-                raise _worker_failure(exc, errors, cfg) from exc
+                raise _worker_failure(exc, errors, cfg, tail.text()) from exc
             finally:
                 clean_worker_tmp()
     result = wire.loads(text)
@@ -156,38 +180,77 @@ def _rank0_result(text: str, rank: int, timeout_s: float) -> str:
     return store.get(_RESULT_KEY).decode()
 
 
-def _worker_failure(exc: Exception, errors: Path, cfg: KbitConfig) -> DistributedError:
+def _worker_failure(exc: Exception, errors: Path, cfg: KbitConfig, output: str) -> DistributedError:
+    """One typed error for a failed run, decided from torchrun's records and the ranks' own tracebacks.
+
+    A rank's own Python error wins; otherwise a rank that died without one (killed by a signal other than
+    the SIGTERM torchrun sends the survivors, or exited with a code) is the cause, whichever rank's
+    collateral error happened to be written first.
+    """
+    text = f"{output}\n{exc}"  # cluster mode: the task's exception carries its torchrun output tail
+    exits = {e.rank: e for e in rank_exits(text)}
     reports = _rank_reports(errors)
+    own = [(rank, report) for rank, report in reports if not _is_peer_failure(report)]
+    if own:
+        return _raised(own + [r for r in reports if r not in own], exits, cfg, errors)
+    reported = {rank for rank, _ in reports}
+    died = sorted(exits.values(), key=lambda e: (e.signal_name in (None, "SIGTERM"), f"rank{e.rank}" in reported))
+    if died and (died[0].signal_name not in (None, "SIGTERM") or f"rank{died[0].rank}" not in reported):
+        return _died(died[0], text, cfg)
+    lost = _EXECUTOR_LOST.search(text)
+    if lost:
+        return ExecutorLostError(
+            f"distributed run failed ({_describe(cfg)}): the Spark executor {lost['executor']} on "
+            f"{lost['host']} was lost (its JVM or host died), taking its rank with it", host=lost["host"],
+            executor=lost["executor"])
     if reports:
-        (first, text), *others = reports
-        lines = [f"distributed run failed ({_describe(cfg)}); {first} raised:", text]
-        for rank, other in others:
-            lines.append(f"--- {rank} also failed:")
-            lines.extend(other.splitlines()[-_MAX_SECONDARY_LINES:])
-        lines.append(f"(tracebacks kept in {errors})")
-        return WorkerFailedError("\n".join(lines), rank=first, exception_type=_exception_type(text))
-    text = str(exc)
-    if "BarrierJobSlotsNumberCheckFailed" in text:
+        return _raised(reports, exits, cfg, errors)
+    if died:
+        return _died(died[0], text, cfg)
+    message = str(exc)
+    if "BarrierJobSlotsNumberCheckFailed" in message:
         return DistributedError(
             f"Spark cannot schedule {cfg.launch.num_processes} barrier tasks at once on {cfg.launch.master} "
             f"(local_mode=false needs one free task slot per process); add executors/cores or use local_mode=true"
         )
     return DistributedError(
         f"distributed run failed ({_describe(cfg)}) before any worker reported a Python error; "
-        f"Spark said: {text[-3000:]}"
+        f"Spark said: {message[-3000:]}"
     )
 
 
+def _raised(reports: list[tuple[str, str]], exits: dict[int, RankExit], cfg: KbitConfig,
+            errors: Path) -> WorkerFailedError:
+    (first, text), *others = reports
+    exit_ = exits.get(int(first.removeprefix("rank")))
+    where = f" on host {exit_.host}" if exit_ else ""
+    lines = [f"distributed run failed ({_describe(cfg)}); {first}{where} raised:", text]
+    for rank, other in others:
+        lines.append(f"--- {rank} also failed:")
+        lines.extend(other.splitlines()[-_MAX_SECONDARY_LINES:])
+    lines.append(f"(tracebacks kept in {errors})")
+    return WorkerFailedError("\n".join(lines), rank=first, exception_type=_exception_type(text),
+                             host=exit_.host if exit_ else None)
+
+
+def _died(exit_: RankExit, output: str, cfg: KbitConfig) -> RankDiedError:
+    tail = rank_lines(output, exit_.rank, _MAX_SECONDARY_LINES) or ["(no output of its own)"]
+    message = "\n".join([f"distributed run failed ({_describe(cfg)}): {exit_.describe()}, with no Python error "
+                         f"(an OOM kill, a segfault, a kill -9 or a lost host); its last lines:", *tail])
+    return RankDiedError(message, exit_)
+
+
+def _is_peer_failure(traceback_text: str) -> bool:
+    # A rank whose collective broke because a peer died reports after the peer itself, but is not the cause.
+    return any(marker in traceback_text for marker in _PEER_FAILURE_MARKERS)
+
+
 def _rank_reports(errors: Path) -> list[tuple[str, str]]:
-    """(rank name, traceback) per failed rank, the likely cause first: own errors before peer-loss ones."""
+    """(rank name, traceback) per rank that wrote one, the earliest first."""
     if not errors.is_dir():
         return []
-    reports = []
-    for path in errors.glob("rank*.txt"):
-        text = path.read_text().rstrip()
-        secondary = any(marker in text for marker in _PEER_FAILURE_MARKERS)
-        reports.append((secondary, path.stat().st_mtime, path.stem, text))
-    return [(rank, text) for _, _, rank, text in sorted(reports)]
+    reports = sorted((path.stat().st_mtime, path.stem, path.read_text().rstrip()) for path in errors.glob("rank*.txt"))
+    return [(rank, text) for _, rank, text in reports]
 
 
 def _exception_type(traceback_text: str) -> str:

@@ -150,6 +150,9 @@ def get_spark(cfg: KbitConfig) -> SparkSession:
             _warn_if_different(active, cfg.launch)
             return active
         launch = cfg.launch
+        from kbit_core.testbed import require_bed_for
+
+        require_bed_for([launch.master, launch.driver_host, launch.driver_bind_address])
         sdir = spark_dir(cfg.run_dir)
         for sub in ("local", "worker-tmp"):
             (sdir / sub).mkdir(parents=True, exist_ok=True)
@@ -188,6 +191,28 @@ def check_barrier_slots(session: SparkSession, launch: LaunchConfig) -> None:
             f"SparkSession ({session.sparkContext.master}) has {slots} slot(s); use local[{launch.num_processes}] "
             f"or more, a cluster master, or launch.local_mode=true"
         )
+
+
+def wait_for_executors(session: SparkSession, launch: LaunchConfig, timeout_s: float = 120.0) -> None:
+    """On a cluster master, wait until executors offer ``num_processes`` task slots (barrier jobs need them all
+    at once: right after a start, or after an executor was lost and its worker is launching a new one)."""
+    if launch.local_mode or local_slots(launch.master) is not None or launch.master.startswith("local"):
+        return
+    import time
+
+    context = session.sparkContext._jsc.sc()
+    profile = context.resourceProfileManager().defaultResourceProfile()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        # The number Spark's own barrier check compares with: free task slots of the registered executors.
+        slots = int(context.maxNumConcurrentTasks(profile))
+        if slots >= launch.num_processes:
+            return
+        if time.monotonic() > deadline:
+            raise DistributedError(
+                f"{launch.master} offers {slots} task slot(s) after {timeout_s:.0f} s but launch.num_processes="
+                f"{launch.num_processes} barrier tasks need one each; check the workers (kbit cluster status)")
+        time.sleep(0.5)
 
 
 def clean_worker_tmp() -> None:

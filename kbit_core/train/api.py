@@ -17,7 +17,8 @@ log = logging.getLogger(__name__)
 
 # A worker that raised one of these fails the same way again: restarting would only repeat it.
 NOT_RESTARTABLE = ("ConfigError", "ManifestMismatchError", "TopicError", "CorruptRecordError", "ModuleNotFoundError",
-                   "ImportError", "TrainingDivergedError")
+                   "ImportError", "TrainingDivergedError", "PermissionError", "FileNotFoundError",
+                   "NotADirectoryError", "IsADirectoryError", "FileExistsError", "PreflightError")
 
 
 def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
@@ -70,8 +71,8 @@ def _train_with_restarts(cfg: KbitConfig, train_main: Callable[..., dict[str, An
             restarts += 1
             attempt_cfg = _resume_latest(cfg)
             # The next attempt clears <run_dir>/errors, so the failure is logged in full here.
-            log.warning("training failed on %s with %s; restart %d of %d from %s\n%s", exc.rank, exc.exception_type,
-                        restarts, cfg.checkpoint.max_restarts, _restart_point(cfg), exc)
+            log.warning("training failed on %s (host %s) with %s; restart %d of %d from %s\n%s", exc.rank, exc.host,
+                        exc.exception_type, restarts, cfg.checkpoint.max_restarts, _restart_point(cfg), exc)
 
 
 def _not_restartable(exc: WorkerFailedError) -> bool:

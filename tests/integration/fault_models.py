@@ -8,6 +8,7 @@ forward pass on one rank, so it hits the real loop, loaders and checkpoints.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,3 +60,41 @@ def stop_broker(*, image_shape: tuple[int, ...], num_classes: int, at_step: int,
         EmbeddedBroker(Path(broker_dir), port=port).stop()
 
     return FaultAt(_cnn(image_shape, num_classes), rank=0, at_call=at_step, fault=fault)
+
+
+def kill_each_attempt(*, image_shape: tuple[int, ...], num_classes: int, at_step: int, marker_dir: str,
+                      times: int) -> nn.Module:
+    """Rank 1 SIGKILLs itself at training step ``at_step`` of each of the first ``times`` attempts: no Python
+    error, no traceback file, only torchrun's record (``marker_dir`` counts the kills; ``times=0`` never kills)."""
+
+    def fault() -> None:
+        fired = sorted(Path(marker_dir).glob("kill-*"))
+        if len(fired) >= times:
+            return
+        Path(marker_dir, f"kill-{len(fired) + 1}").write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return FaultAt(_cnn(image_shape, num_classes), rank=1, at_call=at_step, fault=fault)
+
+
+def kill_executor_once(*, image_shape: tuple[int, ...], num_classes: int, at_step: int, marker: str) -> nn.Module:
+    """Rank 1 SIGKILLs the Spark executor JVM it runs under at step ``at_step`` of the first attempt only: the
+    host's executor is lost mid-epoch, as when a machine dies (``marker`` records that it fired)."""
+
+    def fault() -> None:
+        if Path(marker).exists():
+            return
+        executor = _ancestor_running("CoarseGrainedExecutorBackend")
+        Path(marker).write_text(str(executor))
+        os.kill(executor, signal.SIGKILL)
+
+    return FaultAt(_cnn(image_shape, num_classes), rank=1, at_call=at_step, fault=fault)
+
+
+def _ancestor_running(text: str) -> int:
+    pid = os.getppid()
+    while pid > 1:
+        if text in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+            return pid
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    raise RuntimeError(f"no ancestor process runs {text}")

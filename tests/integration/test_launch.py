@@ -69,7 +69,7 @@ def test_worker_exception_reaches_driver_with_its_traceback(spark, make_config, 
         run_distributed(fail_on_rank, cfg, 1)
     assert (info.value.rank, info.value.exception_type) == ("rank1", "ValueError")
     message = str(info.value)
-    assert "rank1 raised:" in message
+    assert "rank1 on host localhost raised:" in message and info.value.host == "localhost"
     assert "ValueError: batch 7 has 3 labels for 4 images on rank 1" in message
     assert "in fail_on_rank" in message
     assert "ValueError" in (errors_dir(cfg.run_dir) / "rank1.txt").read_text()

@@ -70,7 +70,7 @@ def test_without_restarts_left_the_worker_failure_is_raised(spark, make_config, 
     cfg = make_config(SMALL_TRAINING, produce__topic=topic_name,
                       train__model={"name": "fault_models:crash_once",
                                     "kwargs": {"at_step": 3, "marker": str(tmp_path / "fired")}})
-    with pytest.raises(DistributedError, match=r"rank1 raised:(.|\n)*RuntimeError: injected fault at step 3"):
+    with pytest.raises(DistributedError, match=r"rank1 on host \S+ raised:(.|\n)*RuntimeError: injected fault at step 3"):
         train(cfg, progress=False)
 
 

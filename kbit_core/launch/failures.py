@@ -1,0 +1,115 @@
+"""Why a distributed run died, read from torchrun's own failure records rather than from whichever rank spoke first.
+
+When a worker dies, torchrun's agent tears the others down and prints a ``ChildFailedError`` summary with
+one block per failed rank and a "Root Cause (first observed failure)" block: rank, host, exit code and the
+signal. TorchDistributor relays that output to the driver (stdout in local mode, stderr through its log
+stream in cluster mode, and the tail inside the task's exception); :class:`OutputTail` keeps the last lines
+of both streams while the run lasts, and :func:`rank_exits` parses the summary.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TextIO
+
+_BLOCK = re.compile(
+    r"\[\d+\]:\s*\n\s*time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>\S+)\s*\n"
+    r"\s*rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local_rank>\d+)\)\s*\n"
+    r"\s*exitcode\s*:\s*(?P<exitcode>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)")
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_RANK_LINE = re.compile(r"^\[rank(?P<rank>\d+)\]:")
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """How one rank's process ended, as torchrun recorded it."""
+
+    rank: int
+    host: str
+    exitcode: int
+    pid: int
+
+    @property
+    def signal_name(self) -> str | None:
+        """'SIGKILL' for exit code -9; None when the process exited rather than being killed."""
+        if self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+    def describe(self) -> str:
+        how = f"killed by {self.signal_name}" if self.signal_name else f"exited with code {self.exitcode}"
+        return f"rank {self.rank} on host {self.host} (pid {self.pid}) {how}"
+
+
+def rank_exits(output: str) -> list[RankExit]:
+    """Every failed rank in the ``ChildFailedError`` summaries of ``output`` (one per torchrun agent, so one per
+    host in cluster mode), root causes first."""
+    roots = {m.start() for at in _find_all(output, _ROOT_CAUSE) if (m := _BLOCK.search(output, at))}
+    blocks = sorted(_BLOCK.finditer(output), key=lambda m: m.start() not in roots)
+    exits: dict[int, RankExit] = {}
+    for match in blocks:
+        exits.setdefault(int(match["rank"]), RankExit(rank=int(match["rank"]), host=match["host"],
+                                                      exitcode=int(match["exitcode"]), pid=int(match["pid"])))
+    return list(exits.values())
+
+
+def _find_all(text: str, needle: str) -> Iterator[int]:
+    at = text.find(needle)
+    while at >= 0:
+        yield at
+        at = text.find(needle, at + 1)
+
+
+def rank_lines(output: str, rank: int, limit: int) -> list[str]:
+    """The last ``limit`` lines torchrun prefixed with ``[rank<r>]:`` (that rank's own error output)."""
+    return [line for line in output.splitlines()
+            if (m := _RANK_LINE.match(line)) and int(m["rank"]) == rank][-limit:]
+
+
+class OutputTail:
+    """The last lines written to stdout and stderr while :meth:`capturing` is active, still shown to the user."""
+
+    def __init__(self, max_lines: int = 400) -> None:
+        self._lines: collections.deque[str] = collections.deque(maxlen=max_lines)
+        self._lock = threading.Lock()
+
+    def text(self) -> str:
+        with self._lock:
+            return "".join(self._lines)
+
+    @contextmanager
+    def capturing(self) -> Iterator[OutputTail]:
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Tee(saved[0], self), _Tee(saved[1], self)
+        try:
+            yield self
+        finally:
+            sys.stdout, sys.stderr = saved
+
+    def _add(self, text: str) -> None:
+        with self._lock:
+            self._lines.extend(text.splitlines(keepends=True))
+
+
+class _Tee:
+    """A text stream that writes through to ``inner`` and keeps a copy in ``tail``."""
+
+    def __init__(self, inner: TextIO, tail: OutputTail) -> None:
+        self._inner, self._tail = inner, tail
+
+    def write(self, text: str) -> int:
+        self._tail._add(text)
+        return self._inner.write(text)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
