@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from kbit_core.formats.avro_codec import AvroCodec
-from kbit_core.formats.fast.base import Defer, FastPath, UnsupportedSchema
+from kbit_core.formats.fast.base import Defer, FastPath, UnsupportedSchema, read_varint
 from kbit_core.formats.mongodb_avro_codec import MongoDBAvroCodec
 
 # plan step kinds
@@ -66,31 +66,27 @@ def compile_plan(schema: dict[str, Any], layout: str) -> tuple[tuple[int, str | 
 
 def read_long(buf: bytes, pos: int) -> tuple[int, int]:
     """Zigzag varint at ``pos`` -> (value, next position); Defer past 9 bytes (fastavro wraps at 64 bits there)."""
-    byte = buf[pos]
-    if byte < 0x80:
-        return (byte >> 1) ^ -(byte & 1), pos + 1
-    result, shift = byte & 0x7F, 7
-    while True:
-        pos += 1
-        byte = buf[pos]
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return (result >> 1) ^ -(result & 1), pos + 1
-        shift += 7
-        if shift > 56:
-            raise Defer("varint longer than 9 bytes")
+    raw, pos = read_varint(buf, pos, 9)
+    return (raw >> 1) ^ -(raw & 1), pos
+
+
+def block_count(buf: bytes, pos: int) -> tuple[int, int]:
+    """An array block's item count (0 ends the array) and where its items start: a negative count is followed
+    by the block's byte size, skipped here."""
+    count, pos = read_long(buf, pos)
+    if count < 0:
+        count = -count
+        _, pos = read_long(buf, pos)
+    return count, pos
 
 
 def read_blocks(buf: bytes, pos: int, item_size: int) -> tuple[list[tuple[int, int]], int]:
     """An array of fixed-size items: its blocks as (start, item count), and the position after it."""
     blocks = []
     while True:
-        count, pos = read_long(buf, pos)
+        count, pos = block_count(buf, pos)
         if count == 0:
             return blocks, pos
-        if count < 0:
-            count = -count
-            _, pos = read_long(buf, pos)  # block size in bytes, implied by the count for fixed-size items
         blocks.append((pos, count))
         pos += count * item_size
         if pos > len(buf):
@@ -101,12 +97,9 @@ def read_ints(buf: bytes, pos: int) -> tuple[list[int], int]:
     """An array of ints or longs: its items, and the position after it."""
     numbers = []
     while True:
-        count, pos = read_long(buf, pos)
+        count, pos = block_count(buf, pos)
         if count == 0:
             return numbers, pos
-        if count < 0:
-            count = -count
-            _, pos = read_long(buf, pos)
         for _ in range(count):
             number, pos = read_long(buf, pos)
             numbers.append(number)
@@ -217,12 +210,9 @@ class AvroWalker:
     def _batch(self, value: bytes, indices: list[int], labels: list[int], pieces: list[memoryview]) -> int:
         pos, items, view = 0, 0, memoryview(value)
         while True:
-            count, pos = read_long(value, pos)
+            count, pos = block_count(value, pos)
             if count == 0:
                 break
-            if count < 0:
-                count = -count
-                _, pos = read_long(value, pos)
             for _ in range(count):
                 pos = self._record(value, view, pos, indices, labels, pieces)
             items += count

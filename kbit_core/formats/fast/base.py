@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -27,11 +28,39 @@ class Defer(Exception):
     """A value the fast path leaves to the stock library (an unusual but maybe valid encoding, or garbage)."""
 
 
+def read_varint(buf: bytes, pos: int, max_bytes: int) -> tuple[int, int]:
+    """Unsigned base-128 varint at ``pos`` -> (value, next position); Defer past ``max_bytes`` bytes."""
+    byte = buf[pos]
+    if byte < 0x80:
+        return byte, pos + 1
+    result, shift, limit = byte & 0x7F, 7, 7 * max_bytes
+    while True:
+        pos += 1
+        byte = buf[pos]
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos + 1
+        shift += 7
+        if shift >= limit:
+            raise Defer(f"varint longer than {max_bytes} bytes")
+
+
 class FastPath:
-    """Mixin: ``_decode`` through ``_fast_columns``, the stock ``_decode`` when that raises."""
+    """Mixin: ``_decode`` through ``_fast_columns``, the stock ``_decode`` when that raises.
+
+    ``fast_layouts`` names the layouts a fast codec reads; for another one it refuses (UnsupportedSchema).
+    """
 
     decoder = "fast"
+    fast_layouts: tuple[str, ...] = ("list", "bytes")
     deferred_batches = 0  # batches the stock library decoded (or rejected) instead
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        if self.layout not in self.fast_layouts:  # type: ignore[attr-defined]
+            raise UnsupportedSchema(f"the fast {self.format} decoder reads the {'/'.join(self.fast_layouts)} "  # type: ignore[attr-defined]
+                                    f"layout only")
+        self.shape_list = list(self.image_shape)  # type: ignore[attr-defined]
 
     def _decode(self, values: Sequence[bytes]) -> DecodedBatch:
         try:

@@ -15,16 +15,12 @@ from typing import Any
 import numpy as np
 import simdjson
 
-from kbit_core.formats.fast.base import Defer, FastPath, UnsupportedSchema
+from kbit_core.formats.fast.base import Defer, FastPath
 from kbit_core.formats.json_codec import JsonCodec
 
 
 class FastJsonCodec(FastPath, JsonCodec):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if self.layout != "list":
-            raise UnsupportedSchema("the fast JSON decoder reads float lists only")
-        self._shape = list(self.image_shape)
+    fast_layouts = ("list",)
 
     def _fast_columns(self, values: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         # A parser refuses to parse again while objects of its last document live, and a failed batch may
@@ -57,7 +53,7 @@ class FastJsonCodec(FastPath, JsonCodec):
             data, index, label = sample["data"], sample["index"], sample["label"]
             if not isinstance(data, simdjson.Array) or len(data) != self.record_size:
                 raise Defer("data is not an array of C*H*W numbers")
-            if type(index) is not int or type(label) is not int or sample["shape"].as_list() != self._shape:
+            if type(index) is not int or type(label) is not int or sample["shape"].as_list() != self.shape_list:
                 raise Defer("index, label or shape is not what the stock checks accept")
             pieces.append(data.as_buffer(of_type="d"))
             indices.append(index)

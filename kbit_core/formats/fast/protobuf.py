@@ -9,32 +9,14 @@ field set) goes to upb, which applies protobuf's merge rules.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from kbit_core.formats.fast.base import Defer, FastPath, UnsupportedSchema
+from kbit_core.formats.fast.base import Defer, FastPath, read_varint
 from kbit_core.formats.protobuf_codec import ProtobufCodec
 
 TAG_INDEX, TAG_LABEL, TAG_DATA, TAG_SHAPE = 0x08, 0x10, 0x1A, 0x2A  # Sample fields 1, 2, 3 (packed), 5 (packed)
 TAG_SAMPLES, TAG_COUNT = 0x0A, 0x10  # SampleBatch fields 1 (message), 2 (varint)
-
-
-def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    """Unsigned varint at ``pos`` -> (value, next position); at most 10 bytes, as protobuf allows."""
-    byte = buf[pos]
-    if byte < 0x80:
-        return byte, pos + 1
-    result, shift = byte & 0x7F, 7
-    while True:
-        pos += 1
-        byte = buf[pos]
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos + 1
-        shift += 7
-        if shift >= 70:
-            raise Defer("varint longer than 10 bytes")
 
 
 def signed(value: int, bits: int) -> int:
@@ -44,11 +26,7 @@ def signed(value: int, bits: int) -> int:
 
 
 class FastProtobufCodec(FastPath, ProtobufCodec):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if self.layout != "list":
-            raise UnsupportedSchema("the fast protobuf decoder reads the packed float layout only")
-        self._shape = list(self.image_shape)
+    fast_layouts = ("list",)
 
     def _fast_columns(self, values: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         indices: list[int] = []
@@ -67,12 +45,12 @@ class FastProtobufCodec(FastPath, ProtobufCodec):
         while pos < end:
             tag = value[pos]
             if tag == TAG_SAMPLES:
-                length, pos = read_varint(value, pos + 1)
+                length, pos = read_varint(value, pos + 1, 10)
                 self._sample(value, pos, pos + length, indices, labels, pieces)
                 pos += length
                 samples += 1
             elif tag == TAG_COUNT and count is None:
-                count, pos = read_varint(value, pos + 1)
+                count, pos = read_varint(value, pos + 1, 10)
             else:
                 raise Defer(f"tag {tag:#x} in a SampleBatch")
         if pos != end or count != samples or not 1 <= samples <= self.records_per_message:
@@ -89,13 +67,13 @@ class FastProtobufCodec(FastPath, ProtobufCodec):
                 raise Defer(f"field tag {tag:#x} repeated")
             seen |= 1 << (tag & 0x3F)
             if tag == TAG_INDEX:
-                raw, pos = read_varint(buf, pos + 1)
+                raw, pos = read_varint(buf, pos + 1, 10)
                 index = signed(raw, 64)
             elif tag == TAG_LABEL:
-                raw, pos = read_varint(buf, pos + 1)
+                raw, pos = read_varint(buf, pos + 1, 10)
                 label = signed(raw, 32)
             elif tag == TAG_DATA or tag == TAG_SHAPE:
-                length, pos = read_varint(buf, pos + 1)
+                length, pos = read_varint(buf, pos + 1, 10)
                 if tag == TAG_DATA:
                     data = buf[pos:pos + length]
                 else:
@@ -103,7 +81,7 @@ class FastProtobufCodec(FastPath, ProtobufCodec):
                 pos += length
             else:
                 raise Defer(f"field tag {tag:#x}")
-        if pos != end or shape != self._shape or data is None or len(data) != 4 * self.record_size:
+        if pos != end or shape != self.shape_list or data is None or len(data) != 4 * self.record_size:
             raise Defer("value end, shape or pixel count")
         pieces.append(data)
         indices.append(index)
@@ -113,7 +91,7 @@ class FastProtobufCodec(FastPath, ProtobufCodec):
     def _packed_ints(buf: bytes, pos: int, end: int) -> list[int]:
         numbers = []
         while pos < end:
-            raw, pos = read_varint(buf, pos)
+            raw, pos = read_varint(buf, pos, 10)
             numbers.append(signed(raw, 32))
         if pos != end:
             raise Defer("packed ints run past their field")
