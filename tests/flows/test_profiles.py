@@ -77,9 +77,11 @@ def test_worker_environment_fills_tracking_uri_and_sasl_password(monkeypatch: py
     assert "s3cret" not in repr(cluster) and "s3cret" not in str(cluster.to_dict())
 
 
-def test_prefect_yaml_has_the_five_deployments() -> None:
-    assert sorted(DEPLOYMENTS) == ["benchmark/nightly", "benchmark/smoke", "produce/default", "sweep/default",
-                                   "train/default"]
+def test_prefect_yaml_has_five_descriptively_named_deployments() -> None:
+    assert sorted(DEPLOYMENTS) == ["benchmark/nightly", "benchmark/smoke", "produce/smoke-topics",
+                                   "sweep/train-hyperparameters", "train/ddp-cpu"]
+    names = [name.split("/")[1] for name in DEPLOYMENTS]
+    assert len(set(names)) == len(names)  # unique even without the flow name, as the Prefect UI lists them
 
 
 @pytest.mark.parametrize("name", sorted(DEPLOYMENTS))

@@ -55,7 +55,7 @@ def run_deployment(stack: LocalStack, name: str, overrides: dict[str, Any]) -> s
 
 def test_deployments_are_stored_resolved_and_nightly_is_scheduled(stack: LocalStack) -> None:
     names = {f"{d['name']}" for d in stack.deployments()}
-    assert names == {"smoke", "nightly", "default"}
+    assert names == {"smoke", "nightly", "ddp-cpu", "smoke-topics", "train-hyperparameters"}
     nightly = json.loads(stack.prefect_cli("deployment", "inspect", "benchmark/nightly", "-o", "json"))
     assert nightly["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
     assert nightly["schedules"][0]["schedule"]["timezone"] == "UTC"
@@ -67,7 +67,7 @@ def test_deployments_are_stored_resolved_and_nightly_is_scheduled(stack: LocalSt
 
 
 def test_a_bad_config_fails_the_run_and_the_watch(stack: LocalStack) -> None:
-    proc = run_deployment(stack, "produce/default", {"train": {"epochs": 0}})
+    proc = run_deployment(stack, "produce/smoke-topics", {"train": {"epochs": 0}})
 
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Failed" in proc.stdout

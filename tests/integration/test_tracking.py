@@ -60,6 +60,12 @@ def test_benchmark_parent_and_children(tmp_path: Path, store: Path) -> None:
     assert params["kafka.sasl_password"] != "hunter2" and params["kafka.extra.ssl.key.password"] == "***"
     assert "hunter2" not in json.dumps(params) and "also-secret" not in json.dumps(params)
     assert params["bench.iterations"] == "30" and json.loads(params["bench.clients"]) == ["confluent"]
+    # The benchmark's own settings: no optimizer, DeepSpeed or training-variant params that it never reads.
+    assert params["train.global_batch_size"] == "64" and "produce.partitions" in params
+    assert not any(k.startswith(("deepspeed.", "checkpoint.", "train.optim", "produce.variant")) for k in params)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # opens on runs, not GenAI traces
+    note = parent.data.tags["mlflow.note.content"]
+    assert note.startswith("# kbit benchmark") and f"| 1 | {CONFIGS[0]} | 3 |" in note
     assert parent.data.tags["git_commit"] and "torch" in json.loads(parent.data.tags["versions"])
     assert parent.data.tags["fastest_configuration"] == CONFIGS[0]
 
@@ -67,6 +73,12 @@ def test_benchmark_parent_and_children(tmp_path: Path, store: Path) -> None:
     assert {r.info.run_id for r in found} == set(children.values())
     child = client.get_run(children[CONFIGS[1]])
     assert child.data.tags["format"] == "json" and child.data.tags["compression"] == "none"
+    # Children span the measured window, from the parent's start (not the instant they were written).
+    assert child.info.start_time == parent.info.start_time and child.info.end_time <= parent.info.end_time
+    # Three iterations cannot support a significance claim: the runs table says so instead of showing a p.
+    assert child.data.tags["vs_fastest"].endswith("× the fastest: insufficient runs for a test")
+    fastest = client.get_run(children[CONFIGS[0]])
+    assert fastest.data.tags["vs_fastest"] == "fastest" and "makespan_p_holm" not in fastest.data.metrics
     stats = doc["statistical_analysis"][CONFIGS[1]]
     assert child.data.metrics["load_time_median_s"] == pytest.approx(stats["median"])
     assert child.data.metrics["load_time_count"] == 6
