@@ -42,10 +42,12 @@ _FLOAT32_BYTES = 4
 
 @dataclass
 class Preflight:
-    """What the checks found: warnings (also logged), the estimated bytes of one checkpoint, the time they took."""
+    """What the checks found: warnings (also logged), the estimated bytes of one checkpoint, the checkpoint
+    ``checkpoint.resume`` resolves to, and the time the checks took."""
 
     warnings: list[str] = field(default_factory=list)
     checkpoint_bytes: int | None = None
+    resume_from: Path | None = None
     seconds: float = 0.0
 
     def warn(self, message: str) -> None:
@@ -114,13 +116,18 @@ def check_training(cfg: KbitConfig) -> Preflight:
     _check_shards(cfg, source.num_records, cfg.produce.variant, cfg.launch.num_processes,
                   cfg.train.global_batch_size)
     num_params = _check_model(cfg, source.image_shape, source.num_classes)
-    if cfg.checkpoint.dir is not None:
-        directory = cfg.run_dir / cfg.checkpoint.dir
+    directory = cfg.run_dir / cfg.checkpoint.dir if cfg.checkpoint.dir is not None else None
+    if directory is not None:
         check_writable(directory, "checkpoint.dir")
         report.checkpoint_bytes = _checkpoint_bytes(cfg, num_params)
         _check_space(directory, report.checkpoint_bytes * (cfg.checkpoint.keep_last + 1),
                      f"checkpoint.dir={directory} (checkpoint.keep_last={cfg.checkpoint.keep_last}, plus the one "
                      f"being written, of about {report.checkpoint_bytes / 1e6:,.1f} MB each)")
+    from kbit_core.train.checkpoint import resolve_resume  # imports torch, as the model check just did
+
+    # A resume path that is no checkpoint, or resume=latest without checkpoint.dir, fails here; latest logs which
+    # lineage it continues.
+    report.resume_from = resolve_resume(cfg, directory, cfg.run_dir)
     report.seconds = time.perf_counter() - started
     return report
 

@@ -34,8 +34,10 @@ def config(tmp_path, **sections) -> KbitConfig:
     ({"dataset__num_records": 12}, r"^split 'test' gives each rank no message \(12 records in 12 message\(s\) of 1, "
                                    r"shard.split_rates=.*, 2 rank\(s\)\)"),
     ({"train__global_batch_size": 4000}, r"^each rank's train shard holds \d+ records, less than one batch of 2000 "),
+    ({"checkpoint__resume": "ckpt/gone/step-00000004.pt"},
+     r"^checkpoint.resume='ckpt/gone/step-00000004.pt' is not a complete checkpoint"),
 ], ids=["unknown-model", "bad-model-kwargs", "unwritable-checkpoint-dir", "illegal-topic", "dot-dot-topic",
-        "long-topic", "split-without-data", "batch-larger-than-shard"])
+        "long-topic", "split-without-data", "batch-larger-than-shard", "missing-resume-checkpoint"])
 def test_training_preconditions_fail_fast_naming_the_setting(tmp_path, record_property, sections, message):
     (tmp_path / "kbit").mkdir()
     (tmp_path / "kbit" / "in-the-way").write_text("a file where a directory is needed")
