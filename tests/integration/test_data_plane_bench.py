@@ -61,7 +61,8 @@ def test_bench_data_cli_writes_rates_ratios_rss_and_targets(make_config, tmp_pat
         assert row[f"{prefix}decode_ratio"] == pytest.approx(row[f"{prefix}decode_records_per_s"] /
                                                              row["fetch_records_per_s"])
     assert row["speedup"] == pytest.approx(row["decode_records_per_s"] / row["stock_decode_records_per_s"])
-    assert row["fast_decoder"] is False  # raw decodes with numpy already: both columns are the same decoder
+    assert row["fast_decoder"] is False and row["speedup"] == 1.0  # raw has no fast decoder: one codec, timed once
+    assert row["connect_ms"] > 0
     assert [r["records"] for r in results["rss"]["runs"]] == [200, 1000]
     assert all(r["peak_rss_mb"] > 0 for r in results["rss"]["runs"])
     targets = {t["target"] for t in results["targets"]}
@@ -84,4 +85,5 @@ def test_bench_data_reports_fast_and_stock_decoders_and_their_targets(make_confi
     assert row["fast_decoder"] is True and row["decode_only_speedup"] > 0
     targets = {t["target"] for t in json.loads(out.read_text())["targets"]}
     assert targets == {"avro_list_none (kafka-python) decode >= 0.5x fetch",
+                       "avro_list_none (kafka-python) connect stage <= 5 ms",
                        "avro_list_none (kafka-python) fast read+decode >= 20x stock"}
