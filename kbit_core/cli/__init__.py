@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from kbit_core.cli import bench, cluster, data, dataplane, stack, train
-from kbit_core.cli.common import DebugOpt, set_debug, terminate_like_interrupt
+from kbit_core.cli.common import DebugOpt, debug_enabled, fail, set_debug, terminate_like_interrupt
 
 app = typer.Typer(
     name="kbit",
@@ -40,4 +40,9 @@ def version() -> None:
 
 def main() -> None:
     terminate_like_interrupt()
-    app()
+    try:
+        app()
+    except Exception as exc:  # raised outside run_guarded, by the CLI layer itself: still one line, unless --debug
+        if debug_enabled():
+            raise
+        raise SystemExit(fail(exc).exit_code) from None

@@ -43,6 +43,10 @@ def set_debug(enabled: bool) -> None:
     _debug = enabled
 
 
+def debug_enabled() -> bool:
+    return _debug
+
+
 def fail(exc: BaseException) -> typer.Exit:
     """Print an error as one plain-text message and return the exit to raise.
 
