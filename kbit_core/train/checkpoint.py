@@ -158,6 +158,9 @@ def find_resumable(directory: Path, settings: dict[str, Any]) -> Path | None:
 def resolve_resume(cfg: KbitConfig, directory: Path | None, base: Path) -> Path | None:
     """The checkpoint ``checkpoint.resume`` asks for: None for 'none' (or 'latest' with nothing to resume).
 
+    ``checkpoint.resume`` may also name a lineage directory, for its newest checkpoint: a driver restarting a
+    run pins the lineage that run started, whatever other lineages the directory holds.
+
     Args:
         cfg: The run's config (its lineage settings decide which lineage 'latest' may continue).
         directory: The resolved checkpoint directory (None when checkpointing is off).
@@ -175,8 +178,12 @@ def resolve_resume(cfg: KbitConfig, directory: Path | None, base: Path) -> Path 
                         "starting from scratch", directory)
         return found
     path = base / resume
+    if (path / LINEAGE_FILE).is_file():  # a lineage directory: its newest checkpoint (what a restart pins)
+        checkpoints = list_checkpoints(path)
+        return checkpoints[-1] if checkpoints else None
     if not (path.is_file() or (path / SIDE_FILE).is_file()):
-        raise ConfigError(f"checkpoint.resume={resume!r} is not a complete checkpoint (file or DeepSpeed dir)")
+        raise ConfigError(f"checkpoint.resume={resume!r} is not a complete checkpoint (file or DeepSpeed dir) "
+                          "nor a lineage directory")
     return path
 
 

@@ -129,6 +129,8 @@ def test_resolve_resume(tmp_path: Path) -> None:
     assert ckpt.resolve_resume(config(resume=relative), None, tmp_path) == saved
     with pytest.raises(ConfigError, match="is not a complete checkpoint"):
         ckpt.resolve_resume(config(resume="step-00000008.pt"), None, tmp_path)
+    lineage = str(writer.directory.relative_to(tmp_path))
+    assert ckpt.resolve_resume(config(resume=lineage), None, tmp_path) == saved  # a pinned lineage: its newest
     with pytest.raises(ConfigError, match="resume=latest needs checkpoint.dir"):
         ckpt.resolve_resume(KbitConfig.from_dict({"checkpoint": {"resume": "latest"}}), None, tmp_path)
 
