@@ -1,4 +1,4 @@
-"""`kbit cluster up | down | status`: the simulated multi-host test bed (network namespaces, TLS broker, Spark standalone)."""
+"""`kbit cluster up | down | status`: the multi-host test bed (network namespaces, TLS broker, Spark standalone)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
-from kbit_core.testbed import DEFAULT_SUBNET, BedOptions, BedStatus, down as bed_down, status as bed_status, up as bed_up
+from kbit_core.testbed import DEFAULT_SUBNET, BedOptions, BedStatus
+from kbit_core.testbed import down as bed_down
+from kbit_core.testbed import status as bed_status
+from kbit_core.testbed import up as bed_up
 
 cluster_app = typer.Typer(help="Start, stop and inspect the multi-host test bed (root on Linux).",
                           no_args_is_help=True)

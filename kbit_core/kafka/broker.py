@@ -59,31 +59,31 @@ class EmbeddedBroker:
         self.run_dir = Path(run_dir)
         self.host, self.port = host, port
         self.advertised = advertised or self.bootstrap
-        self._service = Service("broker", self.run_dir, argv=[], marker="tansu", env=dict(env or {}), host=host,
+        self.service = Service("broker", self.run_dir, argv=[], marker="tansu", env=dict(env or {}), host=host,
                                 port=port, url=self.bootstrap, port_setting="kafka.embedded.port",
                                 error_type=BrokerError)
-        self.pid_path = self._service.pid_path
-        self.log_path = self._service.log_path
+        self.pid_path = self.service.pid_path
+        self.log_path = self.service.log_path
 
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
     def status(self) -> BrokerStatus:
-        svc = self._service.status()
+        svc = self.service.status()
         return BrokerStatus(svc.running, svc.pid, self.host, self.port, self.log_path)
 
     def start(self, timeout_s: float = 15.0) -> BrokerStatus:
         """Start the broker unless ours already runs; wait until its port accepts connections."""
-        self._service.argv = [str(tansu_binary()), "broker", "--listener-url", f"tcp://{self.bootstrap}",
+        self.service.argv = [str(tansu_binary()), "broker", "--listener-url", f"tcp://{self.bootstrap}",
                               "--advertised-listener-url", f"tcp://{self.advertised}",
                               "--storage-engine", "memory://tansu/"]
-        self._service.start(timeout_s)
+        self.service.start(timeout_s)
         return self.status()
 
     def stop(self, timeout_s: float = 10.0) -> bool:
         """Stop our broker by PID (SIGTERM, then SIGKILL); True when one was running."""
-        return self._service.stop(timeout_s)
+        return self.service.stop(timeout_s)
 
 
 @contextlib.contextmanager

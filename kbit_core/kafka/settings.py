@@ -56,7 +56,8 @@ def _tls_context(cfg: KafkaConfig) -> ssl.SSLContext:
             raise ConfigError(f"kafka.{name}: {path} does not exist or is not a file")
     if ("ssl_certfile" in files) != ("ssl_keyfile" in files):
         raise ConfigError("kafka.ssl_certfile and kafka.ssl_keyfile go together (a client certificate and its key)")
-    pem = {k: str(v) for k, v in cfg.client_extra().items() if k in ("ssl.ca.pem", "ssl.certificate.pem", "ssl.key.pem")}
+    pem = {k: str(v) for k, v in cfg.client_extra().items()
+           if k in ("ssl.ca.pem", "ssl.certificate.pem", "ssl.key.pem")}
     ctx = ssl.create_default_context()
     try:
         if "ssl_cafile" in files:

@@ -1,8 +1,8 @@
-"""A simulated multi-host cluster on this machine: network namespaces, a TLS Kafka broker and a Spark standalone cluster.
+"""A simulated multi-host cluster on this machine: network namespaces, a TLS Kafka broker, Spark standalone.
 
-API: ``up(bed_dir, BedOptions()) -> BedState``, ``down(bed_dir) -> list[str]``, ``status(bed_dir) -> BedStatus``,
-``load_state(bed_dir) -> BedState | None``, ``running_bed_dir() -> Path | None`` and ``require_bed_for(addresses)``, the guard to call before
-connecting to any configured address.
+API: ``up(bed_dir, BedOptions()) -> BedState``, ``down(bed_dir) -> list[str]``,
+``status(bed_dir) -> BedStatus``, ``load_state(bed_dir) -> BedState | None``, ``running_bed_dir() -> Path | None``
+and ``require_bed_for(addresses)``, the guard to call before connecting to any configured address.
 """
 
 from kbit_core.testbed.bed import (

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.service import Service, pid_alive
 from kbit_core.testbed import network
-from kbit_core.testbed.certs import make_certificates
+from kbit_core.testbed.certs import certificate_paths, make_certificates
 from kbit_core.testbed.network import Host, TestbedError, Topology
 from kbit_core.testbed.spark_standalone import (
     alive_workers,
@@ -156,12 +156,12 @@ class _Processes:
         self.bootstrap = f"{driver.address}:{options.broker_port}"
         self.broker = EmbeddedBroker(run_dir, "127.0.0.1", options.broker_plain_port, advertised=self.bootstrap,
                                      env=marker)
-        certs = Path(bed_dir).resolve() / "certs"
+        certs = certificate_paths(Path(bed_dir).resolve() / "certs")
         tls_argv = [sys.executable, "-m", "kbit_core.testbed.tls_front", "--listen", self.bootstrap,
-                    "--upstream", self.broker.bootstrap, "--cert", str(certs / "server.pem"),
-                    "--key", str(certs / "server.key")]
+                    "--upstream", self.broker.bootstrap, "--cert", str(certs.server_cert),
+                    "--key", str(certs.server_key)]
         if options.client_auth:
-            tls_argv += ["--client-ca", str(certs / "ca.pem")]
+            tls_argv += ["--client-ca", str(certs.ca)]
         self.tls_front = Service("broker-tls", run_dir, tls_argv, marker="kbit_core.testbed.tls_front", env=marker,
                                  host=driver.address, port=options.broker_port, url=self.bootstrap,
                                  error_type=TestbedError)
@@ -172,7 +172,7 @@ class _Processes:
 
     def all(self) -> list[tuple[Service, Host]]:
         driver = self.topology.driver
-        return [(self.broker._service, driver), (self.tls_front, driver), (self.master, driver),
+        return [(self.broker.service, driver), (self.tls_front, driver), (self.master, driver),
                 *zip(self.workers, self.topology.nodes)]
 
 
@@ -234,7 +234,7 @@ def _probe_broker(state: BedState, procs: _Processes, timeout_s: float = 15.0) -
     except Exception as exc:
         raise TestbedError(f"the broker at {state.broker_bootstrap} does not answer a TLS metadata request: {exc}\n"
                            f"--- broker-tls ({procs.tls_front.log_path}):\n{procs.tls_front.log_tail()}\n"
-                           f"--- broker ({procs.broker.log_path}):\n{procs.broker._service.log_tail()}") from None
+                           f"--- broker ({procs.broker.log_path}):\n{procs.broker.service.log_tail()}") from None
 
 
 def _hostname_of(pid: int) -> str | None:

@@ -1,4 +1,4 @@
-"""A throw-away certificate authority for the test bed: CA, broker server certificate and a client certificate (openssl)."""
+"""A throw-away certificate authority for the test bed: CA, broker certificate and client certificate (openssl)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def certificate_paths(cert_dir: Path) -> BedCertificates:
 def _openssl(*args: str) -> None:
     proc = subprocess.run(["openssl", *args], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise TestbedError(f"`openssl {args[0]}` failed while making the test bed's certificates: {proc.stderr.strip()}")
+        raise TestbedError(f"`openssl {args[0]}` failed while making the test bed's certificates: "
+                           f"{proc.stderr.strip()}")
 
 
 def _issue(cert_dir: Path, name: str, subject: str, extensions: str, ca: Path, ca_key: Path) -> None:

@@ -1,4 +1,4 @@
-"""The test bed's private network: a bridge in the root namespace (the driver host) and one network namespace per node."""
+"""The test bed's private network: a bridge in the root namespace (the driver host), a network namespace per node."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The real Spark standalone cluster from the installed pyspark distribution: one master on the driver host, one worker per node."""
+"""The real Spark standalone cluster from the pyspark distribution: a master on the driver host, a worker per node."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def spark_home() -> Path:
     try:
         import pyspark
     except ModuleNotFoundError:
-        raise TestbedError("pyspark is not installed; the test bed runs the Spark standalone cluster it ships") from None
+        raise TestbedError("pyspark is not installed; the test bed runs the Spark standalone cluster it ships"
+                           ) from None
     home = Path(pyspark.__file__).parent
     if not (home / "bin" / "spark-class").is_file() or not (home / "jars").is_dir():
         raise TestbedError(f"the pyspark distribution at {home} lacks bin/spark-class or jars/")
@@ -91,6 +92,7 @@ def wait_for_workers(address: str, webui_port: int, hosts: list[str], timeout_s:
             return
         time.sleep(0.5)
     missing = sorted(set(hosts) - set(alive_workers(address, webui_port)))
-    tails = "\n".join(f"--- {w.name} ({w.log_path}):\n{w.log_tail()}" for w in workers if w.url.split(":")[0] in missing)
+    tails = "\n".join(f"--- {w.name} ({w.log_path}):\n{w.log_tail()}" for w in workers
+                      if (w.host or "") in missing)
     raise TestbedError(f"the Spark master does not see the workers on {', '.join(missing)} as ALIVE "
                        f"within {timeout_s:.0f}s:\n{tails}")

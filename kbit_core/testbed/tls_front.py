@@ -1,4 +1,4 @@
-"""TLS in front of the embedded broker: accept TLS (optionally requiring a client certificate), relay plaintext to Tansu.
+"""TLS in front of the embedded broker: accept TLS (optionally requiring a client certificate), relay to Tansu.
 
 Tansu 0.6.0 cannot terminate TLS itself: its `--cert` and `--key` flags are mutually exclusive
 (clap rejects the pair) and either one alone leaves the listener plaintext. Run as

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kbit_core.cli import app
-from kbit_core.config import KafkaConfig, KbitConfig, load_config
+from kbit_core.config import KbitConfig, load_config
 from kbit_core.data.reader import RangeReader
 from kbit_core.errors import BrokerError, ConfigError
 from kbit_core.formats import get_codec

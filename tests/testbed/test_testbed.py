@@ -1,4 +1,4 @@
-"""The multi-host test bed for real: Spark workers on two namespaced hosts, the broker over mutual TLS, clean teardown."""
+"""The multi-host test bed for real: Spark workers on two namespaced hosts, the broker over mutual TLS, teardown."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from kbit_core import testbed as bed
-from kbit_core.service import pid_alive
 from kbit_core.testbed import BedOptions, BedState, TestbedError
 from kbit_core.testbed.network import Host, in_host
 from kbit_core.testbed.spark_standalone import master_json
