@@ -10,6 +10,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, console, load_cli_config, print_json, run_guarded
@@ -116,7 +117,7 @@ def register(app: typer.Typer) -> None:
         if not force:
             run_guarded(check_comparable, a_stats, b_stats)
         for problem in comparability_problems(a_stats, b_stats):
-            console.print(f"[yellow]compared anyway (--force):[/] {problem}", highlight=False)
+            console.print(f"[yellow]compared anyway (--force):[/] {escape(problem)}", highlight=False)
         result = run_guarded(compare_runs, a_stats, b_stats, limit, alpha, metric)
         if as_json:
             print_json(result.to_dict())
