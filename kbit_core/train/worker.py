@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -20,8 +19,6 @@ from kbit_core.train.engine import build_engine
 from kbit_core.train.loop import SplitLoaders, Trainer, steps_per_epoch
 from kbit_core.train.rank_data import rank_loaders
 from kbit_core.train.models import ImageShape, build_model
-
-log = logging.getLogger(__name__)
 
 RESULT_FILE = "train_result.json"
 
