@@ -274,9 +274,26 @@ class LaunchConfig(Section):
     block_manager_port: int | None = Field(None, ge=1, le=65535,
                                            description="spark.driver.blockManager.port; unset = random.")
     spark_conf: dict[str, str] = Field(default_factory=dict)
+    engine: Literal["spark", "ray"] = Field("spark", description="Who starts the ranks: Spark's TorchDistributor "
+                                           "or Ray Train's TorchTrainer (the `ray` extra).")
+    ray_address: str | None = Field(None, description="Ray cluster to join: 'host:port' of a head, 'ray://host:port' "
+                                    "(Ray Client) or 'auto'; unset = the head `kbit stack up --ray` started on "
+                                    "127.0.0.1:ray_head_port, else a Ray runtime private to this process.")
+    ray_head_port: int = Field(6390, ge=1, le=65535, description="GCS port of the local head `kbit stack up --ray` "
+                               "starts (bound to 127.0.0.1).")
+    ray_object_store_mb: int = Field(1024, ge=80, description="Object store of a Ray runtime kbit starts itself "
+                                     "(Ray's default takes 30 % of RAM).")
+    ray_include_dashboard: bool = Field(False, description="Start Ray's dashboard (on 127.0.0.1) with the local head.")
+    ray_resources_per_worker: dict[str, float] = Field(
+        default_factory=lambda: {"CPU": 1.0}, description="Ray resources each rank reserves "
+        "(ScalingConfig.resources_per_worker); launch.use_gpu adds one GPU.")
+    ray_max_failures: int = Field(0, ge=0, description="Ray Train's own worker-group restarts (FailureConfig); each "
+                                  "resumes from kbit's latest checkpoint. checkpoint.max_restarts restarts on top.")
 
     @model_validator(mode="after")
     def _check_launch(self) -> LaunchConfig:
+        if self.engine == "ray":
+            return self._check_ray()
         if self.master.startswith(("spark://", "yarn", "k8s://")):
             for name in ("driver_host", "driver_bind_address"):
                 if is_loopback(getattr(self, name)):
@@ -296,6 +313,15 @@ class LaunchConfig(Section):
         if self.use_gpu and self.master.startswith("spark://") and self.gpu_discovery_script is None:
             raise ValueError("use_gpu on a spark:// cluster needs gpu_discovery_script: a script path that exists "
                              "on every executor host (a generated one would exist on the driver only)")
+        return self
+
+    def _check_ray(self) -> LaunchConfig:
+        bad = {name: amount for name, amount in self.ray_resources_per_worker.items() if amount < 0}
+        if bad:
+            raise ValueError(f"launch.ray_resources_per_worker has negative amounts {bad}")
+        if self.ray_address is not None and not re.fullmatch(r"auto|(ray://)?[\w.\-\[\]:]+:\d+", self.ray_address):
+            raise ValueError(f"launch.ray_address={self.ray_address!r} is not 'auto', 'host:port' or "
+                             f"'ray://host:port'")
         return self
 
 
@@ -335,6 +361,8 @@ class BenchConfig(Section):
     output_dir: Path = Path(".kbit/reports")
     regression_threshold: float = Field(0.10, gt=0, description="Relative median slowdown flagged as regression.")
     bootstrap_resamples: int = Field(2000, ge=100)
+    engines: list[Literal["spark", "ray"]] | None = Field(
+        None, description="Launchers to measure under, a matrix dimension; unset = launch.engine only.")
 
 
 def default_bench_variants() -> list[DataVariant]:
@@ -355,6 +383,13 @@ class TrackingConfig(Section):
     experiment: str | None = Field(None, description="Experiment name; unset means 'kbit-<profile>'.")
     log_models: bool = True
     system_metrics: bool = True
+
+
+class SweepConfig(Section):
+    backend: Literal["prefect", "ray-tune"] = Field("prefect", description="Trials as Prefect tasks in turn, or as "
+                                                     "Ray Tune trials with ASHA early stopping (the `ray` extra).")
+    grace_epochs: int = Field(1, ge=1, description="ASHA: epochs every trial runs before it may be stopped.")
+    reduction_factor: int = Field(2, ge=2, description="ASHA: 1/reduction_factor of trials go on at each rung.")
 
 
 class StackConfig(Section):
@@ -384,6 +419,7 @@ class KbitConfig(Section):
     launch: LaunchConfig = LaunchConfig()
     bench: BenchConfig = BenchConfig()
     tracking: TrackingConfig = TrackingConfig()
+    sweep: SweepConfig = SweepConfig()
     stack: StackConfig = StackConfig()
 
     @property

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from kbit_core.bench.train_bench import bench_config, distributor_first_step, fmt, median, ratio
 from kbit_core.config import KbitConfig
-from kbit_core.launch.distributor import run_distributed
+from kbit_core.launch import launch
 
 RESULTS_FILE = "placement_bench.json"
 
@@ -51,7 +51,7 @@ def run_placement_bench(cfg: KbitConfig, *, repeats: int = 1, output: Path | Non
                 run_cfg = placements[name]
                 stop_spark()  # one SparkSession per process: each placement starts its own
                 first_step[name].append(distributor_first_step(run_cfg))
-                result = run_distributed(train_main, run_cfg, manifest_json, str(run_cfg.run_dir))
+                result = launch(train_main, run_cfg, manifest_json, str(run_cfg.run_dir))
                 samples_per_s[name].append(result["samples_per_s"])
                 hosts[name] = sorted({rank["host"] for rank in result["ranks"]})
         stop_spark()

@@ -1,13 +1,15 @@
 """The benchmark protocol: the experiment matrix, warm-up plus measured iterations, reports and tracking.
 
-One iteration is one TorchDistributor job (fresh worker processes, as in the original) that runs every
-configuration once, in an order shuffled per iteration from ``(bench.seed, iteration)`` so broker caches
-and neighbour noise hit all configurations alike. Warm-up iterations run the same way and are recorded
-but excluded from every statistic. Topic production and the job launch stay off the clock.
+One iteration is one launcher job per world size and engine (TorchDistributor or Ray Train: fresh worker
+processes, as in the original) that runs every configuration once, in an order shuffled per iteration from
+``(bench.seed, iteration)`` so broker caches and neighbour noise hit all configurations alike. Warm-up
+iterations run the same way and are recorded but excluded from every statistic. Topic production and the job
+launch stay off the clock.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -28,26 +30,30 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Cell:
-    """One configuration of the matrix: a data variant read with one client at one batch and world size."""
+    """One configuration of the matrix: a data variant read with one client at one batch and world size, launched by
+    one engine."""
 
     variant: DataVariant
     client: str
     batch_size: int
     world_size: int
     name: str
+    engine: str = "spark"
 
 
 def matrix(cfg: KbitConfig) -> list[Cell]:
-    """variants × clients × batch sizes × world sizes; names stay short when a sweep has one value.
+    """variants × clients × batch sizes × world sizes × engines; names stay short when a sweep has one value.
 
-    The client is always part of the name (``avro_list_lz4.confluent``); ``.b<N>``/``.w<N>`` appear only
-    when bench.batch_sizes / bench.world_sizes are set, so names are stable across runs of one profile.
+    The client is always part of the name (``avro_list_lz4.confluent``); ``.b<N>``/``.w<N>``/``.<engine>`` appear
+    only when bench.batch_sizes / bench.world_sizes / bench.engines are set, so names are stable across runs of one
+    profile.
     """
     b = cfg.bench
     batch_sizes = b.batch_sizes or [cfg.train.global_batch_size]
     world_sizes = b.world_sizes or [cfg.launch.num_processes]
+    engines = b.engines or [cfg.launch.engine]
     cells = []
-    for ws in world_sizes:
+    for engine, ws in itertools.product(engines, world_sizes):
         for bs in batch_sizes:
             if bs < ws:
                 raise ConfigError(f"bench.batch_sizes has {bs}, smaller than world size {ws}")
@@ -56,7 +62,8 @@ def matrix(cfg: KbitConfig) -> list[Cell]:
                     name = f"{variant.name}.{client}"
                     name += f".b{bs}" if b.batch_sizes else ""
                     name += f".w{ws}" if b.world_sizes else ""
-                    cells.append(Cell(variant, client, bs, ws, name))
+                    name += f".{engine}" if b.engines else ""
+                    cells.append(Cell(variant, client, bs, ws, name, engine))
     names = [c.name for c in cells]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -100,25 +107,28 @@ class BenchResult:
 
 
 def run_iterations(cfg: KbitConfig, cells: list[Cell], manifests: dict[str, str], *, progress: bool) -> list[dict]:
-    """Warm-up then measured iterations, one TorchDistributor job per iteration and world size; all raw rows."""
-    from kbit_core.launch.distributor import run_distributed
+    """Warm-up then measured iterations, one job per iteration, world size and engine; all raw rows.
+
+    Every engine runs the same measurement function (``measure_iteration``) on the same tasks.
+    """
+    from kbit_core.launch import launch
 
     b = cfg.bench
-    world_sizes = sorted({c.world_size for c in cells})
-    jobs = [(i, ws) for i in range(b.warmup_iterations + b.iterations) for ws in world_sizes]
+    launchers = sorted({(c.world_size, c.engine) for c in cells})
+    jobs = [(i, ws, engine) for i in range(b.warmup_iterations + b.iterations) for ws, engine in launchers]
     rows: list[dict[str, Any]] = []
     with Progress(TextColumn("[bold]bench[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), disable=not progress) as bar:
         task = bar.add_task("", total=len(jobs))
-        for index, ws in jobs:
+        for index, ws, engine in jobs:
             iteration = index - b.warmup_iterations
             label = f"warm-up {index + 1}" if iteration < 0 else f"iteration {iteration + 1}/{b.iterations}"
-            bar.update(task, description=f"{label} (world size {ws})")
-            order = [c for c in iteration_order(cfg, cells, index) if c.world_size == ws]
+            bar.update(task, description=f"{label} (world size {ws}, {engine})")
+            order = [c for c in iteration_order(cfg, cells, index) if (c.world_size, c.engine) == (ws, engine)]
             tasks = [asdict(Task(c.name, c.client, c.batch_size, manifests[c.name])) for c in order]
-            job_cfg = cfg.override({"launch.num_processes": ws})
-            samples = run_distributed(measure_iteration, job_cfg, tasks, iteration, iteration < 0, b.train_epoch,
-                                      result_type=list[Sample])
+            job_cfg = cfg.override({"launch.num_processes": ws, "launch.engine": engine})
+            samples = launch(measure_iteration, job_cfg, tasks, iteration, iteration < 0, b.train_epoch,
+                             result_type=list[Sample])
             rows += [asdict(sample) for sample in samples]
             bar.advance(task)
     return rows

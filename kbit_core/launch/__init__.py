@@ -1,1 +1,23 @@
-"""Launching distributed work: the SparkSession from config and the TorchDistributor runner."""
+"""Launching distributed work: one dispatch point, :func:`launch`, over Spark's TorchDistributor and Ray Train."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kbit_core.config import KbitConfig
+
+
+def launch(entry: Any, cfg: KbitConfig, *args: Any, result_type: Any = None) -> Any:
+    """Run ``entry(cfg, *args)`` on every rank with the engine ``launch.engine`` names; rank 0's result, typed.
+
+    Both engines share one contract (see :func:`kbit_core.launch.distributor.run_distributed`): the config
+    crosses once as JSON, arguments and the result as kbit wire JSON, and a failure raises a
+    ``WorkerFailedError`` (``RankDiedError`` when a rank's process died).
+    """
+    if cfg.launch.engine == "ray":
+        from kbit_core.launch.ray_train import run_ray
+
+        return run_ray(entry, cfg, *args, result_type=result_type)
+    from kbit_core.launch.distributor import run_distributed
+
+    return run_distributed(entry, cfg, *args, result_type=result_type)

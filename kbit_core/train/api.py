@@ -10,7 +10,8 @@ from typing import Any
 
 from kbit_core.config import KbitConfig
 from kbit_core.kafka.broker import embedded_broker
-from kbit_core.launch.distributor import WorkerFailedError, run_distributed
+from kbit_core.launch import launch
+from kbit_core.launch.distributor import WorkerFailedError
 from kbit_core.tracking import Tracker, make_tracker
 
 log = logging.getLogger(__name__)
@@ -25,8 +26,8 @@ def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
     """Train ``cfg`` end to end and return the workers' result (identical on every rank) plus driver facts.
 
     Steps: start the embedded broker when the config uses it and nothing listens there; produce the
-    dataset's topic or reuse it (``produce_dataset``); run ``train_main`` on every rank through
-    TorchDistributor; when a worker fails, restart from the latest checkpoint up to
+    dataset's topic or reuse it (``produce_dataset``); run ``train_main`` on every rank through the engine
+    ``launch.engine`` names (TorchDistributor or Ray Train); when a worker fails, restart from the latest checkpoint up to
     ``checkpoint.max_restarts`` times; track params, per-epoch/per-step metrics and the final model
     in MLflow (when ``tracking.enabled``).
 
@@ -63,7 +64,7 @@ def _train_with_restarts(cfg: KbitConfig, train_main: Callable[..., dict[str, An
     attempt_cfg, restarts = cfg, 0
     while True:
         try:
-            result = run_distributed(train_main, attempt_cfg, manifest_json, str(cfg.run_dir))
+            result = launch(train_main, attempt_cfg, manifest_json, str(cfg.run_dir))
             return {**result, "restarts": restarts}
         except WorkerFailedError as exc:
             if restarts >= cfg.checkpoint.max_restarts or _not_restartable(exc):

@@ -107,10 +107,16 @@ def import_deepspeed(device: torch.device) -> ModuleType | None:
 
 
 def init_process_group(env: DistEnv, timeout_s: int, deepspeed: ModuleType | None = None) -> None:
-    """Join the job's process group (through DeepSpeed's comm layer when ``deepspeed`` is given)."""
+    """Join the job's process group (through DeepSpeed's comm layer when ``deepspeed`` is given).
+
+    Ray Train's TorchTrainer joins the group before the entry runs; DDP then uses that group as it is, and
+    DeepSpeed's ``init_distributed`` adopts it.
+    """
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)
     timeout = timedelta(seconds=timeout_s)
+    if deepspeed is None and dist.is_initialized():
+        return
     if deepspeed is None:
         dist.init_process_group(env.backend, timeout=timeout,
                                 device_id=env.device if env.device.type == "cuda" else None)
