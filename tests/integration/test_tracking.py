@@ -76,17 +76,22 @@ def test_benchmark_parent_and_children(tmp_path: Path, store: Path) -> None:
     # Children span the measured window, from the parent's start (not the instant they were written).
     assert child.info.start_time == parent.info.start_time and child.info.end_time <= parent.info.end_time
     # Three iterations cannot support a significance claim: the runs table says so instead of showing a p.
-    assert child.data.tags["vs_fastest"].endswith("× the fastest: insufficient runs for a test")
+    assert child.data.tags["vs_fastest"].endswith("× the fastest, insufficient runs for a test")
+    makespan = doc["makespan"]["statistical_analysis"][CONFIGS[1]]["median"]
+    assert child.info.run_name == f"{CONFIGS[1]} · {makespan:.3f} s · {child.data.tags['vs_fastest']}"
     fastest = client.get_run(children[CONFIGS[0]])
     assert fastest.data.tags["vs_fastest"] == "fastest" and "makespan_p_holm" not in fastest.data.metrics
     stats = doc["statistical_analysis"][CONFIGS[1]]
-    assert child.data.metrics["load_time_median_s"] == pytest.approx(stats["median"])
-    assert child.data.metrics["load_time_count"] == 6
+    assert child.data.metrics["per_rank_median_s"] == pytest.approx(stats["median"])
+    assert child.data.metrics["per_rank_stats_count"] == 6 and child.data.metrics["makespan_stats_count"] == 3
+    # The compare view opens on the alphabetically first metric: it is the answer, the median makespan.
+    assert min(child.data.metrics) == "makespan_median_s"
     assert child.data.metrics["makespan_ratio_to_fastest"] > 1
     assert "throughput_records_per_s_median" in child.data.metrics
     history = client.get_metric_history(child.info.run_id, "makespan_s")
     assert sorted(m.step for m in history) == [0, 1, 2]  # warm-up iteration -1 is not logged
-    assert len(client.get_metric_history(child.info.run_id, "load_time_s_rank1")) == 3
+    assert len(client.get_metric_history(child.info.run_id, "rank1_load_s")) == 3
+    assert len(client.get_metric_history(child.info.run_id, "rank_mean_s")) == 3
 
     artifacts = {a.path for a in client.list_artifacts(parent_id, "benchmark")}
     assert artifacts == {f"benchmark/{p.name}" for p in files.paths()}
