@@ -89,9 +89,11 @@ def lineage_settings(cfg: KbitConfig) -> dict[str, Any]:
 
     Epochs are left out on purpose: resuming a lineage with more epochs trains it further.
     """
-    train = cfg.train
+    train, dataset = cfg.train, cfg.dataset
+    # Absolute, as the ranks see it (the driver hands them driver-relative paths made absolute).
+    path = str(dataset.path.expanduser().resolve()) if dataset.path is not None else None
     return {
-        "topic": cfg.produce.topic_for(cfg.dataset), "dataset": cfg.dataset.model_dump(mode="json"),
+        "topic": cfg.produce.topic_for(dataset), "dataset": {**dataset.model_dump(mode="json"), "path": path},
         "produce.variant": cfg.produce.variant.model_dump(mode="json"), "produce.partitions": cfg.produce.partitions,
         "shard": cfg.shard.model_dump(mode="json"), "launch.num_processes": cfg.launch.num_processes,
         "deepspeed": [cfg.deepspeed.enabled, cfg.deepspeed.zero_stage if cfg.deepspeed.enabled else None],
