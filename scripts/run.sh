@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kbit's two entry points on a fresh machine (Python 3.11, Java 17):
 #   scripts/run.sh main   install (idempotent) + start the local stack + run the smoke benchmark deployment
-#   scripts/run.sh test   install (idempotent, with test extras) + run the test suite
+#   scripts/run.sh test   install (idempotent, with the test and ray extras) + run the test suite
 # Installation is skipped when nothing it depends on changed since the last successful install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,12 +60,12 @@ export PYSPARK_PYTHON="$VENV/bin/python" PYSPARK_DRIVER_PYTHON="$VENV/bin/python
 
 case "${1:-}" in
   main)
-    install test
+    install test,ray
     check_java
     exec bash scripts/main_job.sh "${@:2}"
     ;;
   test)
-    install test
+    install test,ray
     check_java
     # Everything temporary (torchelastic, TorchDistributor, pytest) lands in one per-run dir.
     TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/kbit-test.XXXXXX"); export TMPDIR
@@ -78,7 +78,7 @@ case "${1:-}" in
     exit $rc
     ;;
   install)
-    install test
+    install test,ray
     ;;
   *)
     echo "usage: scripts/run.sh main|test|install [args]" >&2; exit 2 ;;
