@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kbit_core.bench.measure import Sample, Task, measure_iteration
 from kbit_core.bench.report import ReportFiles, load_stats, timings_frame, write_report
 from kbit_core.config import DataVariant, KbitConfig
+from kbit_core.preflight import check_benchmark
 from kbit_core.errors import ConfigError
 from kbit_core.tracking import make_tracker, run_environment
 
@@ -145,6 +146,8 @@ def run_benchmark(cfg: KbitConfig, *, progress: bool = True) -> BenchResult:
     from kbit_core.kafka.broker import embedded_broker
 
     cells = matrix(cfg)
+    for warning in check_benchmark(cfg).warnings:
+        log.warning("%s", warning)
     started_at = datetime.now(timezone.utc)
     run_id = started_at.strftime("%Y%m%dT%H%M%SZ")
     report_dir = Path(cfg.bench.output_dir).resolve() / run_id

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, print_json, run_guarded
-from kbit_core.config import COMPRESSIONS, FORMATS, KbitConfig, load_config
+from kbit_core.config import COMPRESSIONS, FORMATS, KbitConfig, deep_merge, load_config, nest_dotted, parse_overrides
 from kbit_core.errors import TopicError
 from kbit_core.kafka import admin
 from kbit_core.kafka.admin import TopicCheck
@@ -34,7 +34,8 @@ ClientOpt = Annotated[Optional[str], typer.Option("--client", help="confluent | 
 
 def _config_with_flags(config: Path | None, sets: list[str] | None, flags: dict[str, Any]) -> KbitConfig:
     """The profile, then --set overrides, then the explicit flags (the most specific wins)."""
-    return load_config(config, sets or []).override({key: value for key, value in flags.items() if value is not None})
+    given = nest_dotted({key: value for key, value in flags.items() if value is not None})
+    return load_config(config, deep_merge(parse_overrides(sets or []), given))
 
 
 def _mb(n: int | None) -> str:

@@ -14,7 +14,6 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -32,14 +31,13 @@ from pydantic import TypeAdapter
 from kbit_core import wire
 from kbit_core.config import KbitConfig
 from kbit_core.errors import DistributedError
-from kbit_core.launch.failures import OutputTail, RankExit, rank_exits, rank_lines
+from kbit_core.launch.failures import ExecutorLoss, OutputTail, RankExit, executor_loss, rank_exits, rank_lines
 from kbit_core.launch.spark import check_barrier_slots, clean_worker_tmp, get_spark, spark_dir, wait_for_executors
 
 log = logging.getLogger(__name__)
 
 _RESULT_KEY = "kbit/rank0-result"
 _MAX_SECONDARY_LINES = 8
-_EXECUTOR_LOST = re.compile(r"\((?P<host>[^\s()]+) executor (?P<executor>[\w.-]+)\): ExecutorLostFailure")
 _PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "DistBackendError",
                          "DistNetworkError", "DistStoreError", "ProcessGroupGloo", "NCCL communicator was aborted")
 
@@ -58,8 +56,12 @@ class WorkerFailedError(DistributedError):
 class ExecutorLostError(WorkerFailedError):
     """Spark lost the executor (JVM or host) that ran a rank; a restart runs on the executors left or relaunched."""
 
-    def __init__(self, message: str, *, host: str, executor: str) -> None:
-        super().__init__(message, rank=f"executor {executor}", exception_type="ExecutorLostFailure", host=host)
+    def __init__(self, loss: ExecutorLoss, cfg: KbitConfig) -> None:
+        rank = f"rank{loss.rank}" if loss.rank is not None else "a rank"
+        message = (f"distributed run failed ({_describe(cfg)}): Spark lost executor {loss.executor} on host "
+                   f"{loss.host or 'unknown'} (its JVM or its host died), and {rank} with it")
+        super().__init__(message, rank=rank, exception_type="ExecutorLostFailure", host=loss.host)
+        self.loss = loss
 
 
 class RankDiedError(WorkerFailedError):
@@ -197,12 +199,9 @@ def _worker_failure(exc: Exception, errors: Path, cfg: KbitConfig, output: str) 
     died = sorted(exits.values(), key=lambda e: (e.signal_name in (None, "SIGTERM"), f"rank{e.rank}" in reported))
     if died and (died[0].signal_name not in (None, "SIGTERM") or f"rank{died[0].rank}" not in reported):
         return _died(died[0], text, cfg)
-    lost = _EXECUTOR_LOST.search(text)
+    lost = executor_loss(text)
     if lost:
-        return ExecutorLostError(
-            f"distributed run failed ({_describe(cfg)}): the Spark executor {lost['executor']} on "
-            f"{lost['host']} was lost (its JVM or host died), taking its rank with it", host=lost["host"],
-            executor=lost["executor"])
+        return ExecutorLostError(lost, cfg)
     if reports:
         return _raised(reports, exits, cfg, errors)
     if died:

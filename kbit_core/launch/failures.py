@@ -27,6 +27,32 @@ _ROOT_CAUSE = "Root Cause (first observed failure):"
 _RANK_LINE = re.compile(r"^\[rank(?P<rank>\d+)\]:")
 
 
+_EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(executor (?P<executor>[\w.-]+) exited")
+_EXECUTOR_HOST = r"(?:Lost executor {id} on (?P<lost>[^\s:]+)|\((?P<task>[^\s()]+) executor {id}\))"
+_BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (?P<partition>\d+)\) finished unsuccessfully")
+
+
+@dataclass(frozen=True)
+class ExecutorLoss:
+    """Spark lost the executor (its JVM or its host) that ran a barrier task, i.e. a rank."""
+
+    executor: str
+    host: str | None
+    rank: int | None  # the barrier task's partition, which TorchDistributor makes the node rank
+
+
+def executor_loss(output: str) -> ExecutorLoss | None:
+    """The executor loss Spark reported in ``output`` (its job failure message and logs), if any."""
+    lost = _EXECUTOR_LOST.search(output)
+    if lost is None:
+        return None
+    executor = lost["executor"]
+    where = re.search(_EXECUTOR_HOST.format(id=re.escape(executor)), output)
+    task = _BARRIER_TASK.search(output)
+    return ExecutorLoss(executor=executor, host=(where["lost"] or where["task"]) if where else None,
+                        rank=int(task["partition"]) if task else None)
+
+
 @dataclass(frozen=True)
 class RankExit:
     """How one rank's process ended, as torchrun recorded it."""
@@ -81,11 +107,12 @@ class OutputTail:
 
     def __init__(self, max_lines: int = 400) -> None:
         self._lines: collections.deque[str] = collections.deque(maxlen=max_lines)
+        self._partial = ""  # the current line until its newline arrives (print writes text and "\n" apart)
         self._lock = threading.Lock()
 
     def text(self) -> str:
         with self._lock:
-            return "".join(self._lines)
+            return "".join(self._lines) + self._partial
 
     @contextmanager
     def capturing(self) -> Iterator[OutputTail]:
@@ -98,7 +125,9 @@ class OutputTail:
 
     def _add(self, text: str) -> None:
         with self._lock:
-            self._lines.extend(text.splitlines(keepends=True))
+            lines = (self._partial + text).splitlines(keepends=True)
+            self._partial = lines.pop() if lines and not lines[-1].endswith(("\n", "\r")) else ""
+            self._lines.extend(lines)
 
 
 class _Tee:

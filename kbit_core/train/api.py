@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from kbit_core.config import KbitConfig
+from kbit_core.preflight import check_training
+from kbit_core.train import checkpoint as ckpt
 from kbit_core.kafka.broker import embedded_broker
 from kbit_core.launch import launch
 from kbit_core.launch.distributor import WorkerFailedError
@@ -39,6 +41,8 @@ def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
     from kbit_core.train.worker import train_main
 
     started = time.perf_counter()
+    for warning in check_training(cfg).warnings:
+        log.warning("%s", warning)
     tracker = make_tracker(cfg)
     with embedded_broker(cfg), tracker.run(cfg, name=f"train-{cfg.profile}", kind="train") as run_id:
         manifest = produce_dataset(cfg, progress=progress)
@@ -63,6 +67,7 @@ def _train_with_restarts(cfg: KbitConfig, train_main: Callable[..., dict[str, An
                          manifest_json: str) -> dict[str, Any]:
     attempt_cfg, restarts = cfg, 0
     while True:
+        attempt_started, lineages_before = time.time(), set(_lineages(cfg))
         try:
             result = launch(train_main, attempt_cfg, manifest_json, str(cfg.run_dir))
             return {**result, "restarts": restarts}
@@ -70,10 +75,10 @@ def _train_with_restarts(cfg: KbitConfig, train_main: Callable[..., dict[str, An
             if restarts >= cfg.checkpoint.max_restarts or _not_restartable(exc):
                 raise
             restarts += 1
-            attempt_cfg = _resume_latest(cfg)
+            attempt_cfg = _restart_config(cfg, attempt_cfg, lineages_before, attempt_started)
             # The next attempt clears <run_dir>/errors, so the failure is logged in full here.
             log.warning("training failed on %s (host %s) with %s; restart %d of %d from %s\n%s", exc.rank, exc.host,
-                        exc.exception_type, restarts, cfg.checkpoint.max_restarts, _restart_point(cfg), exc)
+                        exc.exception_type, restarts, cfg.checkpoint.max_restarts, _restart_point(attempt_cfg), exc)
 
 
 def _not_restartable(exc: WorkerFailedError) -> bool:
@@ -85,15 +90,23 @@ def _checkpoint_dir(cfg: KbitConfig) -> Path | None:
     return cfg.run_dir / cfg.checkpoint.dir if cfg.checkpoint.dir is not None else None
 
 
-def _resume_latest(cfg: KbitConfig) -> KbitConfig:
-    return cfg.override({"checkpoint.resume": "latest"})
+def _lineages(cfg: KbitConfig) -> list[Path]:
+    directory = _checkpoint_dir(cfg)
+    return ckpt.list_lineages(directory) if directory is not None else []
+
+
+def _restart_config(cfg: KbitConfig, failed: KbitConfig, before: set[Path], started: float) -> KbitConfig:
+    """The config of the next attempt: pinned to the lineage the failed attempt wrote (never another run's), or,
+    when it wrote no checkpoint, the failed attempt's own starting point again."""
+    written = [lineage for lineage in _lineages(cfg)
+               if any(c.stat().st_mtime >= started for c in ckpt.list_checkpoints(lineage))
+               or (lineage not in before and ckpt.list_checkpoints(lineage))]
+    return cfg.override({"checkpoint.resume": str(written[-1])}) if written else failed
 
 
 def _restart_point(cfg: KbitConfig) -> str:
-    from kbit_core.train.checkpoint import latest_checkpoint
-
     directory = _checkpoint_dir(cfg)
     if directory is None:
         return "scratch (checkpoint.dir is unset)"
-    latest = latest_checkpoint(directory)
-    return str(latest) if latest is not None else f"scratch (no checkpoint in {directory} yet)"
+    found = ckpt.resolve_resume(cfg, directory, cfg.run_dir)
+    return str(found) if found is not None else f"scratch (no checkpoint in {directory} to resume)"

@@ -104,7 +104,7 @@ def test_a_lost_executor_mid_epoch_restarts_from_the_checkpoint(testbed: BedStat
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout)
     assert result["restarts"] == 1 and result["steps"] == 2 * 50
-    assert "restart 1 of 1" in done.stderr and "step-00000020" in done.stderr
+    assert "restart 1 of 1" in done.stderr and "with ExecutorLostFailure" in done.stderr
     assert_ranks_on_node_hosts(result, testbed)
 
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kbit_core.config import LaunchConfig
+from kbit_core.config import KbitConfig, LaunchConfig
 from kbit_core.errors import DistributedError
-from kbit_core.launch.distributor import _exception_type, _rank_reports
+from kbit_core.launch.distributor import (ExecutorLostError, RankDiedError, WorkerFailedError, _exception_type,
+                                         _worker_failure)
 from kbit_core.launch.spark import spark_conf
 
 
@@ -24,11 +25,24 @@ def test_defaults_bind_loopback_quietly_and_fail_barrier_checks_fast(tmp_path: P
     assert not any("resource.gpu" in key for key in conf)
 
 
+CLUSTER_DRIVER = {"driver_host": "10.213.7.1", "driver_bind_address": "0.0.0.0"}
+
+
 def test_executor_sizing_is_passed_through(tmp_path: Path):
     conf = spark_conf(LaunchConfig(master="spark://h:7077", local_mode=False, executor_instances=3,
-                                   executor_cores=5, executor_memory="24g"), tmp_path)
+                                   executor_cores=5, executor_memory="24g", **CLUSTER_DRIVER), tmp_path)
     assert (conf["spark.executor.instances"], conf["spark.executor.cores"], conf["spark.executor.memory"]) == \
         ("3", "5", "24g")
+
+
+def test_a_cluster_driver_uses_its_configured_address_and_ports_and_executors_keep_their_own_tmp(tmp_path: Path):
+    conf = spark_conf(LaunchConfig(master="spark://10.213.7.1:7077", local_mode=False, driver_port=40100,
+                                   block_manager_port=40200, **CLUSTER_DRIVER), tmp_path)
+    assert (conf["spark.driver.host"], conf["spark.driver.bindAddress"]) == ("10.213.7.1", "0.0.0.0")
+    assert (conf["spark.driver.port"], conf["spark.driver.blockManager.port"]) == ("40100", "40200")
+    # the driver's scratch path need not exist on another host
+    assert "spark.executorEnv.TMPDIR" not in conf
+    assert "spark.executorEnv.TMPDIR" in spark_conf(LaunchConfig(), tmp_path)
 
 
 def test_gpu_local_mode_asks_the_driver_for_one_gpu_per_process_with_a_generated_script(tmp_path: Path):
@@ -64,12 +78,34 @@ def test_user_spark_conf_wins_and_java_options_are_appended(tmp_path: Path):
     assert conf["spark.driver.extraJavaOptions"].endswith(" -Xss4m")
 
 
-def test_a_rank_that_lost_its_peer_is_reported_after_the_rank_that_raised(tmp_path: Path):
+def test_the_rank_that_raised_is_blamed_not_the_peer_that_lost_it(tmp_path: Path):
     (tmp_path / "rank0.txt").write_text("Traceback ...\nRuntimeError: [gloo] Read error: Connection reset by peer")
     (tmp_path / "rank1.txt").write_text("Traceback ...\nValueError: bad labels")
     os.utime(tmp_path / "rank1.txt", (1, 1))  # the cause wrote its file later than the victim
     os.utime(tmp_path / "rank0.txt", (0, 0))
-    assert [rank for rank, _ in _rank_reports(tmp_path)] == ["rank1", "rank0"]
+    error = _worker_failure(RuntimeError("TorchDistributor failed"), tmp_path, KbitConfig(), "")
+    assert (type(error), error.rank, error.exception_type) == (WorkerFailedError, "rank1", "ValueError")
+    assert str(error).index("rank1") < str(error).index("--- rank0 also failed")
+
+
+def test_a_killed_rank_is_blamed_from_torchruns_record_even_when_only_its_peer_wrote_a_traceback(tmp_path: Path):
+    (tmp_path / "rank0.txt").write_text("Traceback ...\nRuntimeError: [gloo] Connection closed by peer")
+    output = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\nRoot Cause (first observed "
+              "failure):\n[0]:\n  time      : 2026-11-22_12:45:34\n  host      : node2\n  rank      : 1 "
+              "(local_rank: 0)\n  exitcode  : -9 (pid: 4242)  (SIGKILL)\n")
+    error = _worker_failure(RuntimeError("TorchDistributor failed"), tmp_path, KbitConfig(), output)
+    assert isinstance(error, RankDiedError)
+    assert (error.rank, error.host, error.exception_type) == ("rank1", "node2", "SIGKILL")
+    assert "rank 1 on host node2 (pid 4242) killed by SIGKILL" in str(error)
+
+
+def test_a_lost_executor_is_blamed_over_the_peer_it_disconnected(tmp_path: Path):
+    (tmp_path / "rank0.txt").write_text("Traceback ...\nRuntimeError: [gloo] Connection closed by peer")
+    spark_said = ("Could not recover from a failed barrier ResultStage. Most recent failure reason: Stage failed "
+                  "because barrier task ResultTask(0, 1) finished unsuccessfully.\nExecutorLostFailure (executor 1 "
+                  "exited caused by one of the running tasks) Reason: Command exited with code 137")
+    error = _worker_failure(RuntimeError(spark_said), tmp_path, KbitConfig(), "")
+    assert isinstance(error, ExecutorLostError) and (error.rank, error.exception_type) == ("rank1", "ExecutorLostFailure")
 
 
 def test_exception_type_comes_from_the_traceback_last_line():
