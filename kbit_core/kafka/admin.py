@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 METADATA_TIMEOUT_S = 5.0
 # Topic deletion is asynchronous on real clusters; wait this long for the name to disappear.
 DELETE_WAIT_S = 15.0
+# librdkafka's sparse connections open a broker connection only when a request needs one, and the first
+# request of a new client then waited ~52 ms in a third of the attempts (measured: 8 of 24 metadata calls on
+# loopback; 0 of 24 with eager connections). Short-lived clients that need the broker at once connect eagerly.
+EAGER_CONNECT = {"enable.sparse.connections": False}
 
 
 class _DemotedLog(logging.LoggerAdapter):
@@ -141,6 +145,7 @@ def _offset_consumer(kcfg: KafkaConfig) -> Consumer:
     require_embedded_listening(kcfg)
     return Consumer({
         **client_options(kcfg),
+        **EAGER_CONNECT,
         # never joins the group (assign only) and never commits; the id is required by librdkafka
         "group.id": f"kbit-offsets-{uuid.uuid4().hex[:8]}",
         "enable.auto.commit": False,

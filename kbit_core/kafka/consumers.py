@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from kbit_core.config import ClientName, KafkaConfig, ReaderConfig
 from kbit_core.errors import BrokerError, ConfigError, OffsetRangeError
-from kbit_core.kafka.admin import client_options
+from kbit_core.kafka.admin import EAGER_CONNECT, client_options
 from kbit_core.kafka.settings import kafka_python_options, mask
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,7 @@ class ConfluentConsumer(ConsumerBackend):
         self._last_error: str | None = None
         opts: dict[str, Any] = {
             **client_options(kafka_cfg),
+            **EAGER_CONNECT,
             "group.id": _group_id(),
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
