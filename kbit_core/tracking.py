@@ -194,14 +194,15 @@ def make_tracker(cfg: KbitConfig) -> Tracker:
 
 
 # ---------------------------------------------------------------------------------------------- metric names
-STAT_METRICS = ("count", "q1", "median", "q3", "iqr", "lower_fence", "upper_fence", "lower_whisker",
+# The median first: MLflow's compare view opens on a run's first logged metric.
+STAT_METRICS = ("median", "count", "q1", "q3", "iqr", "lower_fence", "upper_fence", "lower_whisker",
                 "upper_whisker", "mean", "variance", "std_dev", "min", "max", "olympic_mean", "median_ci_low",
                 "median_ci_high")
 
 
 def stat_metric_name(group: str, stat: str) -> str:
     """``makespan_median_s`` for the median, ``makespan_stats_<stat>_s`` for the rest (counts carry no unit, the
-    variance is in s²). MLflow's compare view opens on the alphabetically first metric: the median makespan."""
+    variance is in s²): the headline number sorts first in MLflow's metric lists."""
     unit = "" if stat == "count" else "_s2" if stat == "variance" else "_s"
     return f"{group}_median_s" if stat == "median" else f"{group}_stats_{stat}{unit}"
 
@@ -209,9 +210,9 @@ def stat_metric_name(group: str, stat: str) -> str:
 def configuration_metrics(doc: Mapping[str, Any], name: str) -> dict[str, float]:
     """Every summary number of one configuration under its stable metric name."""
     out: dict[str, float] = {}
-    for group, stats in (("per_rank", doc["statistical_analysis"][name]),
-                         ("makespan", doc["makespan"]["statistical_analysis"][name]),
-                         ("rank_mean", doc["rank_mean"]["statistical_analysis"][name])):
+    for group, stats in (("makespan", doc["makespan"]["statistical_analysis"][name]),
+                         ("rank_mean", doc["rank_mean"]["statistical_analysis"][name]),
+                         ("per_rank", doc["statistical_analysis"][name])):
         out.update({stat_metric_name(group, s): float(stats[s]) for s in STAT_METRICS})
         out[f"{group}_stats_outliers"] = float(len(stats["lower_outliers"]) + len(stats["upper_outliers"]))
     out.update({f"throughput_{k}": float(v) for k, v in doc["throughput"][name].items()})
@@ -314,8 +315,11 @@ class MlflowTracker:
         try:
             yield run_id
             status = "FINISHED"
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through the CLI's handler: stopped, not broken
-            status = "KILLED"
+        except BaseException as exc:
+            # Ctrl-C, SIGTERM through the CLI's handler, or an orchestrator's termination signal (Prefect raises a
+            # BaseException of its own on cancellation): stopped, not broken. Errors (Exception) stay FAILED.
+            if not isinstance(exc, Exception):
+                status = "KILLED"
             raise
         finally:
             if monitor is not None:
@@ -339,7 +343,7 @@ class MlflowTracker:
         """
         if run_id is None:
             return {}
-        from kbit_core.bench.report import ranking_markdown
+        from kbit_core.bench.report import headline, ranking_table, run_line
 
         # The iterations ran every configuration in turn, from the parent's start until now: that window is
         # when each configuration was measured (the raw rows carry no clock times of their own).
@@ -368,10 +372,13 @@ class MlflowTracker:
             self._log(run_id, tags={IDENTITY_TAG: json.dumps(identity, sort_keys=True),
                                     IDENTITY_HASH_TAG: identity_hash(identity)})
         fastest = doc["comparison"]["makespan"]["fastest"]
+        # The description opens collapsed to its first lines: the answer goes first, then the ranking.
+        note = (f"**{headline(doc)}**\n\n{ranking_table(doc)}\n{run_line(doc.get('metadata', {}))} "
+                f"The full tables are in {BENCHMARK_ARTIFACT_DIR}/summary.md.\n")
         self._log(run_id, metrics=self._metrics({
             "configurations": len(children),
             "fastest_makespan_median_s": doc["makespan"]["statistical_analysis"][fastest]["median"]}),
-            tags={"fastest_configuration": fastest, NOTE_TAG: run_description(ranking_markdown(doc))})
+            tags={"fastest_configuration": fastest, NOTE_TAG: run_description(note)})
         run_name = self.client.get_run(run_id).info.run_name
         median = doc["makespan"]["statistical_analysis"][fastest]["median"]
         self.client.update_run(run_id, name=f"{run_name} · fastest {fastest} {median:.3f} s")

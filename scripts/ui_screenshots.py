@@ -80,7 +80,7 @@ def prefect_pages(prefect: str) -> dict[str, str]:
     if scheduled:
         pages["prefect_2_scheduled_deployment"] = f"{prefect}/deployments/deployment/{scheduled['id']}"
     if summary:
-        pages["prefect_3_benchmark_artifact"] = f"{prefect}/artifacts/key/{summary['key']}"
+        pages["prefect_3_benchmark_artifact"] = f"{prefect}/artifacts/artifact/{summary['id']}"
     return pages
 
 

@@ -214,30 +214,47 @@ def markdown_summary(doc: Mapping[str, Any]) -> str:
 
 
 def ranking_markdown(doc: Mapping[str, Any]) -> str:
-    """The title, what was run, and the ranking table: the answer (an MLflow run's description)."""
+    """The title, what was run, and the ranking with how it was tested."""
     meta = doc.get("metadata", {})
-    names = ranked_names(doc)
     comparison = doc["comparison"][RANKING_METRIC]
-    ranking = {e["name"]: e for e in comparison["ranking"]}
     title = " · ".join(str(v) for v in (meta.get("profile"), meta.get("run_id")) if v)
-    lines = [
-        f"# kbit benchmark {title}".rstrip(), "",
-        f"{meta.get('iterations', '?')} measured iterations (+{meta.get('warmup', '?')} warm-up), "
-        f"world size {meta.get('world_size', '?')}, broker {meta.get('broker', '?')}, "
-        f"host {meta.get('hardware', {}).get('cpu_count', '?')} CPUs, commit {meta.get('git_commit', '?')}.", "",
-        "## Ranking", "",
+    return "\n".join([
+        f"# kbit benchmark {title}".rstrip(), "", run_line(meta), "", "## Ranking", "",
         "One sample per iteration: its makespan (the slowest rank, what a synchronous job waits for). "
         "CI = percentile-bootstrap 95 % interval of the median; *vs fastest* = two-sided Mann–Whitney U "
-        f"against the fastest, Holm-adjusted across the {len(names) - 1} tests (significant below "
+        f"against the fastest, Holm-adjusted across the {len(comparison['ranking']) - 1} tests (significant below "
         f"{comparison['alpha']}), or *insufficient runs* when so few iterations cannot reach significance.", "",
-        "| # | configuration | runs | makespan s [95% CI] | ratio | vs fastest |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name in names:
+        ranking_table(doc)])
+
+
+def run_line(meta: Mapping[str, Any]) -> str:
+    """What was run, in one sentence: iterations, world size, broker, host CPUs, commit."""
+    return (f"{meta.get('iterations', '?')} measured iterations (+{meta.get('warmup', '?')} warm-up), "
+            f"world size {meta.get('world_size', '?')}, broker {meta.get('broker', '?')}, "
+            f"host {meta.get('hardware', {}).get('cpu_count', '?')} CPUs, commit {meta.get('git_commit', '?')}.")
+
+
+def ranking_table(doc: Mapping[str, Any]) -> str:
+    """Configurations fastest first: runs, median makespan with its CI, ratio, the test against the fastest."""
+    ranking = {e["name"]: e for e in doc["comparison"][RANKING_METRIC]["ranking"]}
+    lines = ["| # | configuration | runs | makespan s [95% CI] | ratio | vs fastest |", "|---|---|---|---|---|---|"]
+    for name in ranked_names(doc):
         m, r = doc["makespan"]["statistical_analysis"][name], ranking[name]
         lines.append(f"| {r['rank']} | {name} | {r['runs']} | {m['median']:.4f} [{m['median_ci_low']:.4f}, "
                      f"{m['median_ci_high']:.4f}] | {r['ratio']:.2f} | {significance_label(r)} |")
     return "\n".join(lines) + "\n"
+
+
+def headline(doc: Mapping[str, Any]) -> str:
+    """The answer in one sentence: the fastest configuration and how many are significantly slower."""
+    comparison = doc["comparison"][RANKING_METRIC]
+    fastest = comparison["fastest"]
+    median = doc["makespan"]["statistical_analysis"][fastest]["median"]
+    verdicts = [e["significance"] for e in comparison["ranking"][1:]]
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in ("significant", "not significant", "insufficient runs")
+                       if v in verdicts)
+    return (f"Fastest: {fastest}, median makespan {median:.4f} s. Against it, the other {len(verdicts)}: "
+            f"{counts or 'none'} (Holm-corrected Mann–Whitney on one sample per iteration).")
 
 
 def details_markdown(doc: Mapping[str, Any]) -> str:

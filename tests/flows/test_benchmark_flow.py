@@ -80,7 +80,7 @@ def test_benchmark_reports_publishes_and_compares_with_the_previous_run(
     assert task_runs(second)["draw-history"].state.is_completed()
     assert "1 night(s) of this identity" in summary.data and "## History" in summary.data
     note = client.get_run(b["mlflow_run_id"]).data.tags["mlflow.note.content"]
-    assert "1 night(s) of this identity" in note and "| 1 | raw_bytes_none.confluent |" in note
+    assert note.startswith("**History: 1 night(s) of this identity") and "| 1 | raw_bytes_none.confluent |" in note
     assert {a.path for a in client.list_artifacts(b["mlflow_run_id"], "history")} == {
         "history/history.png", "history/history.md", "history/history.json"}
     regression = Artifact.get("kbit-regression-smoke")

@@ -65,7 +65,8 @@ def test_benchmark_parent_and_children(tmp_path: Path, store: Path) -> None:
     assert not any(k.startswith(("deepspeed.", "checkpoint.", "train.optim", "produce.variant")) for k in params)
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # opens on runs, not GenAI traces
     note = parent.data.tags["mlflow.note.content"]
-    assert note.startswith("# kbit benchmark") and f"| 1 | {CONFIGS[0]} | 3 |" in note
+    assert note.startswith(f"**Fastest: {CONFIGS[0]}, median makespan") and "1 insufficient runs" in note
+    assert f"| 1 | {CONFIGS[0]} | 3 |" in note
     assert parent.data.tags["git_commit"] and "torch" in json.loads(parent.data.tags["versions"])
     assert parent.data.tags["fastest_configuration"] == CONFIGS[0]
 
@@ -84,8 +85,8 @@ def test_benchmark_parent_and_children(tmp_path: Path, store: Path) -> None:
     stats = doc["statistical_analysis"][CONFIGS[1]]
     assert child.data.metrics["per_rank_median_s"] == pytest.approx(stats["median"])
     assert child.data.metrics["per_rank_stats_count"] == 6 and child.data.metrics["makespan_stats_count"] == 3
-    # The compare view opens on the alphabetically first metric: it is the answer, the median makespan.
-    assert min(child.data.metrics) == "makespan_median_s"
+    # The compare view opens on the first metric the store returns, and lists sort by name: both are the answer.
+    assert min(child.data.metrics) == next(iter(child.data.metrics)) == "makespan_median_s"
     assert child.data.metrics["makespan_ratio_to_fastest"] > 1
     assert "throughput_records_per_s_median" in child.data.metrics
     history = client.get_metric_history(child.info.run_id, "makespan_s")
@@ -166,6 +167,19 @@ def test_a_failing_body_marks_the_run_failed(tmp_path: Path, store: Path) -> Non
         with tracker.run(cfg, name="bench", kind="benchmark") as run_id:
             raise RuntimeError("boom")
     assert client_for(cfg).get_run(run_id).info.status == "FAILED"
+
+
+class OrchestratorTermination(BaseException):
+    """Like Prefect's TerminationSignal on a flow-run cancellation: a BaseException, not an error."""
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, OrchestratorTermination])
+def test_a_stopped_body_marks_the_run_killed(tmp_path: Path, store: Path, stop: type[BaseException]) -> None:
+    cfg = tracked_config(tmp_path, store, "stopped")
+    with pytest.raises(stop):
+        with make_tracker(cfg).run(cfg, name="train", kind="train") as run_id:
+            raise stop()
+    assert client_for(cfg).get_run(run_id).info.status == "KILLED"
 
 
 def test_disabled_tracking_records_nothing(tmp_path: Path) -> None:
