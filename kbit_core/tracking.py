@@ -74,7 +74,8 @@ def hardware(cfg: KbitConfig) -> dict[str, Any]:
 
     info: dict[str, Any] = {
         "host": platform.node(), "platform": platform.platform(), "machine": platform.machine(),
-        "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
     if cfg.launch.use_gpu:
@@ -381,7 +382,7 @@ class MlflowTracker:
             tags={"fastest_configuration": fastest, NOTE_TAG: run_description(note)})
         run_name = self.client.get_run(run_id).info.run_name
         median = doc["makespan"]["statistical_analysis"][fastest]["median"]
-        self.client.update_run(run_id, name=f"{run_name} · fastest {fastest} {median:.3f} s")
+        self.client.update_run(run_id, name=f"fastest {fastest} {median:.3f} s · {run_name}")
         return children
 
     def _iteration_metrics(self, rows: Sequence[Mapping[str, Any]]) -> list[Any]:

@@ -58,14 +58,14 @@ def mlflow_pages(mlflow: str, experiment: str) -> dict[str, str]:
     children = api(f"{mlflow}/api/2.0/mlflow/runs/search", {
         "experiment_ids": [eid], "filter": f"tags.mlflow.parentRunId = '{parent}'", "max_results": 100}).get("runs", [])
     compare = urllib.parse.quote(json.dumps([c["info"]["run_id"] for c in children]))
+    experiments = urllib.parse.quote(json.dumps([eid]))
     run = f"{mlflow}/#/experiments/{eid}/runs/{parent}"
     return {
         "mlflow_1_experiment": f"{mlflow}/#/experiments/{eid}?{MODEL_TRAINING}",
         "mlflow_1_experiment_without_link_parameter": f"{mlflow}/#/experiments/{eid}",
         "mlflow_2_parent_run": f"{run}?{MODEL_TRAINING}",
         "mlflow_3_summary_md": f"{run}/artifacts/benchmark/summary.md?{MODEL_TRAINING}",
-        "mlflow_4_compare": f"{mlflow}/#/compare-runs?runs={compare}&experiments={urllib.parse.quote(json.dumps([eid]))}"
-                            f"&{MODEL_TRAINING}",
+        "mlflow_4_compare": f"{mlflow}/#/compare-runs?runs={compare}&experiments={experiments}&{MODEL_TRAINING}",
         "mlflow_5_history_png": f"{run}/artifacts/history/history.png?{MODEL_TRAINING}",
     }
 

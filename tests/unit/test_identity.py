@@ -47,7 +47,8 @@ def test_differences_are_named_field_by_field() -> None:
 
 
 def test_only_overrides_that_change_the_measurement_count() -> None:
-    overrides = {"workdir": "/tmp/x", "tracking": {"tracking_uri": "sqlite:///x.db"}, "kafka": {"embedded": {"port": 1}},
+    overrides = {"workdir": "/tmp/x", "tracking": {"tracking_uri": "sqlite:///x.db"},
+                 "kafka": {"embedded": {"port": 1}},
                  "produce": {"topic_prefix": "t", "partitions": 4}, "bench": {"output_dir": "r", "iterations": 5}}
     assert measurement_overrides(overrides) == {"produce.partitions": "4", "bench.iterations": "5"}
     assert measurement_overrides(None) == {}
