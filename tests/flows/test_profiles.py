@@ -56,6 +56,15 @@ def test_cluster_profile_leaves_the_machine() -> None:
     assert cfg.tracking.tracking_uri.startswith("http://") and cfg.stack.prefect_api_url.startswith("http://")
 
 
+@pytest.mark.parametrize("name", ["train-cluster", "bench-cluster"])
+def test_test_bed_profiles_put_ranks_on_the_nodes_and_read_over_tls(name: str) -> None:
+    cfg = load_config(profile_path(name))
+    assert cfg.launch.master == "spark://10.213.7.1:7077" and not cfg.launch.local_mode
+    assert cfg.launch.driver_host == cfg.launch.driver_bind_address == "10.213.7.1"  # reachable from the nodes
+    assert cfg.kafka.bootstrap_servers == "10.213.7.1:19093" and cfg.kafka.security_protocol == "SSL"
+    assert cfg.kafka.ssl_certfile is not None and cfg.kafka.ssl_keyfile is not None  # the bed asks for mutual TLS
+
+
 def test_profile_is_found_by_name_by_file_name_and_by_path(tmp_path: Path) -> None:
     own = tmp_path / "mine.yaml"
     own.write_text("profile: mine\n")
@@ -77,9 +86,9 @@ def test_worker_environment_fills_tracking_uri_and_sasl_password(monkeypatch: py
     assert "s3cret" not in repr(cluster) and "s3cret" not in str(cluster.to_dict())
 
 
-def test_prefect_yaml_has_five_descriptively_named_deployments() -> None:
-    assert sorted(DEPLOYMENTS) == ["benchmark/nightly", "benchmark/smoke", "produce/smoke-topics",
-                                   "sweep/train-hyperparameters", "train/ddp-cpu"]
+def test_prefect_yaml_deployments_are_descriptively_named() -> None:
+    assert {"benchmark/nightly", "benchmark/smoke", "produce/smoke-topics", "sweep/train-hyperparameters",
+            "train/ddp-cpu", "train/ddp-cluster"} <= set(DEPLOYMENTS)
     names = [name.split("/")[1] for name in DEPLOYMENTS]
     assert len(set(names)) == len(names)  # unique even without the flow name, as the Prefect UI lists them
 

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,12 @@ BENCH_CLUSTER = REPO / "deployments" / "bench-cluster.yaml"
 
 
 def bed_sets(testbed: BedState, workdir: Path, **extra: Any) -> list[str]:
-    """--set arguments that point a cluster profile at this bed (its own certificate paths) and a fresh workdir."""
-    values = {**testbed.kafka_overrides(), "launch.master": testbed.master_url,
+    """--set arguments that point a cluster profile at this bed (its own certificate paths), fresh topics and a fresh
+    workdir."""
+    # The bed's broker outlives one test (and a bed left up by `kbit cluster up` outlives the session): own topics.
+    unique = uuid.uuid4().hex[:10]
+    values = {**testbed.kafka_overrides(), "produce.topic": f"bed-{unique}", "produce.topic_prefix": f"bed-{unique}",
+              "launch.master": testbed.master_url,
               "launch.driver_host": testbed.driver.address, "launch.driver_bind_address": testbed.driver.address,
               "workdir": str(workdir), "tracking.tracking_uri": f"sqlite:///{workdir}/mlflow.db", **extra}
     return [arg for key, value in values.items() for arg in ("--set", f"{key}={_yaml(value)}")]
@@ -99,8 +104,9 @@ def test_a_lost_executor_mid_epoch_restarts_from_the_checkpoint(testbed: BedStat
                     *bed_sets(testbed, tmp_path / "lost", **{
                         "dataset.num_records": 4000, "train.epochs": 2, "tracking.enabled": False,
                         "train.model": model, "checkpoint.every_steps": 20, "checkpoint.max_restarts": 1,
-                        "launch.spark_conf": {"spark.executorEnv.PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"}}))
-    assert marker.exists(), "the fault never fired"
+                        "launch.spark_conf": {"spark.executorEnv.PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"}}),
+                    env={"PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"})  # the driver's preflight imports the model too
+    assert marker.exists(), f"the fault never fired:\n{done.stderr[-3000:]}"
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout)
     assert result["restarts"] == 1 and result["steps"] == 2 * 50
