@@ -74,13 +74,14 @@ def prefect_pages(prefect: str) -> dict[str, str]:
     """The Prefect pages worth seeing: deployments, the scheduled deployment, the newest benchmark artifact."""
     deployments = api(f"{prefect}/api/deployments/filter", {"limit": 50})
     scheduled = next((d for d in deployments if d.get("schedules")), None)
-    artifacts = api(f"{prefect}/api/artifacts/latest/filter", {"limit": 50})
-    summary = next((a for a in artifacts if (a.get("key") or "").startswith("kbit-benchmark")), None)
+    collections = api(f"{prefect}/api/artifacts/latest/filter", {"limit": 50})
+    summaries = [a for a in collections if (a.get("key") or "").startswith("kbit-benchmark")]
+    summary = max(summaries, key=lambda a: a["updated"], default=None)
     pages = {"prefect_1_deployments": f"{prefect}/deployments"}
     if scheduled:
         pages["prefect_2_scheduled_deployment"] = f"{prefect}/deployments/deployment/{scheduled['id']}"
     if summary:
-        pages["prefect_3_benchmark_artifact"] = f"{prefect}/artifacts/artifact/{summary['id']}"
+        pages["prefect_3_benchmark_artifact"] = f"{prefect}/artifacts/artifact/{summary['latest_id']}"
     return pages
 
 
@@ -97,7 +98,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     pages = {**mlflow_pages(args.mlflow.rstrip("/"), args.experiment), **prefect_pages(args.prefect.rstrip("/"))}
     for name, url in pages.items():
-        shoot(browser, url, args.out / f"{name}.png", TALL_WINDOW if name == "mlflow_2_parent_run" else WINDOW)
+        tall = name in ("mlflow_2_parent_run", "prefect_3_benchmark_artifact")
+        shoot(browser, url, args.out / f"{name}.png", TALL_WINDOW if tall else WINDOW)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ import numpy as np
 
 from kbit_core.errors import StatisticsError
 
-MIN_SEGMENT = 2  # nights on each side of a change: one night alone is an outlier, not a level
+# Nights on each side of a change: one night alone is an outlier, two a coincidence of a shared machine's load.
+MIN_SEGMENT = 3
 PENALTY_PER_LOG_NIGHT = 3.0  # PELT penalty = 3·ln(n) in units of the noise variance (a conservative BIC)
 MAD_TO_SIGMA = 1.4826
 
