@@ -1,9 +1,11 @@
-"""`kbit train` (one distributed training job from a profile) and `kbit bench-train` (training-path benchmark)."""
+"""`kbit train` (one distributed training job from a profile) and the training benchmarks `kbit bench-train` and
+`kbit bench-placement`."""
 
 from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -73,42 +75,45 @@ def train_command(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOp
             out.print(data_table(result["data"]))
 
 
+OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="JSON results file.")]
+
+
 def bench_train_command(
     config: ConfigOpt = None,
     sets: SetOpt = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="JSON results file.")] = None,
+    output: OutputOpt = None,
     repeats: Annotated[int, typer.Option(min=1, help="Launches per measured mode.")] = 1,
     as_json: JsonOpt = False,
 ) -> None:
     """Kafka-streamed vs in-memory training throughput, launch overheads, and DeepSpeed vs DDP step time."""
     from kbit_core.bench.train_bench import results_table, run_train_bench
 
-    cfg = run_guarded(load_cli_config, config, sets)
-    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-        results = run_guarded(run_train_bench, cfg, output=output, repeats=repeats)
-    if as_json:
-        print_json(results)
-    else:
-        out.print(results_table(results))
+    _run_bench(run_train_bench, results_table, config, sets, output, repeats, as_json)
 
 
 def bench_placement_command(
     config: ConfigOpt = None,
     sets: SetOpt = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="JSON results file.")] = None,
+    output: OutputOpt = None,
     repeats: Annotated[int, typer.Option(min=1, help="Rounds of both placements.")] = 2,
     as_json: JsonOpt = False,
 ) -> None:
     """A cluster launch (e.g. deployments/train-cluster.yaml on the test bed) vs the same training on this host alone."""
     from kbit_core.bench.placement_bench import placement_table, run_placement_bench
 
+    _run_bench(run_placement_bench, placement_table, config, sets, output, repeats, as_json)
+
+
+def _run_bench(run: Callable[..., dict[str, Any]], table: Callable[[dict[str, Any]], Table], config: Path | None,
+               sets: list[str] | None, output: Path | None, repeats: int, as_json: bool) -> None:
     cfg = run_guarded(load_cli_config, config, sets)
+    # TorchDistributor copies the workers' output to stdout; with --json, stdout carries the JSON alone.
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-        results = run_guarded(run_placement_bench, cfg, output=output, repeats=repeats)
+        results = run_guarded(run, cfg, output=output, repeats=repeats)
     if as_json:
         print_json(results)
     else:
-        out.print(placement_table(results))
+        out.print(table(results))
 
 
 def register(app: typer.Typer) -> None:
