@@ -352,17 +352,17 @@ class MlflowTracker:
         ranking = {e["name"]: e for e in doc["comparison"]["makespan"]["ranking"]}
         children: dict[str, str] = {}
         for name, fields in doc["configurations"].items():
-            child = self.client.create_run(self.experiment_id, run_name=name, start_time=measured_from, tags={
-                "mlflow.parentRunId": run_id, "kbit.kind": "benchmark-configuration", "config": name,
-                "vs_fastest": verdict_against_fastest(ranking[name]), **{k: str(v) for k, v in fields.items()}})
+            # The runs table shows no metric columns until a user picks them: the name carries the answer.
+            median = doc["makespan"]["statistical_analysis"][name]["median"]
+            verdict = verdict_against_fastest(ranking[name])
+            child = self.client.create_run(
+                self.experiment_id, run_name=f"{name} · {median:.3f} s · {verdict}", start_time=measured_from,
+                tags={"mlflow.parentRunId": run_id, "kbit.kind": "benchmark-configuration", "config": name,
+                      "vs_fastest": verdict, **{k: str(v) for k, v in fields.items()}})
             rows = [r for r in iterations if r["config"] == name and not r["warmup"]]
             self._log(child.info.run_id, params={k: str(v) for k, v in fields.items()},
                       metrics=self._metrics(configuration_metrics(doc, name)) + self._iteration_metrics(rows))
             self.client.set_terminated(child.info.run_id, end_time=measured_to)
-            # The runs table shows no metric columns until a user picks them: the name carries the answer.
-            median = doc["makespan"]["statistical_analysis"][name]["median"]
-            self.client.update_run(child.info.run_id,
-                                   name=f"{name} · {median:.3f} s · {verdict_against_fastest(ranking[name])}")
             children[name] = child.info.run_id
         for path in artifacts:
             self.client.log_artifact(run_id, str(path), artifact_path=BENCHMARK_ARTIFACT_DIR)
