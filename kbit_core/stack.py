@@ -1,4 +1,5 @@
-"""The local stack: embedded broker, Prefect server, process worker and MLflow server, each with a PID and log."""
+"""The local stack: embedded broker, Prefect server, process worker, MLflow server and an optional Ray head, each
+with a PID and log."""
 
 from __future__ import annotations
 
@@ -47,6 +48,27 @@ def _api(method: str, url: str, body: dict[str, Any] | None = None, timeout_s: f
         raise StackError(f"{method} {url} failed: {exc}") from None
 
 
+def ray_head(cfg: KbitConfig) -> Service:
+    """A Ray head on 127.0.0.1 only (node, gRPC servers and dashboard), sized for a small machine.
+
+    ``ray start --block`` stays in the foreground as the parent of the GCS server and raylet, so stopping its
+    process group stops the whole node.
+    """
+    from kbit_core.launch.ray_train import LOOPBACK_ENV
+
+    launch = cfg.launch
+    dashboard = ["--include-dashboard=true", "--dashboard-host=127.0.0.1"] if launch.ray_include_dashboard else [
+        "--include-dashboard=false"]
+    return Service(
+        "ray-head", cfg.run_dir,
+        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+         f"--port={launch.ray_head_port}", f"--num-cpus={os.cpu_count() or 1}",
+         f"--object-store-memory={launch.ray_object_store_mb * 2**20}", "--disable-usage-stats", *dashboard],
+        marker="ray.scripts.scripts", env=LOOPBACK_ENV, host="127.0.0.1", port=launch.ray_head_port,
+        url=f"127.0.0.1:{launch.ray_head_port}", port_setting="launch.ray_head_port", error_type=StackError,
+    )
+
+
 class LocalStack:
     """The services kbit needs on one machine, all bound to ``stack.host`` and kept under ``cfg.run_dir``.
 
@@ -85,6 +107,7 @@ class LocalStack:
             port=st.mlflow_port, health_url=f"{local_mlflow}/health", url=local_mlflow,
             port_setting="stack.mlflow_port", error_type=StackError,
         )
+        self.ray_head = ray_head(cfg)
         self.worker = Service(
             "prefect-worker", self.run_dir,
             [sys.executable, "-m", "prefect", "worker", "start", "--pool", st.work_pool,
@@ -121,10 +144,15 @@ class LocalStack:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def up(self, broker_only: bool = False) -> list[ServiceStatus]:
-        """Start what is not running yet, create the work pool, deploy prefect.yaml, then start the worker."""
+    def up(self, broker_only: bool = False, ray: bool = False) -> list[ServiceStatus]:
+        """Start what is not running yet, create the work pool, deploy prefect.yaml, then start the worker.
+
+        ``ray`` also starts the local Ray head that ``launch.engine=ray`` runs join.
+        """
         if self.cfg.kafka.uses_embedded:
             self.broker.start()
+        if ray:
+            self.ray_head.start()
         if broker_only:
             return self.status()
         if not self.remote_prefect:
@@ -139,7 +167,8 @@ class LocalStack:
 
     def down(self) -> list[str]:
         """Stop every service of ours by PID, worker first; returns the names that were running."""
-        stopped = [svc.name for svc in (self.worker, self.mlflow_server, self.prefect_server) if svc.stop()]
+        stopped = [svc.name for svc in (self.worker, self.mlflow_server, self.prefect_server, self.ray_head)
+                   if svc.stop()]
         if self.broker.stop():
             stopped.append("broker")
         return stopped
@@ -160,6 +189,8 @@ class LocalStack:
                                           self.mlflow_url, None))
         else:
             services.append(self.mlflow_server.status())
+        if self.ray_head.pid() is not None:
+            services.append(self.ray_head.status())
         return services
 
     # -- Prefect objects -------------------------------------------------------------------------

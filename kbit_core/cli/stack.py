@@ -1,4 +1,4 @@
-"""`kbit stack up | down | status`: the local broker, Prefect server + worker and MLflow server."""
+"""`kbit stack up | down | status`: the local broker, Prefect server + worker, MLflow server and a Ray head."""
 
 from __future__ import annotations
 
@@ -40,13 +40,15 @@ def up(
     config: ConfigOpt = None,
     sets: SetOpt = None,
     broker_only: Annotated[bool, typer.Option("--broker-only", help="Start only the embedded broker.")] = False,
+    ray: Annotated[bool, typer.Option("--ray", help="Also start a local Ray head on 127.0.0.1 "
+                                                    "(launch.ray_head_port) for launch.engine=ray.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Start the broker, Prefect server, MLflow server; create the work pool, deploy, start the worker."""
+    """Start the broker, Prefect server, MLflow server (and with --ray a Ray head); deploy, start the worker."""
     cfg = run_guarded(load_cli_config, config, sets)
     stack = LocalStack(cfg)
     with out.status("starting the kbit stack (Prefect and MLflow take ~10 s each)..."):
-        services = run_guarded(stack.up, broker_only=broker_only)
+        services = run_guarded(stack.up, broker_only=broker_only, ray=ray)
     _report(services, as_json)
     if not broker_only and not as_json:
         out.print(f"Prefect UI: {stack.prefect_ui_url}    MLflow UI: {stack.mlflow_url}")

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,10 @@ log = logging.getLogger(__name__)
 RESULT_FILE = "result.json"
 
 # Ray resolves a 127.0.0.1 node address to the machine's own address and then listens on every interface;
-# with this off it keeps the loopback address for the node, its gRPC servers and the rendezvous (MASTER_ADDR).
-LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+# with "cluster mode" off it keeps the loopback address for the node, its gRPC servers and the rendezvous
+# (MASTER_ADDR). Token authentication is asked for explicitly: a driver joining a head does not turn it on itself
+# (the token lives in ~/.ray/auth_token, created by the first head or runtime that needs it).
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
 _ACTOR_FIELD = re.compile(r"^\s*(pid|ip):\s*(\S+)", re.MULTILINE)
 
 
@@ -63,18 +66,18 @@ def ensure_ray(cfg: KbitConfig) -> None:
 
     The private runtime (and a loopback head) keep every Ray socket on 127.0.0.1 (:data:`LOOPBACK_ENV`).
     """
+    launch = cfg.launch
+    address = launch.ray_address
+    if address is None and _listening(head_address(cfg)):
+        address = head_address(cfg)
+    if address is None or _is_local(address):
+        _keep_loopback()
     try:
         import ray
     except ImportError:
         raise ConfigError("launch.engine=ray needs Ray: pip install 'kbit[ray]'") from None
     if ray.is_initialized():
         return
-    launch = cfg.launch
-    address = launch.ray_address
-    if address is None and _listening(head_address(cfg)):
-        address = head_address(cfg)
-    if address is None or _is_local(address):
-        os.environ.update(LOOPBACK_ENV)
     if address is not None:
         log.info("joining the Ray cluster at %s", address)
         ray.init(address=address, log_to_driver=True)
@@ -83,6 +86,14 @@ def ensure_ray(cfg: KbitConfig) -> None:
     log.info("starting a Ray runtime private to this process on 127.0.0.1")
     ray.init(num_cpus=max(os.cpu_count() or 1, int(cpus_needed + 0.999)), include_dashboard=False,
              object_store_memory=launch.ray_object_store_mb * 2**20, _node_ip_address="127.0.0.1")
+
+
+def _keep_loopback() -> None:
+    os.environ.update(LOOPBACK_ENV)
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        # Ray reads the variable once, at import; an import before this point needs the constant set too.
+        constants.ENABLE_RAY_CLUSTER = False
 
 
 def _is_local(address: str) -> bool:
@@ -109,10 +120,10 @@ def run_ray(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: Any = No
         WorkerFailedError: a rank raised (its traceback in the message) or died (:class:`RayWorkerDiedError`).
         DistributedError: Ray could not run the job (no resources, the cluster went away).
     """
+    ensure_ray(cfg)  # first: Ray reads its environment at import
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    ensure_ray(cfg)
     launch = cfg.launch
     launch_dir = cfg.run_dir / "ray" / f"launch-{uuid.uuid4().hex[:8]}"
     launch_dir.mkdir(parents=True)

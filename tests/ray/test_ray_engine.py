@@ -1,0 +1,87 @@
+"""Ray Train as the second engine, on the real broker and a real Ray head: the head stays on loopback, the train-ray
+profile learns, both engines read the same samples on each rank, and a killed rank resumes to identical weights."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from kbit_core.config import is_loopback
+from kbit_core.kafka.producer import produce_dataset
+from kbit_core.launch import launch
+from kbit_core.train import checkpoint as ckpt
+from kbit_core.train.api import train
+from tests.conftest import REPO, SMALL_TRAINING
+from tests.ray.engine_entries import rank_sample_indices
+
+pytestmark = [pytest.mark.kafka, pytest.mark.ray]
+
+
+def _listening(head: psutil.Process) -> list[tuple[str, psutil._common.addr]]:
+    return [(p.name(), c.laddr) for p in [head, *head.children(recursive=True)]
+            for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+
+
+def test_the_ray_head_listens_on_loopback_only(ray_head_service):
+    head = psutil.Process(ray_head_service.pid())
+    deadline = time.monotonic() + 60
+    while {"gcs_server", "raylet"} - {name for name, _ in _listening(head)} and time.monotonic() < deadline:
+        time.sleep(0.5)  # the GCS port answers first; the raylet comes up after it
+    listening = _listening(head)
+    assert {"gcs_server", "raylet"} <= {name for name, _ in listening}, listening
+    exposed = [(name, addr) for name, addr in listening if not is_loopback(addr.ip.removeprefix("::ffff:"))]
+    assert exposed == [], f"Ray listens beyond loopback: {exposed}"
+
+
+@pytest.mark.slow
+def test_train_ray_profile_reaches_90_percent_through_the_cli(broker, ray_head_service, tmp_path, topic_name):
+    sets = {"workdir": tmp_path / "kbit", "kafka.embedded.port": broker.port, "produce.topic": topic_name,
+            "launch.ray_head_port": ray_head_service.port, "tracking.enabled": "false"}
+    done = subprocess.run([str(Path(sys.executable).parent / "kbit"), "train", "--config",
+                           str(REPO / "deployments" / "train-ray.yaml"), "--json",
+                           *[arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]],
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout)
+    assert result["test_accuracy"] >= 0.90, result
+    assert result["world_size"] == 2 and result["engine"] == "ddp" and result["restarts"] == 0
+    assert {r["address"] for r in result["ranks"]} == {"127.0.0.1"}, result["ranks"]
+
+
+@pytest.mark.spark
+def test_both_engines_read_the_same_samples_on_each_rank(spark, make_ray_config, topic_name, fault_models_importable):
+    cfg = make_ray_config(SMALL_TRAINING, produce__topic=topic_name)
+    manifest_json = produce_dataset(cfg, progress=False).model_dump_json()
+    under_ray = launch(rank_sample_indices, cfg, manifest_json)
+    under_spark = launch(rank_sample_indices, cfg.override({"launch.engine": "spark"}), manifest_json)
+    assert under_ray == under_spark
+    assert [r["rank"] for r in under_ray] == [0, 1]
+    train_sets = [set(r["train"]) for r in under_ray]
+    assert not train_sets[0] & train_sets[1] and len(train_sets[0]) == len(train_sets[1]) > 0
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_epoch_under_ray_resumes_to_the_weights_of_an_uninterrupted_run(
+        make_ray_config, topic_name, tmp_path, fault_models_importable):
+    def run(marker_dir, times, checkpoints):
+        marker_dir.mkdir()
+        return train(make_ray_config(
+            SMALL_TRAINING, produce__topic=topic_name,
+            train__model={"name": "fault_models:kill_each_attempt",
+                          "kwargs": {"at_step": 10, "marker_dir": str(marker_dir), "times": times}},
+            checkpoint={"dir": checkpoints, "every_steps": 4, "max_restarts": 1}), progress=False)
+
+    killed = run(tmp_path / "kills", 1, "checkpoints-killed")
+    assert len(list((tmp_path / "kills").glob("kill-*"))) == 1
+    assert killed["restarts"] == 1 and killed["steps"] == 25
+    clean = run(tmp_path / "clean", 0, "checkpoints-clean")
+    assert clean["restarts"] == 0 and clean["loss_curve"] == killed["loss_curve"]
+    ours, theirs = (ckpt.read_file(Path(r["checkpoint"]))[ckpt.MODEL] for r in (killed, clean))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
