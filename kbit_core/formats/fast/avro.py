@@ -179,15 +179,84 @@ def record_walker(steps: Sequence[tuple[int, str | None]], layout: str, shape: S
     return namespace["walk"]
 
 
+# Below this many values a batch is walked value by value: the matrix check costs more than it saves.
+TEMPLATE_MIN_VALUES = 16
+
+
+def zigzag_column(varints: np.ndarray) -> np.ndarray:
+    """Zigzag varints of one byte length, one per row of ``varints`` (n, width), as int64; Defer unless every row
+    has its continuation bits exactly where a varint of that width has them."""
+    width = varints.shape[1]
+    if width > 9 or (varints[:, :-1] < 0x80).any() or (varints[:, -1] >= 0x80).any():
+        raise Defer("varints of another byte length")
+    raw = np.zeros(len(varints), dtype=np.uint64)
+    for j in range(width):
+        raw |= (varints[:, j] & 0x7F).astype(np.uint64) << np.uint64(7 * j)
+    return (raw >> np.uint64(1)).astype(np.int64) ^ -(raw & np.uint64(1)).astype(np.int64)
+
+
 class AvroWalker:
     """Walks schemaless Avro values along a compiled plan and gathers one batch's columns."""
 
     def __init__(self, steps: tuple[tuple[int, str | None], ...], layout: str, shape: tuple[int, ...],
                  records_per_message: int) -> None:
-        self.layout, self.size, self.rpm = layout, int(np.prod(shape)), records_per_message
+        self.steps, self.layout, self.size, self.rpm = steps, layout, int(np.prod(shape)), records_per_message
         self._record = record_walker(steps, layout, shape)
 
     def columns(self, values: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self.rpm == 1 and len(values) >= TEMPLATE_MIN_VALUES and len(set(map(len, values))) == 1:
+            try:
+                return self._by_template(values)
+            except Defer:
+                pass  # a value differs from the first beyond its index, label and pixels: walk each one
+        return self._walked(values)
+
+    def _by_template(self, values: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Values of one length that equal the first value except in their index, label and pixels, whose varints
+        have the first value's byte lengths, parse along the same path: read them as columns of one matrix."""
+        first = values[0]
+        if self._walked([first])[0].size != 1:
+            raise Defer("the first value does not hold one record")
+        spans = self._spans(first)
+        rows = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), len(first))
+        fixed = np.full(len(first), 0xFF, dtype=np.uint8)
+        for start, stop in spans.values():
+            fixed[start:stop] = 0
+        if ((rows ^ rows[0]) & fixed).any():
+            raise Defer("a value differs from the first outside its index, label and pixels")
+        numbers = {name: zigzag_column(rows[:, start:stop]) for name, (start, stop) in spans.items() if name != "data"}
+        start, stop = spans["data"]
+        pixels = np.ascontiguousarray(rows[:, start:stop])
+        pixels = pixels.reshape(-1) if self.layout == "bytes" else pixels.view("<f4").astype(np.float32).reshape(-1)
+        return numbers["index"], numbers["label"], pixels
+
+    def _spans(self, value: bytes) -> dict[str, tuple[int, int]]:
+        """Where the first value's index and label varints and its pixel payload lie (one float block only)."""
+        spans, pos = {}, 0
+        for kind, name in self.steps:
+            start = pos
+            if kind == VARINT:
+                _, pos = read_long(value, pos)
+            elif kind in FIXED_SIZES:
+                pos += FIXED_SIZES[kind]
+            elif kind in (STRING, BYTES):
+                length, pos = read_long(value, pos)
+                start, pos = pos, pos + length
+            elif kind == FLOAT_ARRAY:
+                blocks, pos = read_blocks(value, pos, 4)
+                if name == "data":
+                    if len(blocks) != 1:
+                        raise Defer("pixels in several array blocks")
+                    start, count = blocks[0]
+                    spans[name] = (start, start + 4 * count)
+                continue
+            else:
+                _, pos = read_ints(value, pos)
+            if name in ("index", "label", "data"):
+                spans[name] = (start, pos)
+        return spans
+
+    def _walked(self, values: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         indices: list[int] = []
         labels: list[int] = []
         pieces: list[memoryview] = []
