@@ -1,6 +1,7 @@
 """Fast schemaless-Avro decoding: walk each value's bytes along a plan compiled from the topic's schema; float
 array blocks and ``bytes`` pixels are cut out as raw little-endian slices and become one ``np.frombuffer`` per
-batch, instead of one Python float per pixel (fastavro's cost).
+batch, instead of one Python float per pixel (fastavro's cost). A block of equal-length values that differ from
+the first only in index, label and pixels is read as the columns of one byte matrix instead.
 
 The plan covers records of ints, longs, floats, doubles, strings, bytes and arrays of numbers, nested records
 flattened into their fields in order; the image record must have ``data``, ``shape``, ``label`` and a
@@ -41,7 +42,7 @@ def compile_plan(schema: dict[str, Any], layout: str) -> tuple[tuple[int, str | 
         for f in _resolve(record, named)["fields"]:
             where, ftype = (*path, f["name"]), _resolve(f["type"], named)
             name = CAPTURED.get(where)
-            if ftype in ("int", "long"):
+            if ftype in ("int", "long") and name in (None, "label", "index"):
                 steps.append((VARINT, name))
             elif ftype in ("string", "bytes") and name in (None, "data"):
                 steps.append((STRING if ftype == "string" else BYTES, name))
@@ -49,8 +50,12 @@ def compile_plan(schema: dict[str, Any], layout: str) -> tuple[tuple[int, str | 
                 steps.append((FLOAT if ftype == "float" else DOUBLE, name))
             elif isinstance(ftype, dict) and ftype.get("type") == "record" and name is None:
                 add(ftype, where)
-            elif isinstance(ftype, dict) and ftype.get("type") == "array" and ftype["items"] in ("float", "int", "long"):
-                steps.append((FLOAT_ARRAY if ftype["items"] == "float" else INT_ARRAY, name))
+            elif isinstance(ftype, dict) and ftype.get("type") == "array" and ftype["items"] == "float" \
+                    and name in (None, "data"):
+                steps.append((FLOAT_ARRAY, name))
+            elif isinstance(ftype, dict) and ftype.get("type") == "array" and ftype["items"] in ("int", "long") \
+                    and name in (None, "shape"):
+                steps.append((INT_ARRAY, name))
             else:
                 raise UnsupportedSchema(f"field {'.'.join(where)} of type {ftype!r} is not handled by the fast path")
 
