@@ -181,6 +181,7 @@ def plot_history(history: History, path: Path, columns: int = 3) -> None:
             ax.annotate(f"{cp.change_pct:+.0f}%", (cp.night - 0.5, float(high.max())), fontsize=8, color="tab:orange")
         ax.set_title(c.name + (" (unstable)" if c.unstable else ""), fontsize=9)
         ax.set_ylabel("makespan s")
+        ax.set_xlabel("night (oldest first)")
         ax.grid(alpha=0.3)
     for ax in axes[len(configs):]:
         ax.set_visible(False)
