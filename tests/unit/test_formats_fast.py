@@ -91,8 +91,9 @@ def records(draw: st.DrawFn, fmt: str, layout: str, blocks: bool = False) -> tup
     stock = get_codec(fmt, layout, shape, rpm, num_classes=num_classes)
     fast = get_codec(fmt, layout, shape, rpm, num_classes=num_classes, decoder="fast")
     size = int(np.prod(shape))
-    if blocks:
-        indices = draw(st.integers(0, 2**31 - 1 - n)) + np.arange(n, dtype=np.int64)
+    if blocks:  # consecutive indices, from around where an index varint grows by a byte (64, 8192, ...)
+        start = draw(st.sampled_from([0, 40, 8170, 1_048_560, 2**31 - 1 - 2 * n]))
+        indices = start + draw(st.sampled_from([1, 2])) * np.arange(n, dtype=np.int64)
     else:
         indices = np.array(draw(st.lists(st.integers(0, 2**31 - 1), min_size=n, max_size=n)), dtype=np.int64)
     labels = np.array(draw(st.lists(st.integers(0, 12), min_size=n, max_size=n)), dtype=np.int64)

@@ -209,7 +209,21 @@ class AvroWalker:
         self._record = record_walker(steps, layout, shape)
 
     def columns(self, values: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if self.rpm == 1 and len(values) >= TEMPLATE_MIN_VALUES and len(set(map(len, values))) == 1:
+        if self.rpm > 1 or len(values) < TEMPLATE_MIN_VALUES:
+            return self._walked(values)
+        # Values of one length usually differ only in index, label and pixels (an index varint grows a byte at
+        # 64, 8,192, 1,048,576...): each length is read as one matrix, and the columns put back in order.
+        lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+        groups = [np.flatnonzero(lengths == length) for length in np.unique(lengths)]
+        if len(groups) == 1:
+            return self._group([*values])
+        parts = [(where, self._group([values[i] for i in where])) for where in groups]
+        order = np.argsort(np.concatenate([where for where, _ in parts]), kind="stable")
+        return tuple(np.concatenate([cols[k].reshape(len(where), -1) for where, cols in parts])[order].reshape(-1)
+                     for k in range(3))  # type: ignore[return-value]
+
+    def _group(self, values: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if len(values) >= TEMPLATE_MIN_VALUES:
             try:
                 return self._by_template(values)
             except Defer:
