@@ -10,6 +10,7 @@ from kbit_core.sweep import DEFAULT_SPACE, best_trial, expand_space
 from tasks.config import load_run_config
 from tasks.produce import ensure_dataset_topics
 from tasks.train import train_model
+from tasks.tune import tune_trials
 from tasks.report import publish_sweep_table
 
 
@@ -25,9 +26,16 @@ def sweep(profile: str = "train", overrides: dict[str, Any] | None = None,
       3. Ensure the first trial's topic once (a trial whose point changes data settings produces its own).
       4. Train each trial in turn (each uses every Spark slot); each trial is its own MLflow run.
       5. Choose the best trial by ``metric`` (``mode`` max or min) and publish the trial table.
+
+    With ``sweep.backend=ray-tune`` the same points run as Ray Tune trials instead, ASHA stopping weak ones
+    after ``sweep.grace_epochs``, each trial a child of one MLflow parent run (:mod:`kbit_core.tune`).
     """
-    trials = expand_space(space or DEFAULT_SPACE, num_trials, seed)
     base = load_run_config(profile, overrides)
+    if base.sweep.backend == "ray-tune":
+        out = tune_trials(base, space or DEFAULT_SPACE, num_trials, metric, mode, seed)
+        publish_sweep_table(out["trials"], out["best"], metric)
+        return out
+    trials = expand_space(space or DEFAULT_SPACE, num_trials, seed)
     configs = [base.override(trial) for trial in trials]
     ensure_dataset_topics(configs[0], [configs[0].produce.variant])
     results = [{"trial": i, "params": trial, **train_model(cfg)}

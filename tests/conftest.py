@@ -1,5 +1,6 @@
 """Shared fixtures: a real embedded broker on a free loopback port, configs pointing at it, one SparkSession per
-test session, a TMPDIR to audit, and the fault-injecting models (tests/integration/fault_models.py) for training."""
+test session, a TMPDIR to audit, the fault-injecting models (tests/integration/fault_models.py) for training, and one
+Ray head per test session."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from kbit_core.config import KbitConfig, deep_merge
 from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.service import Service
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -131,3 +133,31 @@ def _debris(*roots: Path | None) -> list[str]:
 def launch_debris() -> Callable[..., list[str]]:
     """``launch_debris(*dirs)``: leftovers of torchrun (torchelastic_*) and TorchDistributor (tmp*/train.py)."""
     return _debris
+
+
+@pytest.fixture(scope="session")
+def ray_head_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """One local Ray head per test session, started as `kbit stack up --ray` starts it (127.0.0.1 only, on a free
+    port) and joined once by this process; stopped with every Ray process at the end."""
+    from kbit_core.stack import ray_head
+
+    cfg = KbitConfig.from_dict({"workdir": str(tmp_path_factory.mktemp("ray-head")),
+                                "launch": {"engine": "ray", "ray_head_port": free_port()}})
+    head = ray_head(cfg)
+    head.start()
+    yield head
+    import ray
+
+    ray.shutdown()
+    head.stop()
+
+
+@pytest.fixture
+def make_ray_config(make_config: Callable[..., KbitConfig], ray_head_service: Service) -> Callable[..., KbitConfig]:
+    """``make_config`` with ``launch.engine=ray`` on the session's Ray head."""
+
+    def _make(overrides: dict[str, Any] | None = None, **dotted: Any) -> KbitConfig:
+        return make_config(overrides, **dotted).override({"launch": {"engine": "ray",
+                                                                     "ray_head_port": ray_head_service.port}})
+
+    return _make

@@ -3,7 +3,8 @@
 * Kafka-streamed vs in-memory (eager) training samples/s: same model, batch, world size and data;
   the last epoch of each run counts (eager has its shard in memory by then). Target: >= 0.9x.
 * Launch overhead, from the driver's call to the first completed collective step: TorchDistributor
-  with local_mode=True and local_mode=False next to plain ``torchrun --standalone``.
+  with local_mode=True and local_mode=False and Ray Train's TorchTrainer next to plain ``torchrun --standalone``.
+* Ray Train vs TorchDistributor Kafka-streamed training samples/s (the same entry, model and topic).
 * DeepSpeed (ZeRO stage ``deepspeed.zero_stage``) vs DDP step time, both on in-memory data.
 
 Run as ``python -m torch.distributed.run ... -m kbit_core.bench.train_bench OUT CALLED_AT USE_GPU``,
@@ -31,7 +32,7 @@ from rich.table import Table
 
 from kbit_core.config import KbitConfig
 from kbit_core.errors import DistributedError
-from kbit_core.launch.distributor import run_distributed
+from kbit_core.launch import launch
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +77,13 @@ def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int
     }
     launches: dict[str, Callable[[], float]] = {
         "torchrun": lambda: _torchrun_first_step(base),
-        "distributor_local_mode": lambda: distributor_first_step(base.override({"launch": {"local_mode": True}})),
-        "distributor_cluster_mode": lambda: distributor_first_step(base.override({"launch": {"local_mode": False}})),
+        "distributor_local_mode": lambda: launch_first_step(base.override({"launch": {"local_mode": True}})),
+        "distributor_cluster_mode": lambda: launch_first_step(base.override({"launch": {"local_mode": False}})),
     }
+    on_ray = base.override({"launch": {"engine": "ray"}})
+    if ray_installed():
+        trainings["ray_train_stream"] = trainings["kafka_stream"].override({"launch": {"engine": "ray"}})
+        launches["ray_train"] = lambda: launch_first_step(on_ray)
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name in trainings}
     overheads: dict[str, list[float | None]] = {name: [] for name in launches}
     order = random.Random(cfg.bench.seed)
@@ -86,6 +91,10 @@ def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int
         manifest = produce_dataset(base, progress=False)
         manifest_json = manifest.model_dump_json()
         get_spark(base)
+        if ray_installed():
+            from kbit_core.launch.ray_train import ensure_ray
+
+            ensure_ray(on_ray)  # like the SparkSession above: the runtime's start is not a launch's overhead
         with Progress(transient=True) as progress:
             task = progress.add_task("train bench", total=repeats * (len(trainings) + len(launches)))
             for round_no in range(repeats):
@@ -95,8 +104,7 @@ def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int
                     progress.update(task, description=f"train bench: {name} (round {round_no + 1}/{repeats})")
                     if name in trainings:
                         run_cfg = trainings[name]
-                        samples[name].append(run_distributed(train_main, run_cfg, manifest_json,
-                                                             str(base.run_dir)))
+                        samples[name].append(launch(train_main, run_cfg, manifest_json, str(base.run_dir)))
                     else:
                         overheads[name].append(_measure_launch(name, launches[name]))
                     progress.advance(task)
@@ -123,8 +131,15 @@ def _measure_launch(name: str, measure: Callable[[], float]) -> float | None:
         return None
 
 
-def distributor_first_step(cfg: KbitConfig) -> float:
-    return run_distributed(first_step_probe, cfg, time.time())
+def launch_first_step(cfg: KbitConfig) -> float:
+    """Call-to-first-step through the engine ``launch.engine`` names (TorchDistributor or Ray Train)."""
+    return launch(first_step_probe, cfg, time.time())
+
+
+def ray_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ray") is not None
 
 
 def _torchrun_first_step(cfg: KbitConfig) -> float:
@@ -172,6 +187,8 @@ def _summarize(cfg: KbitConfig, topic: str, ds_name: str, samples: dict[str, lis
             "memory_samples_per_s": speed["memory"],
             "kafka_stream_data_wait_fraction": [r["data_wait_fraction"] for r in samples["kafka_stream"]],
             "kafka_vs_memory": kafka_vs_memory,
+            "ray_train_stream_samples_per_s": speed.get("ray_train_stream", []),
+            "ray_train_vs_distributor": ratio(median(speed.get("ray_train_stream", [])), median(speed["kafka_stream"])),
             "target": STREAM_TARGET,
             "meets_target": kafka_vs_memory is not None and kafka_vs_memory >= STREAM_TARGET,
         },
@@ -201,6 +218,8 @@ def results_table(results: dict[str, Any]) -> Table:
     table.add_row("samples/s kafka stream", fmt(median(thr["kafka_stream_samples_per_s"]), "{:,.0f}"),
                   fmt(thr["kafka_vs_memory"], "{:.3f}x"), f"in-memory; target {thr['target']}x {verdict}")
     table.add_row("samples/s in memory", fmt(median(thr["memory_samples_per_s"]), "{:,.0f}"), "1.000x", "")
+    table.add_row("samples/s kafka stream, Ray Train", fmt(median(thr["ray_train_stream_samples_per_s"]), "{:,.0f}"),
+                  fmt(thr["ray_train_vs_distributor"], "{:.3f}x"), "kafka stream under TorchDistributor")
     table.add_row("first step, plain torchrun (s)", fmt(median(launch["torchrun"]), "{:.2f}"), "1.000x", "")
     for name, ratio in launch["vs_torchrun"].items():
         table.add_row(f"first step, {name} (s)", fmt(median(launch[name]), "{:.2f}"), fmt(ratio, "{:.2f}x"),

@@ -84,7 +84,8 @@ def ensure_ray(cfg: KbitConfig) -> None:
         return
     cpus_needed = launch.num_processes * launch.ray_resources_per_worker.get("CPU", 1.0)
     log.info("starting a Ray runtime private to this process on 127.0.0.1")
-    ray.init(num_cpus=max(os.cpu_count() or 1, int(cpus_needed + 0.999)), include_dashboard=False,
+    # address="local": a new runtime even when a `ray start` head on this machine would be found otherwise.
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(cpus_needed + 0.999)), include_dashboard=False,
              object_store_memory=launch.ray_object_store_mb * 2**20, _node_ip_address="127.0.0.1")
 
 

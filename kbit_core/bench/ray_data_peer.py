@@ -1,0 +1,77 @@
+"""Ray Data's own bounded Kafka reader (``ray.data.read_kafka``) timed on kbit's topic, next to kbit's reader.
+
+Ray reads exactly the manifest's offsets (per-partition ``start_offset``/``end_offset``) and decodes with
+``map_batches`` through the same codec kbit's reader uses (the fast decoder), into the same arrays (indices,
+labels, pixels); the records/s count every record that reached the driver through ``iter_batches``. Two Ray
+settings: as shipped (Ray picks the block count) and tuned (``override_num_blocks`` = partitions). What
+read_kafka supports and lacks is in docs/data_plane_benchmark.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from kbit_core.config import KbitConfig
+from kbit_core.kafka.manifest import Manifest
+
+
+def measure_read_kafka(cfg: KbitConfig, manifest: Manifest, repeats: int = 3) -> list[dict[str, Any]]:
+    """One row per Ray setting: median records/s over ``repeats`` reads after one untimed warm-up, the records
+    Ray returned and those it left out (Ray caps each end offset at the broker's reported high watermark)."""
+    from kbit_core.launch.ray_train import ensure_ray
+
+    started = time.perf_counter()
+    ensure_ray(cfg)  # first: Ray reads its environment at import
+    init_s = time.perf_counter() - started
+    import ray.data
+
+    settings = {"ray_read_kafka": None, "ray_read_kafka_tuned": len(manifest.partitions)}
+    rows = []
+    for name, blocks in settings.items():
+        seconds, records = [], 0
+        for attempt in range(repeats + 1):
+            t0 = time.perf_counter()
+            records = _read(ray.data, cfg, manifest, blocks)
+            if attempt:  # the first read warms Ray's workers and their imports
+                seconds.append(time.perf_counter() - t0)
+        median_s = statistics.median(seconds)
+        rows.append({"reader": name, "override_num_blocks": blocks, "records": records,
+                     "records_missing": manifest.num_records - records,
+                     "records_per_s": records / median_s if median_s > 0 else float("nan"),
+                     "seconds": seconds, "ray_init_s": init_s})
+    return rows
+
+
+def _read(data: Any, cfg: KbitConfig, manifest: Manifest, blocks: int | None) -> int:
+    ranges = manifest.ranges()
+    dataset = data.read_kafka(
+        manifest.topic, bootstrap_servers=cfg.kafka.resolved_bootstrap(),
+        start_offset={manifest.topic: {p: start for p, (start, _) in ranges.items()}},
+        end_offset={manifest.topic: {p: stop for p, (_, stop) in ranges.items()}},
+        override_num_blocks=blocks,
+    ).map_batches(_Decode, fn_constructor_args=(manifest.model_dump_json(),), batch_format="numpy",
+                  batch_size=None, compute=data.ActorPoolStrategy(size=1))
+    return sum(len(batch["label"]) for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"))
+
+
+class _Decode:
+    """The manifest's fast decoder, built once per Ray actor: Kafka values -> kbit's arrays."""
+
+    def __init__(self, manifest_json: str) -> None:
+        from kbit_core.data.loader import manifest_codec
+        from kbit_core.formats.fast import select_codec
+
+        self.codec = select_codec(manifest_codec(Manifest.model_validate_json(manifest_json), "stock"), "fast")
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        decoded = self.codec.decode(list(batch["value"]))
+        return {"index": decoded.indices, "label": decoded.labels, "pixels": decoded.pixels}
+
+
+def peer_ratios(kbit_records_per_s: float, ray_rows: list[dict[str, Any]]) -> dict[str, float]:
+    """kbit's reader (fetch + fast decode, one process) over each Ray setting: above 1 means kbit is faster."""
+    return {row["reader"]: kbit_records_per_s / row["records_per_s"] for row in ray_rows if row["records_per_s"]}
