@@ -238,16 +238,16 @@ class AvroWalker:
             raise Defer("the first value does not hold one record")
         spans = self._spans(first)
         rows = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), len(first))
-        fixed = np.full(len(first), 0xFF, dtype=np.uint8)
-        for start, stop in spans.values():
-            fixed[start:stop] = 0
-        if ((rows ^ rows[0]) & fixed).any():
-            raise Defer("a value differs from the first outside its index, label and pixels")
+        # the byte ranges between the variable spans: compared with the first value's, column block by block
+        edges = [0, *sorted(e for span in spans.values() for e in span), len(first)]
+        for start, stop in zip(edges[::2], edges[1::2]):
+            if stop > start and (rows[:, start:stop] != rows[0, start:stop]).any():
+                raise Defer("a value differs from the first outside its index, label and pixels")
         numbers = {name: zigzag_column(rows[:, start:stop]) for name, (start, stop) in spans.items() if name != "data"}
         start, stop = spans["data"]
-        pixels = np.ascontiguousarray(rows[:, start:stop])
-        pixels = pixels.reshape(-1) if self.layout == "bytes" else pixels.view("<f4").astype(np.float32).reshape(-1)
-        return numbers["index"], numbers["label"], pixels
+        data = rows[:, start:stop]  # rows stay contiguous within: one copy makes the pixel array
+        pixels = data.copy() if self.layout == "bytes" else data.view("<f4").astype(np.float32)
+        return numbers["index"], numbers["label"], pixels.reshape(-1)
 
     def _spans(self, value: bytes) -> dict[str, tuple[int, int]]:
         """Where the first value's index and label varints and its pixel payload lie (one float block only)."""
