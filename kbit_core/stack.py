@@ -54,7 +54,7 @@ def ray_head(cfg: KbitConfig) -> Service:
     ``ray start --block`` stays in the foreground as the parent of the GCS server and raylet, so stopping its
     process group stops the whole node.
     """
-    from kbit_core.launch.ray_train import LOOPBACK_ENV
+    from kbit_core.launch.ray_train import LOCAL_RAY_ENV
 
     launch = cfg.launch
     dashboard = ["--include-dashboard=true", "--dashboard-host=127.0.0.1"] if launch.ray_include_dashboard else [
@@ -64,7 +64,7 @@ def ray_head(cfg: KbitConfig) -> Service:
         [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--node-ip-address=127.0.0.1",
          f"--port={launch.ray_head_port}", f"--num-cpus={os.cpu_count() or 1}",
          f"--object-store-memory={launch.ray_object_store_mb * 2**20}", "--disable-usage-stats", *dashboard],
-        marker="ray.scripts.scripts", env=LOOPBACK_ENV, host="127.0.0.1", port=launch.ray_head_port,
+        marker="ray.scripts.scripts", env=LOCAL_RAY_ENV, host="127.0.0.1", port=launch.ray_head_port,
         url=f"127.0.0.1:{launch.ray_head_port}", port_setting="launch.ray_head_port", error_type=StackError,
     )
 

@@ -91,8 +91,9 @@ def _run_tuner(cfg: KbitConfig, configs: list[KbitConfig], manifests: list[str],
     scheduler = ASHAScheduler(time_attr="epoch", max_t=cfg.train.epochs, grace_period=cfg.sweep.grace_epochs,
                               reduction_factor=cfg.sweep.reduction_factor)
     tuner = tune.Tuner(
-        # The trial itself only waits on its Ray Train job, whose workers hold the CPUs.
-        tune.with_resources(trainable, {"CPU": 0}),
+        # The trial itself only waits on its Ray Train job, whose workers hold the CPUs; Tune needs some
+        # resource to place it, so it holds a token amount of memory and no CPU.
+        tune.with_resources(trainable, {"CPU": 0, "memory": 2**20}),
         param_space={"trial": tune.grid_search(list(range(len(configs))))},
         tune_config=tune.TuneConfig(metric=metric, mode=mode, scheduler=scheduler, max_concurrent_trials=1),
         run_config=tune.RunConfig(name=sweep_dir.name, storage_path=str(sweep_dir.parent)),
@@ -116,9 +117,12 @@ def _trial(params: dict[str, Any], *, configs: list[str], manifests: list[str], 
     index = params["trial"]
     run_dir = Path(sweep_dir) / f"trial-{index}"
     cfg = _trial_config(KbitConfig.from_json(configs[index]), run_dir)
+    resume = "none"
     for epoch in range(1, cfg.train.epochs + 1):
-        rung = cfg.override({"train.epochs": epoch, "checkpoint.resume": "latest" if epoch > 1 else "none"})
-        result = launch(train_main, rung, manifests[index], str(run_dir))
+        # The previous rung finished its run, so its last (epoch-end) checkpoint is resumed by path.
+        result = launch(train_main, cfg.override({"train.epochs": epoch, "checkpoint.resume": resume}),
+                        manifests[index], str(run_dir))
+        resume = result["checkpoint"]
         tune.report({"epoch": epoch, **final_metrics(result), _RESULT_KEY: wire.dumps(result)})
 
 

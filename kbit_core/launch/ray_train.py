@@ -42,7 +42,9 @@ RESULT_FILE = "result.json"
 # with "cluster mode" off it keeps the loopback address for the node, its gRPC servers and the rendezvous
 # (MASTER_ADDR). Token authentication is asked for explicitly: a driver joining a head does not turn it on itself
 # (the token lives in ~/.ray/auth_token, created by the first head or runtime that needs it).
-LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
+# Starting a worker group imports torch in every worker; on a busy 2-core machine that outlasts Ray's 60 s.
+LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0",
+                 "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "300"}
 _ACTOR_FIELD = re.compile(r"^\s*(pid|ip):\s*(\S+)", re.MULTILINE)
 
 
@@ -64,7 +66,7 @@ def head_address(cfg: KbitConfig) -> str:
 def ensure_ray(cfg: KbitConfig) -> None:
     """Connect this process to Ray once: ``launch.ray_address``, else the local head, else a private runtime.
 
-    The private runtime (and a loopback head) keep every Ray socket on 127.0.0.1 (:data:`LOOPBACK_ENV`).
+    The private runtime (and a loopback head) keep every Ray socket on 127.0.0.1 (:data:`LOCAL_RAY_ENV`).
     """
     launch = cfg.launch
     address = launch.ray_address
@@ -90,7 +92,7 @@ def ensure_ray(cfg: KbitConfig) -> None:
 
 
 def _keep_loopback() -> None:
-    os.environ.update(LOOPBACK_ENV)
+    os.environ.update(LOCAL_RAY_ENV)
     constants = sys.modules.get("ray._private.ray_constants")
     if constants is not None:
         # Ray reads the variable once, at import; an import before this point needs the constant set too.
