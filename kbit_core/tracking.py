@@ -346,20 +346,20 @@ class MlflowTracker:
             return {}
         from kbit_core.bench.report import headline, ranking_table, run_line
 
-        # The iterations ran every configuration in turn, from the parent's start until now: that window is
-        # when each configuration was measured (the raw rows carry no clock times of their own).
-        measured_from, measured_to = self.client.get_run(run_id).info.start_time, int(time.time() * 1000)
         ranking = {e["name"]: e for e in doc["comparison"]["makespan"]["ranking"]}
         children: dict[str, str] = {}
         for name, fields in doc["configurations"].items():
             # The runs table shows no metric columns until a user picks them: the name carries the answer.
             median = doc["makespan"]["statistical_analysis"][name]["median"]
             verdict = verdict_against_fastest(ranking[name])
+            rows = [r for r in iterations if r["config"] == name and not r["warmup"]]
+            # The child spans what was measured of it: its first timed region's start to its last one's end.
+            measured_from = int(min(r["started_unix_s"] for r in rows) * 1000)
+            measured_to = int(max(r["finished_unix_s"] for r in rows) * 1000)
             child = self.client.create_run(
                 self.experiment_id, run_name=f"{name} · {median:.3f} s · {verdict}", start_time=measured_from,
                 tags={"mlflow.parentRunId": run_id, "kbit.kind": "benchmark-configuration", "config": name,
                       "vs_fastest": verdict, **{k: str(v) for k, v in fields.items()}})
-            rows = [r for r in iterations if r["config"] == name and not r["warmup"]]
             self._log(child.info.run_id, params={k: str(v) for k, v in fields.items()},
                       metrics=self._metrics(configuration_metrics(doc, name)) + self._iteration_metrics(rows))
             self.client.set_terminated(child.info.run_id, end_time=measured_to)

@@ -41,8 +41,7 @@ COUNTERS: tuple[str, ...] = ("skipped_messages", "gap_offsets", "padded_messages
 class Sample:
     """One rank's measurement of one configuration in one iteration: one row of the raw timings CSV.
 
-    ``iteration`` counts measured iterations from 0; warm-ups are numbered -warmup..-1. ``makespan``
-    marks the rank whose ``load_s`` was the slowest of its run (the straggler the makespan view reports).
+    ``iteration`` counts measured iterations from 0; warm-ups are numbered -warmup..-1.
     """
 
     iteration: int
@@ -73,7 +72,9 @@ class Sample:
     kafka_clients: int  # Kafka clients this rank opened for the configuration
     train_epoch_s: float
     train_samples_per_s: float
-    makespan: bool
+    started_unix_s: float  # wall clock when this rank's timed region began (after the barrier)
+    finished_unix_s: float  # wall clock when it ended
+    is_slowest_rank: bool  # this rank's load_s is its run's makespan (the straggler a synchronous job waits for)
 
 
 SAMPLE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Sample))
@@ -117,7 +118,7 @@ def measure_iteration(cfg: KbitConfig, tasks: list[dict[str, Any]], iteration: i
         slowest = max(range(len(gathered)), key=lambda r: gathered[r]["load_s"])
         for rank, numbers in enumerate(gathered):
             rows.append(asdict(Sample(iteration=iteration, warmup=warmup, order_position=position, rank=rank,
-                                      world_size=env.world_size, makespan=rank == slowest, **numbers)))
+                                      world_size=env.world_size, is_slowest_rank=rank == slowest, **numbers)))
     teardown()
     return rows
 
@@ -157,7 +158,7 @@ def time_loading(cfg: KbitConfig, manifest: Any, rank: int, world_size: int) -> 
     counters, and the loaded (still open) loaders, sharing one reader, for the caller to use and close."""
     from kbit_core.train.rank_data import rank_loaders
 
-    start = time.perf_counter()
+    started_unix_s, start = time.time(), time.perf_counter()
     loaders = rank_loaders(cfg, manifest, rank, world_size, share_reader=True)
     try:
         t0 = time.perf_counter()
@@ -180,6 +181,7 @@ def time_loading(cfg: KbitConfig, manifest: Any, rank: int, world_size: int) -> 
                 "collate_s": collate}
     return {
         **measured, "other_s": max(0.0, load - sum(measured.values())), "load_s": load,
+        "started_unix_s": started_unix_s, "finished_unix_s": started_unix_s + load,
         "records": read.records, "bytes": read.bytes,
         "skipped_messages": read.skipped, "gap_offsets": read.gaps,
         "padded_messages": sum(s.padded for s in shards),

@@ -29,8 +29,6 @@ BOXPLOT_PNG = "boxplot.png"
 MEAN_STD_PNG = "mean_std.png"
 STAGES_PNG = "stages.png"
 CONFIG_FIELDS = ("format", "layout", "compression", "records_per_message", "client", "batch_size", "world_size")
-# measure.Sample's boolean ``makespan`` reads like a duration in a spreadsheet; the CSV names it for what it is.
-CSV_NAMES = {"makespan": "is_slowest_rank"}
 RANKING_METRIC = "makespan"
 
 
@@ -68,8 +66,8 @@ def timings_frame(rows: list[Mapping[str, Any]]) -> pd.DataFrame:
 def read_timings(path: Path) -> pd.DataFrame:
     if not path.is_file():
         raise StatisticsError(f"raw timings file not found: {path}")
-    frame = pd.read_csv(path, float_precision="round_trip").rename(columns={v: k for k, v in CSV_NAMES.items()})
-    missing = [CSV_NAMES.get(c, c) for c in SAMPLE_COLUMNS if c not in frame.columns]
+    frame = pd.read_csv(path, float_precision="round_trip")
+    missing = [c for c in SAMPLE_COLUMNS if c not in frame.columns]
     if missing:
         raise StatisticsError(f"raw timings file {path} lacks column(s) {missing}")
     return frame[list(SAMPLE_COLUMNS)]
@@ -164,7 +162,7 @@ def write_report(timings: pd.DataFrame, metadata: Mapping[str, Any], out_dir: Pa
     """Write the raw CSV, stats JSON, markdown summary and plots into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = ReportFiles.in_dir(out_dir)
-    timings.rename(columns=CSV_NAMES).to_csv(files.raw_csv, index=False)
+    timings.to_csv(files.raw_csv, index=False)
     doc = analyze(timings, bootstrap_resamples=bootstrap_resamples, seed=seed)
     doc["metadata"] = {**metadata, "order": iteration_orders(timings),
                        "bootstrap_resamples": bootstrap_resamples, "bootstrap_seed": seed}

@@ -16,6 +16,9 @@ from kbit_core.errors import ConfigError, StatisticsError
 CONFIGS = ("avro_list_lz4.confluent", "json_list_none.confluent")
 
 
+START_UNIX_S = 1_790_000_000.0  # when the synthetic benchmark's first iteration began
+
+
 def synthetic_rows(iterations: int = 4, warmup: int = 1, world_size: int = 2, seed: int = 0,
                    configs: tuple[str, ...] = CONFIGS, slowdown: dict[str, float] | None = None) -> list[dict]:
     """Raw rows as the runner records them; configuration i is about i+1 times as slow as the first (json
@@ -38,7 +41,9 @@ def synthetic_rows(iterations: int = 4, warmup: int = 1, world_size: int = 2, se
                     collate_s=stages[3], other_s=stages[4], load_s=float(stages.sum()), records=500,
                     bytes=500 * 3200, skipped_messages=int(it == 2 and rank == 1), gap_offsets=0, padded_messages=0,
                     padded_records=int(it == 2 and rank == 1), dropped_messages=1, kafka_clients=2,
-                    train_epoch_s=float("nan"), train_samples_per_s=float("nan"), makespan=False)))
+                    train_epoch_s=float("nan"), train_samples_per_s=float("nan"),
+                    started_unix_s=START_UNIX_S + 60 * it + 5 * pos,
+                    finished_unix_s=START_UNIX_S + 60 * it + 5 * pos + float(stages.sum()), is_slowest_rank=False)))
     return rows
 
 
