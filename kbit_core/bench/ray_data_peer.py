@@ -73,6 +73,12 @@ def _codec(manifest_json: str) -> Any:
     return select_codec(manifest_codec(Manifest.model_validate_json(manifest_json), "stock"), "fast")
 
 
-def peer_ratios(kbit_records_per_s: float, ray_rows: list[dict[str, Any]]) -> dict[str, float]:
-    """kbit's reader (fetch + fast decode, one process) over each Ray setting: above 1 means kbit is faster."""
-    return {row["reader"]: kbit_records_per_s / row["records_per_s"] for row in ray_rows if row["records_per_s"]}
+def compare(cfg: KbitConfig, manifest: Manifest, kbit_rows: list[dict[str, Any]], repeats: int = 3) -> dict[str, Any]:
+    """Ray's reader on ``manifest``'s topic next to kbit's rows for it (``bench-data`` rows, one per client, measured
+    in the same run): records/s of each, and kbit's read+decode rate over Ray's (above 1: kbit is faster)."""
+    ray_rows = measure_read_kafka(cfg, manifest, repeats)
+    kbit = {row["client"]: row["decode_records_per_s"] for row in kbit_rows}
+    return {"variant": manifest.variant.name, "topic": manifest.topic, "records": manifest.num_records,
+            "kbit_records_per_s": kbit, "ray": ray_rows,
+            "kbit_over_ray": {client: {row["reader"]: rate / row["records_per_s"] for row in ray_rows
+                                       if row["records_per_s"]} for client, rate in kbit.items()}}

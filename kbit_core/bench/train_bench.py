@@ -68,7 +68,7 @@ def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int
     from kbit_core.kafka.broker import embedded_broker
     from kbit_core.train.worker import train_main
 
-    base = bench_config(cfg)
+    base = bench_config(cfg).override({"launch.engine": "spark"})  # Ray Train is measured by name below
     ds_name = f"deepspeed_zero{cfg.deepspeed.zero_stage}"
     trainings: dict[str, KbitConfig] = {
         "kafka_stream": base.override({"train": {"data": "kafka"}, "reader": {"mode": "stream"}}),
