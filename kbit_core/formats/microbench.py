@@ -1,6 +1,8 @@
 """Encode/decode throughput of every codec on the same in-memory samples, as ratios to ``raw``.
 
 Run ``python -m kbit_core.formats.microbench`` for a rich table; ``decode_rates`` returns the JSON-able numbers.
+``python -m kbit_core.formats.microbench 1x28x28 4096 fast`` prints ``fast_speedups``: each fast decoder against
+its stock codec on the same values.
 """
 
 from __future__ import annotations
@@ -70,6 +72,40 @@ def decode_rates(image_shape: Sequence[int] = (1, 28, 28), n: int = 20_000, reco
             "baseline": BASELINE, "codecs": codecs}
 
 
+def fast_speedups(image_shape: Sequence[int] = (1, 28, 28), n: int = 4096, repeats: int = 7,
+                  groupings: Sequence[int] = (1, 8)) -> dict[str, Any]:
+    """The decode step of every fast decoder against its stock codec on the same values.
+
+    The samples are every other index (one partition of two, as a reader block holds them). Stock and fast
+    decodes alternate, so load that drifts on a shared machine hits both; the best of ``repeats`` is kept.
+
+    Returns:
+        ``{"image_shape", "n", "rows": [{"codec", "records_per_message", "stock_us", "fast_us", "speedup"}]}``,
+        microseconds per record.
+    """
+    indices, images, labels = sample_images(image_shape, n)
+    indices = 2 * indices
+    rows = []
+    for fmt in codec_names():
+        for layout in LAYOUTS:
+            for rpm in groupings:
+                if not supported(fmt, layout) or (fmt == "mongodb_avro" and rpm > 1):
+                    continue
+                stock = get_codec(fmt, layout, image_shape, rpm)
+                fast = get_codec(fmt, layout, image_shape, rpm, decoder="fast")
+                if fast is stock or type(fast) is type(stock):
+                    continue
+                values = stock.encode(indices, images, labels)
+                stock_s, fast_s = [], []
+                for _ in range(repeats):
+                    stock_s.append(_median_seconds(lambda: stock.decode(values), 1))
+                    fast_s.append(_median_seconds(lambda: fast.decode(values), 1))
+                rows.append({"codec": f"{fmt}/{layout}", "records_per_message": rpm,
+                             "stock_us": 1e6 * min(stock_s) / n, "fast_us": 1e6 * min(fast_s) / n,
+                             "speedup": min(stock_s) / min(fast_s)})
+    return {"image_shape": list(image_shape), "n": n, "rows": rows}
+
+
 def render(result: dict[str, Any]) -> None:
     """Print ``decode_rates`` output as a rich table, fastest decode first."""
     from rich.console import Console
@@ -90,6 +126,9 @@ if __name__ == "__main__":
     import sys
 
     shape = tuple(int(d) for d in sys.argv[1].split("x")) if len(sys.argv) > 1 else (1, 28, 28)
-    outcome = decode_rates(shape, int(sys.argv[2]) if len(sys.argv) > 2 else 20_000)
-    render(outcome)
-    print(json.dumps(outcome))
+    if sys.argv[3:] == ["fast"]:  # python -m kbit_core.formats.microbench 1x28x28 4096 fast
+        print(json.dumps(fast_speedups(shape, int(sys.argv[2])), indent=1))
+    else:
+        outcome = decode_rates(shape, int(sys.argv[2]) if len(sys.argv) > 2 else 20_000)
+        render(outcome)
+        print(json.dumps(outcome))

@@ -16,6 +16,7 @@ from kbit_core.formats import Codec, get_codec
 from kbit_core.formats.fast import FastPath, select_codec, stock_reason
 from kbit_core.formats.fast.avro import FastAvroCodec, compile_plan
 from kbit_core.formats.fast.base import UnsupportedSchema
+from kbit_core.formats.microbench import fast_speedups
 from tests.unit.test_formats import SHAPES, CodecContract
 
 FAST = [("avro", "list"), ("avro", "bytes"), ("mongodb_avro", "list"), ("mongodb_avro", "bytes"), ("json", "list"),
@@ -154,6 +155,12 @@ def test_blocks_of_equal_values_take_the_column_paths() -> None:
         if fmt != "bson":  # the Avro walker reads such a block as one matrix, not value by value
             payloads = [fast._avro_payload(v) for v in values] if fmt == "mongodb_avro" else values
             np.testing.assert_array_equal(fast._walker._by_template(payloads)[0], indices)
+
+
+def test_fast_speedups_compares_every_fast_decoder_with_its_stock_codec() -> None:
+    result = fast_speedups((1, 4, 4), n=64, repeats=1, groupings=(1,))
+    assert {(r["codec"], r["records_per_message"]) for r in result["rows"]} == {(f"{f}/{l}", 1) for f, l in FAST}
+    assert all(r["stock_us"] > 0 and r["fast_us"] > 0 and r["speedup"] > 0 for r in result["rows"])
 
 
 def test_a_bad_value_is_named_like_the_stock_decoder_names_it() -> None:
