@@ -210,6 +210,9 @@ class OptimConfig(Section):
 
 
 class TrainConfig(Section):
+    mode: Literal["batch", "continuous"] = Field(
+        "batch", description="batch: epochs over a produced topic; continuous: train on a live stream as it "
+                             "arrives (the `stream` section).")
     data: Literal["kafka", "memory"] = Field("kafka", description="Stream shards from Kafka or load them first.")
     epochs: int = Field(2, ge=1)
     global_batch_size: int = Field(64, ge=1)
@@ -225,6 +228,48 @@ class TrainConfig(Section):
     deterministic: bool = True
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
+
+
+class StreamConfig(Section):
+    """A live stream: what `kbit produce --stream` appends and what `train.mode: continuous` trains on."""
+
+    topic: str | None = Field(None, description="Stream topic; derived from dataset and variant when unset.")
+    rate: float = Field(1000.0, gt=0, description="Producer: records per second to append.")
+    duration_s: float | None = Field(None, gt=0, description="Producer: stop after this long (unset: no limit).")
+    records: int | None = Field(None, ge=1, description="Producer: stop after this many records in the stream "
+                                                        "(counting what earlier runs appended).")
+    start: Literal["checkpoint", "earliest", "offsets", "timestamp"] = Field(
+        "checkpoint", description="Where a fresh run starts: a checkpoint's offsets (else the beginning), the "
+                                  "beginning, start_offsets, or the first record produced at/after start_timestamp_ms.")
+    start_offsets: dict[int, int] = Field(default_factory=dict, description="start=offsets: partition -> offset "
+                                                                            "(unlisted partitions: the beginning).")
+    start_timestamp_ms: int | None = Field(None, ge=0, description="start=timestamp: produce time in ms since epoch.")
+    stop_after_s: float | None = Field(None, gt=0, description="Trainer: stop after this long.")
+    stop_after_records: int | None = Field(None, ge=1, description="Trainer: stop once this many records are trained "
+                                                                   "(in total, across restarts).")
+    stop_file: Path | None = Field(None, description="Trainer: stop cleanly once this file exists (relative: to the "
+                                                     "workdir); unset = <workdir>/streams/<topic>.stop.")
+    idle_timeout_s: float = Field(30.0, gt=0, description="Trainer: stop once no rank received a record this long "
+                                                          "(the stream ended or stalled).")
+    fill_timeout_s: float = Field(0.5, gt=0, description="How long a rank waits for a full batch before training "
+                                                         "the records it has (a starved partition waits this long).")
+    eval_every_steps: int = Field(200, ge=1, description="Evaluate on the held-out topic every this many steps.")
+    eval_records: int = Field(2000, ge=2, description="Records in the held-out topic (half validation, half test).")
+    report_every_steps: int = Field(20, ge=1, description="Lag, freshness and throughput window, in steps.")
+    lag_growth_windows: int = Field(5, ge=2, description="Warn when the lag grew in this many windows in a row.")
+
+    @model_validator(mode="after")
+    def _check_start(self) -> StreamConfig:
+        if self.start == "timestamp" and self.start_timestamp_ms is None:
+            raise ValueError("stream.start=timestamp needs stream.start_timestamp_ms")
+        if self.start == "offsets" and not self.start_offsets:
+            raise ValueError("stream.start=offsets needs stream.start_offsets (partition -> offset)")
+        return self
+
+    def topic_for(self, dataset: DatasetConfig, produce: ProduceConfig) -> str:
+        if self.topic:
+            return self.topic
+        return f"{produce.topic_prefix}.stream.{dataset.name}.s{dataset.seed}.{produce.variant.name}.p{produce.partitions}"
 
 
 class DeepSpeedConfig(Section):
@@ -414,6 +459,7 @@ class KbitConfig(Section):
     shard: ShardConfig = ShardConfig()
     reader: ReaderConfig = ReaderConfig()
     train: TrainConfig = TrainConfig()
+    stream: StreamConfig = StreamConfig()
     deepspeed: DeepSpeedConfig = DeepSpeedConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     launch: LaunchConfig = LaunchConfig()

@@ -30,6 +30,10 @@ RecreateOpt = Annotated[bool, typer.Option("--recreate", help="Delete the topic 
 PerMessageOpt = Annotated[Optional[int], typer.Option("--records-per-message", "-k",
                                                       help="Records grouped into one message.")]
 ClientOpt = Annotated[Optional[str], typer.Option("--client", help="confluent | kafka-python")]
+StreamOpt = Annotated[bool, typer.Option("--stream", help="Append to the stream topic at --rate instead (live "
+                                                          "producer; --records then counts stream records).")]
+RateOpt = Annotated[Optional[float], typer.Option("--rate", help="--stream: records per second.")]
+DurationOpt = Annotated[Optional[float], typer.Option("--duration", help="--stream: seconds to produce.")]
 
 
 def _config_with_flags(config: Path | None, sets: list[str] | None, flags: dict[str, Any]) -> KbitConfig:
@@ -98,15 +102,25 @@ def register(app: typer.Typer) -> None:
         recreate: RecreateOpt = False,
         per_message: PerMessageOpt = None,
         client: ClientOpt = None,
+        stream: StreamOpt = False,
+        rate: RateOpt = None,
+        duration: DurationOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """Produce the dataset into Kafka as one variant and print its offset manifest (reuses a matching topic)."""
+        """Produce the dataset into Kafka as one variant and print its offset manifest (reuses a matching topic);
+        with --stream, append to the live stream topic at a target rate instead."""
         cfg = run_guarded(_config_with_flags, config, sets, {
             "produce.variant.format": fmt, "produce.variant.layout": layout,
             "produce.variant.compression": compression, "produce.variant.records_per_message": per_message,
-            "dataset.num_records": records, "produce.partitions": partitions, "produce.topic": topic,
-            "produce.recreate": recreate or None, "produce.client": client,
+            "stream.records" if stream else "dataset.num_records": records, "produce.partitions": partitions,
+            "stream.topic" if stream else "produce.topic": topic, "produce.recreate": recreate or None,
+            "produce.client": client, "stream.rate": rate, "stream.duration_s": duration,
         })
+        if stream:
+            from kbit_core.cli.stream import produce_stream
+
+            produce_stream(cfg, as_json)
+            return
         # imported here so `kbit --help` does not load numpy, the dataset sources and every codec
         from kbit_core.kafka.producer import produce_dataset
 

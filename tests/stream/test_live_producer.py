@@ -1,0 +1,139 @@
+"""The live producer against a real embedded broker: rate-paced appends, an exact manifest, broker restarts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from kbit_core.config import KbitConfig
+from kbit_core.errors import ManifestMismatchError, TopicError
+from kbit_core.kafka import admin
+from kbit_core.kafka.broker import EmbeddedBroker, port_open
+from kbit_core.stream.live_producer import LiveProducer
+from kbit_core.stream.manifest import StreamLog
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
+    """A broker of this test's own, which it may restart (memory only: a restart loses every topic)."""
+    broker = EmbeddedBroker(tmp_path / "broker", port=free_port())
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+def crash_and_restart(broker: EmbeddedBroker) -> None:
+    """SIGKILL the broker (a graceful stop waits for its clients) and start an empty one on the same port."""
+    os.kill(broker.status().pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while (broker.status().running or port_open(broker.host, broker.port)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    broker.start()
+
+
+def stream_config(tmp_path: Path, broker: EmbeddedBroker, **stream: object) -> KbitConfig:
+    return KbitConfig.from_dict({
+        "workdir": str(tmp_path / "kbit"), "kafka": {"embedded": {"port": broker.port}},
+        "dataset": {"num_records": 50}, "tracking": {"enabled": False},
+        "produce": {"partitions": 3, "variant": {"format": "raw", "layout": "bytes", "compression": "lz4"}},
+        "stream": {"topic": f"stream-{free_port()}", **stream}})
+
+
+def read_all(cfg: KbitConfig, topic: str) -> list[tuple[int, int, int, int]]:
+    """(partition, offset, key as index, timestamp ms) of every record on the broker."""
+    ends = admin.exact_end_offsets(cfg.kafka, topic)
+    consumer = Consumer({"bootstrap.servers": cfg.kafka.resolved_bootstrap(), "group.id": "test-stream-read",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+    out: list[tuple[int, int, int, int]] = []
+    deadline = time.monotonic() + 20
+    while len(out) < sum(ends.values()) and time.monotonic() < deadline:
+        for msg in consumer.consume(500, 0.5):
+            assert msg.error() is None, msg.error()
+            out.append((msg.partition(), msg.offset(), int(msg.key()), msg.timestamp()[1]))
+    consumer.close()
+    return sorted(out)
+
+
+def test_appends_at_the_rate_and_the_manifest_matches_the_broker(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
+    cfg = stream_config(tmp_path, own_broker)
+    before_ms = int(time.time() * 1000)
+    run = LiveProducer(cfg).run(rate=400, records=120)
+    assert (run.produced, run.next_index, run.refilled) == (120, 120, 0)
+    assert run.seconds >= 120 / 400 * 0.8  # paced, not sent in one burst
+    records = read_all(cfg, run.topic)
+    # index i at partition i % 3, in offset order: the manifest's runs say the same
+    assert [(p, index) for p, _, index, _ in records] == sorted((i % 3, i) for i in range(120))
+    assert all(ts >= before_ms for *_, ts in records)  # the message timestamp is the produce time
+    log = StreamLog.load(Path(run.manifest_path))
+    assert log.runs() == {p: [[p, 117 + p]] for p in range(3)}
+    assert log.end_offsets() == {0: 40, 1: 40, 2: 40}
+
+
+def test_a_restarted_producer_continues_the_sequence(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
+    cfg = stream_config(tmp_path, own_broker)
+    LiveProducer(cfg).run(rate=5000, records=31)
+    run = LiveProducer(cfg).run(rate=5000, records=61)
+    assert (run.produced, run.next_index, run.refilled) == (30, 61, 0)
+    assert [index for _, _, index, _ in read_all(cfg, run.topic)] == sorted(range(61), key=lambda i: (i % 3, i))
+
+
+def test_a_broker_that_lost_the_topic_gets_it_back_at_the_same_offsets(tmp_path: Path,
+                                                                      own_broker: EmbeddedBroker) -> None:
+    cfg = stream_config(tmp_path, own_broker)
+    first = LiveProducer(cfg).run(rate=5000, records=45)
+    before = read_all(cfg, first.topic)
+    own_broker.stop()
+    own_broker.start()
+    assert not admin.topic_exists(cfg.kafka, first.topic)
+    run = LiveProducer(cfg).run(rate=5000, records=60)
+    assert (run.refilled, run.produced, run.next_index) == (45, 15, 60)
+    after = read_all(cfg, run.topic)
+    assert [r[:3] for r in after if r[2] < 45] == [r[:3] for r in before]
+
+
+def test_a_running_producer_survives_a_broker_restart(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
+    import threading
+
+    cfg = stream_config(tmp_path, own_broker)
+    producer = LiveProducer(cfg)
+    result = []
+    thread = threading.Thread(target=lambda: result.append(producer.run(rate=100, records=600)))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while producer.log.next_index() < 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    crash_and_restart(own_broker)
+    thread.join(timeout=120)
+    (run,) = result
+    assert run.reconnects >= 1 and run.refilled > 0
+    assert [index for _, _, index, _ in read_all(cfg, run.topic)] == sorted(range(600), key=lambda i: (i % 3, i))
+
+
+def test_another_stream_config_does_not_continue_the_manifest(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
+    cfg = stream_config(tmp_path, own_broker)
+    LiveProducer(cfg).run(rate=5000, records=3)
+    changed = cfg.override({"produce.variant.format": "json"})
+    with pytest.raises(ManifestMismatchError, match="variant"):
+        LiveProducer(changed)
+
+
+def test_records_the_manifest_does_not_know_are_refused(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
+    from confluent_kafka import Producer
+
+    cfg = stream_config(tmp_path, own_broker)
+    run = LiveProducer(cfg).run(rate=5000, records=6)
+    stranger = Producer({"bootstrap.servers": cfg.kafka.resolved_bootstrap()})
+    stranger.produce(run.topic, value=b"x", key=b"99", partition=1)
+    stranger.flush(10)
+    with pytest.raises(TopicError, match="another producer"):
+        LiveProducer(cfg).run(rate=5000, records=9)
