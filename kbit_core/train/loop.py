@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 # Counters of what a loader read, summed over ranks into the result: corrupt messages skipped, records repeated in
-# their place, offsets missing inside planned ranges, transient client errors retried.
-READ_COUNTS = ("skipped_messages", "padded_records", "gaps", "retries")
+# their place, offsets missing inside planned ranges, transient client errors retried, records read but not yielded
+# (the tail of a multi-record message past the rank's last whole batch).
+READ_COUNTS = ("skipped_messages", "padded_records", "gaps", "retries", "left_out_records")
 # What the shard plan leaves out or repeats every epoch, reported with a _per_epoch suffix.
 PLAN_COUNTS = ("dropped_messages", "padded_messages", "dropped_tail_records")
 
@@ -279,7 +280,8 @@ class Trainer:
     def _data_report(self) -> dict[str, dict[str, int]]:
         """Collective: per split, READ_COUNTS summed over ranks for this run's reads, and the plan's PLAN_COUNTS."""
         loaders = self.loaders.splits()
-        local = [[s.reader.skipped, s.padded_records, s.reader.gaps, s.reader.retries]  # READ_COUNTS' order
+        local = [[s.reader.skipped, s.padded_records, s.reader.gaps, s.reader.retries,  # READ_COUNTS' order
+                  s.left_out_records]
                  for s in (loader.stats for loader in loaders.values())]
         counts = torch.tensor(local, dtype=torch.int64, device=self.env.device)
         torch.distributed.all_reduce(counts)
