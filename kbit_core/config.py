@@ -406,6 +406,9 @@ class BenchConfig(Section):
     output_dir: Path = Path(".kbit/reports")
     regression_threshold: float = Field(0.10, gt=0, description="Relative median slowdown flagged as regression.")
     bootstrap_resamples: int = Field(2000, ge=100)
+    decoders: list[Literal["fast", "stock"]] | None = Field(
+        None, description="Decoders to measure (kbit's fast path and each format's stock library), a matrix "
+                          "dimension; unset = reader.decoder only.")
     engines: list[Literal["spark", "ray"]] | None = Field(
         None, description="Launchers to measure under, a matrix dimension; unset = launch.engine only.")
 

@@ -34,6 +34,7 @@ def run_identity(cfg: KbitConfig, hardware: Mapping[str, Any], broker: Mapping[s
         "dataset": {"source": cfg.dataset.name, "num_records": cfg.dataset.num_records, "seed": cfg.dataset.seed},
         "variants": sorted(v.name for v in b.variants),
         "clients": sorted(b.clients),
+        "decoders": sorted(b.decoders or [cfg.reader.decoder]),
         "iterations": b.iterations,
         "warmup_iterations": b.warmup_iterations,
         "world_sizes": b.world_sizes or [cfg.launch.num_processes],

@@ -52,6 +52,7 @@ class Sample:
     compression: str
     records_per_message: int
     client: str
+    decoder: str  # reader.decoder: kbit's fast path or the format's stock library
     batch_size: int
     world_size: int
     rank: int
@@ -88,11 +89,12 @@ class Task:
     client: str
     batch_size: int
     manifest_json: str
+    decoder: str = "fast"
 
 
 def cell_config(base: KbitConfig, task: Task) -> KbitConfig:
-    """The KbitConfig one configuration runs with: eager reader, its client and its global batch size."""
-    return base.override({"reader.mode": "eager", "kafka.client": task.client,
+    """The KbitConfig one configuration runs with: eager reader, its client, decoder and global batch size."""
+    return base.override({"reader.mode": "eager", "reader.decoder": task.decoder, "kafka.client": task.client,
                           "train.global_batch_size": task.batch_size})
 
 
@@ -139,7 +141,7 @@ def _measure_task(base: KbitConfig, task: Task, env: Any, train_epoch: bool) -> 
     numbers.update({
         "config": task.config, "format": variant.format, "layout": variant.layout,
         "compression": variant.compression, "records_per_message": variant.records_per_message,
-        "client": task.client, "batch_size": task.batch_size,
+        "client": task.client, "decoder": task.decoder, "batch_size": task.batch_size,
         "train_epoch_s": float("nan"), "train_samples_per_s": float("nan"),
     })
     try:

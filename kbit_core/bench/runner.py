@@ -40,31 +40,34 @@ class Cell:
     world_size: int
     name: str
     engine: str = "spark"
+    decoder: str = "fast"
 
 
 def matrix(cfg: KbitConfig) -> list[Cell]:
-    """variants × clients × batch sizes × world sizes × engines; names stay short when a sweep has one value.
+    """variants × clients × decoders × batch sizes × world sizes × engines; names stay short when a sweep has one
+    value.
 
-    The client is always part of the name (``avro_list_lz4.confluent``); ``.b<N>``/``.w<N>``/``.<engine>`` appear
-    only when bench.batch_sizes / bench.world_sizes / bench.engines are set, so names are stable across runs of one
-    profile.
+    The client is always part of the name (``avro_list_lz4.confluent``); ``.<decoder>``/``.b<N>``/``.w<N>``/
+    ``.<engine>`` appear only when bench.decoders / batch_sizes / world_sizes / engines are set, so names are
+    stable across runs of one profile.
     """
     b = cfg.bench
     batch_sizes = b.batch_sizes or [cfg.train.global_batch_size]
     world_sizes = b.world_sizes or [cfg.launch.num_processes]
     engines = b.engines or [cfg.launch.engine]
+    decoders = b.decoders or [cfg.reader.decoder]
     cells = []
     for engine, ws in itertools.product(engines, world_sizes):
         for bs in batch_sizes:
             if bs < ws:
                 raise ConfigError(f"bench.batch_sizes has {bs}, smaller than world size {ws}")
-            for variant in b.variants:
-                for client in b.clients:
-                    name = f"{variant.name}.{client}"
-                    name += f".b{bs}" if b.batch_sizes else ""
-                    name += f".w{ws}" if b.world_sizes else ""
-                    name += f".{engine}" if b.engines else ""
-                    cells.append(Cell(variant, client, bs, ws, name, engine))
+            for variant, client, decoder in itertools.product(b.variants, b.clients, decoders):
+                name = f"{variant.name}.{client}"
+                name += f".{decoder}" if b.decoders else ""
+                name += f".b{bs}" if b.batch_sizes else ""
+                name += f".w{ws}" if b.world_sizes else ""
+                name += f".{engine}" if b.engines else ""
+                cells.append(Cell(variant, client, bs, ws, name, engine, decoder))
     names = [c.name for c in cells]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -126,7 +129,7 @@ def run_iterations(cfg: KbitConfig, cells: list[Cell], manifests: dict[str, str]
             label = f"warm-up {index + 1}" if iteration < 0 else f"iteration {iteration + 1}/{b.iterations}"
             bar.update(task, description=f"{label} (world size {ws}, {engine})")
             order = [c for c in iteration_order(cfg, cells, index) if (c.world_size, c.engine) == (ws, engine)]
-            tasks = [asdict(Task(c.name, c.client, c.batch_size, manifests[c.name])) for c in order]
+            tasks = [asdict(Task(c.name, c.client, c.batch_size, manifests[c.name], c.decoder)) for c in order]
             job_cfg = cfg.override({"launch.num_processes": ws, "launch.engine": engine})
             samples = launch(measure_iteration, job_cfg, tasks, iteration, iteration < 0, b.train_epoch,
                              result_type=list[Sample])

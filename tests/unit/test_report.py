@@ -36,7 +36,7 @@ def synthetic_rows(iterations: int = 4, warmup: int = 1, world_size: int = 2, se
                           * (slowdown or {}).get(name, 1.0))
                 rows.append(asdict(Sample(
                     iteration=it, warmup=it < 0, config=name, format=fmt, layout=layout, compression=comp,
-                    records_per_message=1, client="confluent", batch_size=64, world_size=world_size, rank=rank,
+                    records_per_message=1, client="confluent", decoder="fast", batch_size=64, world_size=world_size, rank=rank,
                     order_position=pos, connect_s=stages[0], fetch_s=stages[1], decode_s=stages[2],
                     collate_s=stages[3], other_s=stages[4], load_s=float(stages.sum()), records=500,
                     bytes=500 * 3200, skipped_messages=int(it == 2 and rank == 1), gap_offsets=0, padded_messages=0,
@@ -163,6 +163,9 @@ def test_matrix_names_are_stable_and_sweeps_extend_them() -> None:
                                        "raw_bytes_lz4.confluent.b32.w2", "raw_bytes_lz4.confluent.b64.w2"]
     assert [(c.batch_size, c.world_size) for c in cells] == [(32, 1), (64, 1), (32, 2), (64, 2)]
     assert len(matrix(KbitConfig())) == 18  # the default matrix
+    both = KbitConfig.from_dict({"bench": {"variants": [{"format": "avro"}], "decoders": ["fast", "stock"]}})
+    assert [(c.name, c.decoder) for c in matrix(both)] == [("avro_list_lz4.confluent.fast", "fast"),
+                                                           ("avro_list_lz4.confluent.stock", "stock")]
 
 
 def test_matrix_refuses_duplicates() -> None:
