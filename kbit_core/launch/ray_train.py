@@ -21,7 +21,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import sys
 import uuid
 from pathlib import Path
@@ -32,7 +31,8 @@ from pydantic import TypeAdapter
 from kbit_core import wire
 from kbit_core.config import KbitConfig, is_loopback
 from kbit_core.errors import ConfigError, DistributedError
-from kbit_core.launch.distributor import (RankDiedError, RankEntry, WorkerFailedError, _is_peer_failure)
+from kbit_core.launch.distributor import RankDiedError, RankEntry, WorkerFailedError, _is_peer_failure
+from kbit_core.service import port_open
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def ensure_ray(cfg: KbitConfig) -> None:
     """
     launch = cfg.launch
     address = launch.ray_address
-    if address is None and _listening(head_address(cfg)):
+    if address is None and port_open("127.0.0.1", launch.ray_head_port):
         address = head_address(cfg)
     if address is None or _is_local(address):
         _keep_loopback()
@@ -100,17 +100,8 @@ def _keep_loopback() -> None:
 
 
 def _is_local(address: str) -> bool:
-    host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
-    return address == "auto" or is_loopback(host)
-
-
-def _listening(address: str) -> bool:
-    host, port = address.rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=0.2):
-            return True
-    except OSError:
-        return False
+    # 'auto' joins the cluster this machine is a node of, on whatever address that node has.
+    return address != "auto" and is_loopback(address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]"))
 
 
 def run_ray(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: Any = None) -> Any:

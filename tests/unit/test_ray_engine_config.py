@@ -36,5 +36,5 @@ def test_engines_are_a_matrix_dimension_named_only_when_swept() -> None:
 
 
 def test_local_ray_addresses_are_recognised() -> None:
-    assert _is_local("127.0.0.1:6390") and _is_local("ray://localhost:10001") and _is_local("auto")
-    assert not _is_local("10.0.0.5:6390") and not _is_local("ray://head.example:10001")
+    assert _is_local("127.0.0.1:6390") and _is_local("ray://localhost:10001") and _is_local("[::1]:6390")
+    assert not _is_local("10.0.0.5:6390") and not _is_local("ray://head.example:10001") and not _is_local("auto")
