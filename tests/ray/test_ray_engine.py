@@ -16,6 +16,7 @@ import torch
 from kbit_core.config import is_loopback
 from kbit_core.kafka.producer import produce_dataset
 from kbit_core.launch import launch
+from kbit_core.launch.distributor import RankDiedError, WorkerFailedError
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.api import train
 from tests.conftest import REPO, SMALL_TRAINING
@@ -85,3 +86,28 @@ def test_a_rank_killed_mid_epoch_under_ray_resumes_to_the_weights_of_an_uninterr
     assert clean["restarts"] == 0 and clean["loss_curve"] == killed["loss_curve"]
     ours, theirs = (ckpt.read_file(Path(r["checkpoint"]))[ckpt.MODEL] for r in (killed, clean))
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+@pytest.mark.slow
+def test_deepspeed_zero_trains_under_ray(make_ray_config, topic_name):
+    cfg = make_ray_config(SMALL_TRAINING, produce__topic=topic_name, deepspeed__enabled=True, deepspeed__zero_stage=2,
+                          train__model={"name": "mlp"}, train__optim={"name": "adam", "lr": 0.003})
+    result = train(cfg, progress=False)
+    assert result["engine"] == "deepspeed-zero2" and result["world_size"] == 2
+    curve = result["loss_curve"]
+    assert len(curve) == result["steps"] == 25
+    assert sum(curve[-5:]) / 5 < 0.9 * sum(curve[:5]) / 5, curve
+
+
+@pytest.mark.slow
+def test_a_rank_that_raises_under_ray_is_named_with_its_exception(make_ray_config, topic_name, tmp_path,
+                                                                   fault_models_importable):
+    cfg = make_ray_config(SMALL_TRAINING, produce__topic=topic_name,
+                          train__model={"name": "fault_models:crash_once",
+                                        "kwargs": {"at_step": 3, "marker": str(tmp_path / "fired")}},
+                          checkpoint__max_restarts=0)
+    with pytest.raises(WorkerFailedError) as info:
+        train(cfg, progress=False)
+    error = info.value
+    assert (error.rank, error.exception_type) == ("rank1", "RuntimeError")
+    assert "injected fault at step 3" in str(error) and not isinstance(error, RankDiedError)
