@@ -1,4 +1,5 @@
-"""Train once through Spark's TorchDistributor (DDP or DeepSpeed); kbit_core records the run in MLflow."""
+"""Train once through launch.engine (Spark's TorchDistributor or Ray Train; DDP or DeepSpeed); kbit_core records the run
+in MLflow."""
 
 from __future__ import annotations
 
