@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import numpy as np
+from rich.table import Table
 
 from kbit_core.config import KbitConfig
 from kbit_core.kafka.manifest import Manifest
@@ -82,3 +83,18 @@ def compare(cfg: KbitConfig, manifest: Manifest, kbit_rows: list[dict[str, Any]]
             "kbit_records_per_s": kbit, "ray": ray_rows,
             "kbit_over_ray": {client: {row["reader"]: rate / row["records_per_s"] for row in ray_rows
                                        if row["records_per_s"]} for client, rate in kbit.items()}}
+
+
+def peer_table(comparisons: list[dict[str, Any]]) -> Table:
+    """kbit's read+decode records/s per client next to read_kafka's, as shipped and tuned, with the ratios."""
+    table = Table(title="kbit's reader vs ray.data.read_kafka (records/s, same topic, same run)")
+    for column in ("variant", "reader", "records/s", "kbit ÷ this (per kbit client)", "records left out"):
+        table.add_column(column, justify="left" if column in ("variant", "reader") else "right")
+    for comparison in comparisons:
+        for client, rate in comparison["kbit_records_per_s"].items():
+            table.add_row(comparison["variant"], f"kbit, {client}", f"{rate:,.0f}", "-", "0")
+        for row in comparison["ray"]:
+            ratios = " / ".join(f"{by[row['reader']]:.2f}x" for by in comparison["kbit_over_ray"].values())
+            table.add_row(comparison["variant"], row["reader"], f"{row['records_per_s']:,.0f}", ratios,
+                          f"{row['records_missing']:,}")
+    return table
