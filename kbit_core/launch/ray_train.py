@@ -185,23 +185,29 @@ def _worker_failure(exc: Exception, cfg: KbitConfig) -> DistributedError:
 
     where = f"distributed run failed ({_describe(cfg)})"
     if isinstance(exc, WorkerGroupError):
-        failures = sorted(exc.worker_failures.items())
+        # A worker process that died reaches the controller as a failed health check wrapping Ray's actor error.
+        failures = sorted((rank, getattr(error, "health_check_failure", error))
+                          for rank, error in exc.worker_failures.items())
+        died = [(rank, error) for rank, error in failures if isinstance(error, RayActorError)]
         raised = [(rank, error) for rank, error in failures if not isinstance(error, RayActorError)]
         own = [(rank, error) for rank, error in raised if not _is_peer_failure(_text(error))]
-        if own or raised:
-            rank, error = (own or raised)[0]
-            kind = f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins.")
-            return WorkerFailedError(f"{where}; rank{rank} raised:\n{_text(error)}", rank=f"rank{rank}",
-                                     exception_type=kind)
-        if failures:
-            rank, error = failures[0]
-            return _died(where, rank, str(error))
+        if own:
+            return _raised(where, *own[0])
+        if died:  # the peers' "connection reset" errors are its consequence
+            return _died(where, died[0][0], str(died[0][1]))
+        if raised:
+            return _raised(where, *raised[0])
     if isinstance(exc, ControllerError) and isinstance(exc.controller_failure, RayActorError):
         # A worker that died while the group was starting: Ray does not say which rank it was.
         return _died(where, -1, str(exc.controller_failure))
     if isinstance(exc, FileNotFoundError):
         return DistributedError(f"{where}: rank 0 finished without writing its result ({exc})")
     return DistributedError(f"{where}; Ray said: {str(exc)[-3000:]}")
+
+
+def _raised(where: str, rank: int, error: BaseException) -> WorkerFailedError:
+    kind = f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins.")
+    return WorkerFailedError(f"{where}; rank{rank} raised:\n{_text(error)}", rank=f"rank{rank}", exception_type=kind)
 
 
 def _died(where: str, rank: int, ray_message: str) -> RayWorkerDiedError:

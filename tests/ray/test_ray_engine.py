@@ -4,6 +4,7 @@ profile learns, both engines read the same samples on each rank, and a killed ra
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -70,7 +71,7 @@ def test_both_engines_read_the_same_samples_on_each_rank(spark, make_ray_config,
 
 @pytest.mark.slow
 def test_a_rank_killed_mid_epoch_under_ray_resumes_to_the_weights_of_an_uninterrupted_run(
-        make_ray_config, topic_name, tmp_path, fault_models_importable):
+        make_ray_config, topic_name, tmp_path, fault_models_importable, caplog):
     def run(marker_dir, times, checkpoints):
         marker_dir.mkdir()
         return train(make_ray_config(
@@ -79,8 +80,11 @@ def test_a_rank_killed_mid_epoch_under_ray_resumes_to_the_weights_of_an_uninterr
                           "kwargs": {"at_step": 10, "marker_dir": str(marker_dir), "times": times}},
             checkpoint={"dir": checkpoints, "every_steps": 4, "max_restarts": 1}), progress=False)
 
-    killed = run(tmp_path / "kills", 1, "checkpoints-killed")
+    with caplog.at_level(logging.WARNING, logger="kbit_core.train.api"):
+        killed = run(tmp_path / "kills", 1, "checkpoints-killed")
     assert len(list((tmp_path / "kills").glob("kill-*"))) == 1
+    restarts = [r.getMessage() for r in caplog.records if "restart 1 of 1" in r.getMessage()]
+    assert len(restarts) == 1 and "training failed on rank1 (host 127.0.0.1) with ActorDiedError" in restarts[0]
     assert killed["restarts"] == 1 and killed["steps"] == 25
     clean = run(tmp_path / "clean", 0, "checkpoints-clean")
     assert clean["restarts"] == 0 and clean["loss_curve"] == killed["loss_curve"]
