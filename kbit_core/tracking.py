@@ -251,6 +251,15 @@ def run_description(markdown: str) -> str:
     return markdown[:MAX_NOTE_CHARS - len(tail)].rsplit("\n", 1)[0] + tail
 
 
+# What a history record is logged at: its epoch (batch training) or its optimizer step (continuous training's
+# report windows, whose lag and freshness become step series).
+HISTORY_STEP_KEYS = ("epoch", "step")
+
+
+def _history_step(record: Mapping[str, Any], position: int) -> int:
+    return int(next((record[key] for key in HISTORY_STEP_KEYS if key in record), position))
+
+
 def training_history(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """Per-epoch records of a training result: ``result['history']`` (or ``['epochs']``), each with 'epoch'."""
     history = result.get("history", result.get("epochs", []))
@@ -404,11 +413,11 @@ class MlflowTracker:
         metrics = []
         history = training_history(result)
         for position, record in enumerate(history):
-            epoch = int(record.get("epoch", position))
-            metrics += self._metrics({k: v for k, v in record.items() if k != "epoch" and _is_number(v)}, step=epoch)
+            metrics += self._metrics({k: v for k, v in record.items() if k not in HISTORY_STEP_KEYS and _is_number(v)},
+                                     step=_history_step(record, position))
         # Final values go one step after the last epoch: a key present in both (e.g. 'steps') then stays one
         # series whose latest value is the final one, and no (key, step) pair is logged twice.
-        final_step = max((int(r.get("epoch", i)) for i, r in enumerate(history)), default=-1) + 1
+        final_step = max((_history_step(r, i) for i, r in enumerate(history)), default=-1) + 1
         metrics += self._metrics(final_metrics(result), step=final_step)
         for step, loss in enumerate(result.get("loss_curve", ())):
             metrics += self._metrics({"train_step_loss": loss}, step=step)

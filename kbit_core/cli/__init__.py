@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from kbit_core.cli import bench, cluster, data, dataplane, stack, train
+from kbit_core.cli import bench, cluster, data, dataplane, stack, stream, train
 from kbit_core.cli.common import DebugOpt, debug_enabled, fail, set_debug, terminate_like_interrupt
 
 app = typer.Typer(
@@ -22,7 +22,7 @@ def _root(debug: DebugOpt = False) -> None:
     set_debug(debug)
 
 
-for module in (stack, cluster, data, dataplane, train, bench):
+for module in (stack, cluster, data, dataplane, train, bench, stream):
     module.register(app)
 
 

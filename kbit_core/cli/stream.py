@@ -1,13 +1,19 @@
-"""`kbit produce --stream` output: run the live producer and print what it appended (the flag lives on `produce`)."""
+"""`kbit produce --stream` (the flag lives on `produce`; this prints what the live producer appended) and
+`kbit bench-stream`."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Optional
 
+import typer
 from rich.console import Console
 from rich.table import Table
 
-from kbit_core.cli.common import print_json, run_guarded
+from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
 from kbit_core.config import KbitConfig
 
 out = Console()
@@ -28,3 +34,38 @@ def produce_stream(cfg: KbitConfig, as_json: bool) -> None:
     for key, value in summary.items():
         table.add_row(key.replace("_", " "), f"{value:,.1f}" if isinstance(value, float) else str(value))
     out.print(table)
+
+
+def bench_stream_command(
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+    variant_specs: Annotated[Optional[list[str]], typer.Option(
+        "--variant", help="format:layout:compression, repeatable (default: raw:bytes:lz4, avro:list:lz4, "
+                          "json:list:lz4).")] = None,
+    rates: Annotated[str, typer.Option(help="Comma-separated produce rates to climb, records/s.")] = "200,400,800,1600",
+    fixed_rate: Annotated[float, typer.Option(help="Rate of the first stage, where freshness is measured.")] = 100,
+    warmup_s: Annotated[float, typer.Option(help="Length of the fixed-rate stage (it absorbs the start-up).")] = 60,
+    stage_s: Annotated[float, typer.Option(help="Length of every other stage.")] = 20,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="JSON results file.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Per format: the highest produce rate continuous training sustains with bounded lag, and its freshness."""
+    from kbit_core.bench.stream_bench import results_table, run_stream_bench
+    from kbit_core.config import DataVariant
+
+    cfg = run_guarded(load_cli_config, config, sets)
+    chosen = variant_specs or ["raw:bytes:lz4", "avro:list:lz4", "json:list:lz4"]
+    variants = run_guarded(lambda: [DataVariant(**dict(zip(("format", "layout", "compression"), v.split(":"))))
+                                    for v in chosen])
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        doc = run_guarded(run_stream_bench, cfg, variants, [float(r) for r in rates.split(",")],
+                          fixed_rate=fixed_rate, warmup_s=warmup_s, stage_s=stage_s, output=output)
+    if as_json:
+        print_json(doc)
+    else:
+        out.print(results_table(doc))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `kbit bench-stream` to the root app (`kbit produce --stream` is a flag of `produce`)."""
+    app.command("bench-stream")(bench_stream_command)

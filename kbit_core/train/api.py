@@ -45,10 +45,16 @@ def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
         log.warning("%s", warning)
     tracker = make_tracker(cfg)
     with embedded_broker(cfg), tracker.run(cfg, name=f"train-{cfg.profile}", kind="train") as run_id:
-        manifest = produce_dataset(cfg, progress=progress)
-        result = _train_with_restarts(cfg, train_main, manifest.model_dump_json())
-        result.update(topic=manifest.topic, manifest_path=str(manifest_path(cfg.workdir, manifest.topic)),
-                      wall_seconds=time.perf_counter() - started, mlflow_run_id=run_id)
+        if cfg.train.mode == "continuous":
+            from kbit_core.stream.driver import train_continuous
+
+            result = train_continuous(cfg, run_id, progress=progress)
+        else:
+            manifest = produce_dataset(cfg, progress=progress)
+            result = _train_with_restarts(cfg, train_main, manifest.model_dump_json())
+            result.update(topic=manifest.topic, manifest_path=str(manifest_path(cfg.workdir, manifest.topic)),
+                          mlflow_run_id=run_id)
+        result["wall_seconds"] = time.perf_counter() - started
         _track(tracker, run_id, result)
     return result
 
@@ -63,10 +69,12 @@ def _track(tracker: Tracker, run_id: str | None, result: dict[str, Any]) -> None
         result["tracking_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
 
 
-def _train_with_restarts(cfg: KbitConfig, train_main: Callable[..., dict[str, Any]],
-                         manifest_json: str) -> dict[str, Any]:
+def _train_with_restarts(cfg: KbitConfig, train_main: Callable[..., dict[str, Any]], manifest_json: str,
+                         before_attempt: Callable[[], object] = lambda: None) -> dict[str, Any]:
+    """``before_attempt`` runs on the driver before each launch (e.g. to produce again a topic the broker lost)."""
     attempt_cfg, restarts = cfg, 0
     while True:
+        before_attempt()
         attempt_started, lineages_before = time.time(), set(_lineages(cfg))
         try:
             result = launch(train_main, attempt_cfg, manifest_json, str(cfg.run_dir))

@@ -95,7 +95,9 @@ def lineage_settings(cfg: KbitConfig) -> dict[str, Any]:
     return {
         "topic": cfg.produce.topic_for(dataset), "dataset": {**dataset.model_dump(mode="json"), "path": path},
         "produce.variant": cfg.produce.variant.model_dump(mode="json"), "produce.partitions": cfg.produce.partitions,
-        "shard": cfg.shard.model_dump(mode="json"), "launch.num_processes": cfg.launch.num_processes,
+        "shard": cfg.shard.model_dump(mode="json"),
+        # A stream checkpoint keeps positions per partition, so any world size may continue it.
+        "launch.num_processes": cfg.launch.num_processes if cfg.train.mode == "batch" else None,
         "deepspeed": [cfg.deepspeed.enabled, cfg.deepspeed.zero_stage if cfg.deepspeed.enabled else None],
         "train.model": train.model.model_dump(mode="json"), "train.optim": train.optim.model_dump(mode="json"),
         **{f"train.{key}": getattr(train, key) for key in ("global_batch_size", "grad_accum_steps", "precision",

@@ -23,7 +23,7 @@ from kbit_core.errors import ConfigError, DistributedError, TrainingDivergedErro
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.distributed import DistEnv, broadcast_from_main, gather_to_main
 from kbit_core.train.engine import Engine
-from kbit_core.train.metrics import SpikeDetector, reduce_batch, reduce_throughput
+from kbit_core.train.metrics import BatchStats, SpikeDetector, reduce_batch, reduce_throughput
 
 log = logging.getLogger(__name__)
 
@@ -187,12 +187,7 @@ class Trainer:
             x, y = x.to(self.env.device, non_blocking=True), y.to(self.env.device, non_blocking=True)
             data_wait += time.perf_counter() - fetch
             boundary = in_window + 1 == train.grad_accum_steps or index == num_batches - 1
-            with self.engine.accumulation(boundary):
-                logits = self.engine.forward(x)
-                loss = F.cross_entropy(logits.float(), y)
-                stats = reduce_batch(loss, logits, y)
-                if stats.finite:
-                    self.engine.backward(loss)
+            stats = self.forward_backward(x, y, boundary)
             st.batch_in_epoch = index + 1
             progress.update(1)
             if not stats.finite:
@@ -227,6 +222,16 @@ class Trainer:
         return {"loss": loss_sum / count if count else float("nan"), "accuracy": correct / count if count else 0.0,
                 "samples_per_s": speed.samples_per_s, "data_wait_fraction": speed.data_wait_fraction,
                 "peak_memory_mb": speed.peak_memory_mb}
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, boundary: bool) -> BatchStats:
+        """One micro-batch: forward, the global loss and accuracy, backward unless a rank's loss is not finite."""
+        with self.engine.accumulation(boundary):
+            logits = self.engine.forward(x)
+            loss = F.cross_entropy(logits.float(), y)
+            stats = reduce_batch(loss, logits, y)
+            if stats.finite:
+                self.engine.backward(loss)
+        return stats
 
     def _next_batch(self, batches: Iterator[Batch], epoch: int, index: int, length: int) -> Batch:
         try:

@@ -47,32 +47,33 @@ def train_main(cfg: KbitConfig, manifest_json: str, run_dir: str) -> dict[str, A
 
 
 def run_worker(cfg: KbitConfig, run_dir: str | Path, make_loaders: LoaderFactory, image_shape: ImageShape,
-               num_classes: int) -> dict[str, Any]:
+               num_classes: int, trainer_type: type[Trainer] = Trainer) -> dict[str, Any]:
     """Join the process group, train with the loaders ``make_loaders`` builds, leave cleanly.
 
     ``train_main`` calls it with Kafka loaders; any other source of (x, y) batches with the ShardLoader
-    interface trains the same way.
+    interface trains the same way. ``trainer_type`` runs the loop (the continuous trainer passes its own).
     """
     env = read_env(cfg.launch.use_gpu)
     deepspeed = import_deepspeed(env.device) if cfg.deepspeed.enabled else None
     init_process_group(env, cfg.launch.timeout_s, deepspeed)
     # Model, wrapper and optimizer live only inside _train, so they are freed before the group is destroyed.
-    result = _train(cfg, env, deepspeed, Path(run_dir), make_loaders, image_shape, num_classes)
+    result = _train(cfg, env, deepspeed, Path(run_dir), make_loaders, image_shape, num_classes, trainer_type)
     teardown()
     return result
 
 
 def _train(cfg: KbitConfig, env: DistEnv, deepspeed: ModuleType | None, run_dir: Path,
-           make_loaders: LoaderFactory, image_shape: ImageShape, num_classes: int) -> dict[str, Any]:
+           make_loaders: LoaderFactory, image_shape: ImageShape, num_classes: int,
+           trainer_type: type[Trainer]) -> dict[str, Any]:
     loaders = make_loaders(cfg, env)
     try:
-        return _fit(cfg, env, deepspeed, run_dir, loaders, image_shape, num_classes)
+        return _fit(cfg, env, deepspeed, run_dir, loaders, image_shape, num_classes, trainer_type)
     finally:
         loaders.close()
 
 
 def _fit(cfg: KbitConfig, env: DistEnv, deepspeed: ModuleType | None, run_dir: Path, loaders: SplitLoaders,
-         image_shape: ImageShape, num_classes: int) -> dict[str, Any]:
+         image_shape: ImageShape, num_classes: int, trainer_type: type[Trainer]) -> dict[str, Any]:
     # The same seed on every rank gives identical initial weights; then each rank gets its own stream.
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.train.model, image_shape, num_classes)
@@ -81,7 +82,7 @@ def _fit(cfg: KbitConfig, env: DistEnv, deepspeed: ModuleType | None, run_dir: P
     engine = build_engine(model, cfg, env, per_epoch, per_epoch * cfg.train.epochs, deepspeed)
 
     writer, resume_from = ckpt.open_lineage(cfg, run_dir, env.is_main, sharded=deepspeed is not None)
-    trainer = Trainer(cfg, env, engine, loaders, writer)
+    trainer = trainer_type(cfg, env, engine, loaders, writer)
     if resume_from is not None:
         trainer.resume(resume_from)
     result = {**trainer.fit(), "ranks": all_gather(rank_identity(env), env)}

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,38 +11,12 @@ from confluent_kafka import Consumer, TopicPartition
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ManifestMismatchError, TopicError
 from kbit_core.kafka import admin
-from kbit_core.kafka.broker import EmbeddedBroker, port_open
+from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.stream.live_producer import LiveProducer
 from kbit_core.stream.manifest import StreamLog
-from tests.conftest import free_port
+from tests.stream.stream_fixtures import crash_and_restart, stream_config
 
 pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
-    """A broker of this test's own, which it may restart (memory only: a restart loses every topic)."""
-    broker = EmbeddedBroker(tmp_path / "broker", port=free_port())
-    broker.start()
-    yield broker
-    broker.stop()
-
-
-def crash_and_restart(broker: EmbeddedBroker) -> None:
-    """SIGKILL the broker (a graceful stop waits for its clients) and start an empty one on the same port."""
-    os.kill(broker.status().pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while (broker.status().running or port_open(broker.host, broker.port)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    broker.start()
-
-
-def stream_config(tmp_path: Path, broker: EmbeddedBroker, **stream: object) -> KbitConfig:
-    return KbitConfig.from_dict({
-        "workdir": str(tmp_path / "kbit"), "kafka": {"embedded": {"port": broker.port}},
-        "dataset": {"num_records": 50}, "tracking": {"enabled": False},
-        "produce": {"partitions": 3, "variant": {"format": "raw", "layout": "bytes", "compression": "lz4"}},
-        "stream": {"topic": f"stream-{free_port()}", **stream}})
 
 
 def read_all(cfg: KbitConfig, topic: str) -> list[tuple[int, int, int, int]]:

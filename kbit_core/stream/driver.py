@@ -1,0 +1,88 @@
+"""The driver side of continuous training: check the stream, produce the held-out topic, launch, restart, stop."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from kbit_core.config import KbitConfig
+from kbit_core.errors import ConfigError, TopicError
+from kbit_core.kafka import admin
+from kbit_core.kafka.producer import produce_dataset
+from kbit_core.stream.ledger import assign_partitions
+from kbit_core.stream.manifest import stream_log_path
+from kbit_core.stream.trainer import stop_file_path
+from kbit_core.stream.worker import heldout_config, stream_main
+from kbit_core.train import checkpoint as ckpt
+
+log = logging.getLogger(__name__)
+
+
+def check_continuous(cfg: KbitConfig) -> None:
+    """What continuous training needs that the config model alone cannot check; each failure names the setting."""
+    if cfg.train.grad_accum_steps != 1:
+        raise ConfigError("train.mode=continuous steps on every batch that arrives: set train.grad_accum_steps=1")
+    if cfg.produce.variant.records_per_message != 1:
+        raise ConfigError("train.mode=continuous needs produce.variant.records_per_message=1 (the stream's form)")
+    if cfg.train.data != "kafka":
+        raise ConfigError("train.mode=continuous reads the live topic: train.data must be 'kafka'")
+    assign_partitions(cfg.produce.partitions, cfg.launch.num_processes)
+
+
+def wait_for_stream(cfg: KbitConfig) -> str:
+    """The stream topic, once it exists (a producer may still be starting); TopicError after stream.idle_timeout_s."""
+    topic = cfg.stream.topic_for(cfg.dataset, cfg.produce)
+    deadline = time.monotonic() + cfg.stream.idle_timeout_s
+    while not admin.topic_exists(cfg.kafka, topic):
+        if time.monotonic() > deadline:
+            raise TopicError(f"stream topic {topic!r} does not exist on the {admin.describe_broker(cfg.kafka)} after "
+                             f"{cfg.stream.idle_timeout_s:.0f}s; start `kbit produce --stream` with the same config")
+        time.sleep(0.5)
+    partitions = admin.topic_partitions(cfg.kafka, topic)
+    if len(partitions) != cfg.produce.partitions:
+        raise TopicError(f"stream topic {topic!r} has {len(partitions)} partitions; produce.partitions="
+                         f"{cfg.produce.partitions}")
+    return topic
+
+
+def continue_from(cfg: KbitConfig) -> KbitConfig:
+    """``stream.start=checkpoint`` without an explicit ``checkpoint.resume``: resume the newest checkpoint of this
+    stream's newest lineage, finished or not (a stopped stream run is continued, not retrained), under any world
+    size (continuous lineages leave launch.num_processes out)."""
+    if cfg.stream.start != "checkpoint" or cfg.checkpoint.resume != "none" or cfg.checkpoint.dir is None:
+        return cfg
+    wanted = ckpt.lineage_settings(cfg)
+    for lineage in reversed(ckpt.list_lineages(cfg.run_dir / cfg.checkpoint.dir)):
+        saved = ckpt.read_lineage(lineage)["settings"]
+        checkpoints = ckpt.list_checkpoints(lineage)
+        if checkpoints and all(saved.get(key) == value for key, value in wanted.items()):
+            log.warning("continuing the stream from %s", checkpoints[-1])
+            return cfg.override({"checkpoint.resume": str(checkpoints[-1])})
+    return cfg
+
+
+def train_continuous(cfg: KbitConfig, run_id: str | None, *, progress: bool = True) -> dict[str, Any]:
+    """Train on the live stream until a stop condition; the ranks' result plus driver facts.
+
+    Any exception reaching the driver while the ranks run (a Prefect cancellation, Ctrl-C) drops the stop file
+    first, so the ranks stop at their next step with a final checkpoint instead of dying mid-step.
+    """
+    from kbit_core.train.api import _train_with_restarts
+
+    check_continuous(cfg)
+    cfg = continue_from(cfg)
+    topic = wait_for_stream(cfg)
+    heldout = produce_dataset(heldout_config(cfg), progress=progress)
+    stop_file = stop_file_path(cfg)
+    stop_file.unlink(missing_ok=True)  # a request to an earlier run
+    try:
+        # A restart after a broker crash finds the held-out topic gone: it is produced again, at the same offsets.
+        result = _train_with_restarts(cfg, stream_main, heldout.model_dump_json(),
+                                      before_attempt=lambda: produce_dataset(heldout_config(cfg), progress=False))
+    except BaseException:
+        stop_file.parent.mkdir(parents=True, exist_ok=True)
+        stop_file.write_text("the driver was interrupted\n")
+        raise
+    return {**result, "topic": topic, "heldout_topic": heldout.topic, "mlflow_run_id": run_id,
+            "stream_manifest": str(stream_log_path(cfg.workdir, topic))}

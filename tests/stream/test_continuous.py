@@ -1,0 +1,96 @@
+"""Continuous training on a live stream, end to end on the real broker and Spark: exactly-once across a killed
+rank, a whole-job restart, world sizes 2 -> 1 -> 2 and a broker that crashes and comes back empty."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kbit_core.config import KbitConfig
+from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.stream.ledger import audit
+from kbit_core.stream.live_producer import LiveProducer
+from kbit_core.stream.manifest import StreamLog
+from kbit_core.train import checkpoint as ckpt
+from kbit_core.train.api import train
+from tests.stream.stream_fixtures import crash_and_restart, stream_config
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
+
+BATCH = 32
+
+
+def continuous_config(tmp_path: Path, broker: EmbeddedBroker, marker_dir: Path) -> KbitConfig:
+    # The killing model in every phase (a checkpoint continues only under the same model settings); its marker
+    # directory lets it kill once.
+    model = {"name": "fault_models:kill_each_attempt",
+             "kwargs": {"at_step": 8, "marker_dir": str(marker_dir), "times": 1}}
+    return stream_config(tmp_path, broker, {
+        "dataset": {"num_records": 300}, "produce": {"partitions": 2},
+        "train": {"mode": "continuous", "global_batch_size": BATCH, "model": model},
+        "stream": {"eval_every_steps": 10, "report_every_steps": 5, "eval_records": 200, "idle_timeout_s": 90,
+                   "fill_timeout_s": 0.3},
+        "checkpoint": {"dir": "ckpt", "every_steps": 5, "max_restarts": 1}})
+
+
+def run(cfg: KbitConfig, **changes: Any) -> dict[str, Any]:
+    return train(cfg.override(changes), progress=False)
+
+
+def crash_when_training(cfg: KbitConfig, broker: EmbeddedBroker, after_step: int, records: int) -> threading.Thread:
+    """Once the job writes a checkpoint past ``after_step``, crash the broker and bring it back empty; a few seconds
+    later (the trainer finds its offsets gone meanwhile) run the live producer again: it refills what the broker
+    lost from its manifest and goes on to ``records``."""
+    lineage_dir = cfg.run_dir / "ckpt"
+
+    def crash_then_produce() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            steps = [int(c.name.split("-")[1].split(".")[0]) for lineage in ckpt.list_lineages(lineage_dir)
+                     for c in ckpt.list_checkpoints(lineage)]
+            if max(steps, default=0) > after_step:
+                break
+            time.sleep(0.2)
+        crash_and_restart(broker)
+        time.sleep(3)
+        LiveProducer(cfg).run(rate=400, records=records)
+
+    thread = threading.Thread(target=crash_then_produce)
+    thread.start()
+    return thread
+
+
+def test_exactly_once_across_a_killed_rank_a_restarted_job_world_sizes_and_a_broker_crash(
+        tmp_path: Path, own_broker: EmbeddedBroker, fault_models_importable: None, spark: object) -> None:
+    cfg = continuous_config(tmp_path, own_broker, tmp_path / "kills")
+    (tmp_path / "kills").mkdir()
+    LiveProducer(cfg).run(rate=2000, records=640)
+
+    # 2 ranks; rank 1 is SIGKILLed at its 8th step, the driver restarts from the step-5 checkpoint
+    first = run(cfg, **{"stream.stop_after_records": 320})
+    assert (first["restarts"], first["world_size"], first["stop_reason"]) == (1, 2, "records")
+    assert len(list((tmp_path / "kills").iterdir())) == 1
+
+    # the whole job again, on 1 rank: it continues the stopped run's checkpoint
+    second = run(cfg, **{"stream.stop_after_records": 480, "launch.num_processes": 1})
+    assert second["world_size"] == 1 and second["records"] >= 480
+    assert second["records_this_run"] == second["records"] - first["records"]
+
+    # 2 ranks again; once they have trained all 640 records (5 steps on), the broker crashes; the producer refills
+    # it and appends up to 960
+    crasher = crash_when_training(cfg, own_broker, second["steps"] + 4, records=960)
+    third = run(cfg, **{"stream.stop_after_records": 960, "checkpoint.every_steps": 2})
+    crasher.join(timeout=60)
+    assert (third["world_size"], third["records"], third["stop_reason"]) == (2, 960, "records")
+    assert third["resets"] >= 1  # the trainer saw the broker's log fall short of its offsets, and said so
+
+    produced = StreamLog.load(Path(third["stream_manifest"]))
+    result = audit({p: runs for p, runs in enumerate(third["trained"])}, produced.runs(), produced.partitions)
+    assert result.exactly_once, result.summary()
+    assert result.trained == 960
+    assert third["offsets"] == [480, 480]
+    assert third["freshness_s"]["p50"] is not None and third["test_accuracy"] is not None
