@@ -256,7 +256,8 @@ class StreamConfig(Section):
     eval_every_steps: int = Field(200, ge=1, description="Evaluate on the held-out topic every this many steps.")
     eval_records: int = Field(2000, ge=2, description="Records in the held-out topic (half validation, half test).")
     report_every_steps: int = Field(20, ge=1, description="Lag, freshness and throughput window, in steps.")
-    lag_growth_windows: int = Field(5, ge=2, description="Warn when the lag grew in this many windows in a row.")
+    lag_growth_windows: int = Field(5, ge=1, description="Warn when the least lag of a block of this many windows "
+                                                         "rose over three blocks in a row.")
 
     @model_validator(mode="after")
     def _check_start(self) -> StreamConfig:

@@ -3,9 +3,10 @@
 One continuous training run per variant, against a live producer that climbs a staircase of rates: first the
 fixed rate (its stage also absorbs the trainer's start-up), then each rate of ``rates`` for ``stage_s``
 seconds. Every report window of the trainer is placed in the stage it ended in. A stage is *sustained* when the
-trainer trained at least 90 % of the stage's rate and its lag did not grow over the stage by more than half a
-second of records; the answer is the highest rate below which every stage was sustained (the search climbs
-until the first stage that is not). Freshness (produce time to the step that trained the record) is reported
+trainer trained at least 90 % of what the producer achieved in it and its lag did not grow over the stage by more
+than half a second of records; the answer is the highest achieved rate below which every stage was sustained (the
+search climbs until the first stage that is not). A stage whose producer fell short of its target is marked
+``producer_limited``: there the producer, not the trainer, was the bound. Freshness (produce time to the step that trained the record) is reported
 for the fixed-rate stage after the start-up backlog is drained: the median over its windows of each window's
 p50/p95/p99.
 """
@@ -53,7 +54,8 @@ def run_stream_bench(cfg: KbitConfig, variants: list[DataVariant], rates: list[f
         finally:
             producer.join()
         results.append({"variant": variant.name, **_analyse(result["history"], stages, fixed_rate),
-                        "test_accuracy": result["test_accuracy"], "records": result["records_this_run"]})
+                        "test_accuracy": result["test_accuracy"], "records": result["records_this_run"],
+                        "raw": {"stages": stages, "windows": result["history"]}})
     doc = {"rates": rates, "fixed_rate": fixed_rate, "warmup_s": warmup_s, "stage_s": stage_s,
            "world_size": cfg.launch.num_processes, "model": cfg.train.model.name,
            "global_batch_size": cfg.train.global_batch_size, "results": results}
@@ -81,23 +83,26 @@ def _analyse(history: list[dict[str, Any]], stages: list[dict[str, float]], fixe
         if len(windows) < 2:
             per_stage.append({"rate": stage["rate"], "sustained": None, "windows": len(windows)})
             continue
+        produced_rate = stage["produced"] / (stage["end"] - stage["start"])
         seconds = windows[-1]["wall_time"] - windows[0]["wall_time"]
         trained_rate = (windows[-1]["records"] - windows[0]["records"]) / seconds if seconds > 0 else 0.0
         lag_growth = windows[-1]["lag_records"] - windows[0]["lag_records"]
-        sustained = trained_rate >= KEEP_UP * stage["rate"] and lag_growth <= LAG_SLACK_S * stage["rate"]
-        per_stage.append({"rate": stage["rate"], "sustained": sustained, "windows": len(windows),
-                          "trained_rate": trained_rate, "lag_growth_records": lag_growth,
+        sustained = trained_rate >= KEEP_UP * produced_rate and lag_growth <= LAG_SLACK_S * produced_rate
+        per_stage.append({"rate": stage["rate"], "produced_rate": produced_rate,
+                          "producer_limited": produced_rate < KEEP_UP * stage["rate"], "sustained": sustained,
+                          "windows": len(windows), "trained_rate": trained_rate, "lag_growth_records": lag_growth,
                           "lag_end_records": windows[-1]["lag_records"]})
-    max_rate = None
+    max_rate, producer_limited = None, False
     for stage in per_stage[1:]:
         if not stage["sustained"]:
             break
-        max_rate = stage["rate"]
+        max_rate = max(max_rate or 0.0, stage["produced_rate"])
+        producer_limited = stage["producer_limited"]
     warm = [w for w in history if stages and stages[0]["start"] <= w["wall_time"] < stages[0]["end"]
             and w["lag_seconds"] < 1.0 and w["freshness_p50_s"] is not None]
     freshness = {q: (statistics.median(w[f"freshness_{q}_s"] for w in warm) if warm else None)
                  for q in ("p50", "p95", "p99")}
-    return {"max_sustained_rate": max_rate, "freshness_s": freshness, "freshness_windows": len(warm),
+    return {"max_sustained_rate": max_rate, "producer_limited": producer_limited, "freshness_s": freshness, "freshness_windows": len(warm),
             "fixed_rate": fixed_rate, "stages": per_stage}
 
 
@@ -109,7 +114,8 @@ def results_table(doc: dict[str, Any]) -> Table:
         table.add_column(column, justify="right")
     for r in doc["results"]:
         fresh = r["freshness_s"]
-        table.add_row(r["variant"], "-" if r["max_sustained_rate"] is None else f"{r['max_sustained_rate']:,.0f}",
+        rate = "-" if r["max_sustained_rate"] is None else f"{r['max_sustained_rate']:,.0f}"
+        table.add_row(r["variant"], rate + (" (producer-bound)" if r["producer_limited"] else ""),
                       *("-" if fresh[q] is None else f"{fresh[q]:.3f}" for q in ("p50", "p95", "p99")),
                       "-" if r["test_accuracy"] is None else f"{r['test_accuracy']:.4f}")
     return table

@@ -101,6 +101,11 @@ def percentiles(values: Sequence[float] | np.ndarray, qs: Sequence[int] = (50, 9
 
 
 def lag_grows(totals: Sequence[float], windows: int) -> bool:
-    """Whether the lag rose in each of the last ``windows`` report windows (it grows without bound)."""
-    recent = list(totals)[-(windows + 1):]
-    return len(recent) == windows + 1 and all(b > a for a, b in zip(recent, recent[1:]))
+    """Whether the lag grows without bound: its floor (the least lag in a block of ``windows`` report windows) rose
+    over each of the last three blocks. The floor, because a producer that sends in bursts makes the lag a saw
+    tooth that a trainer keeping up still rides."""
+    recent = list(totals)[-3 * windows:]
+    if len(recent) < 3 * windows:
+        return False
+    floors = [min(recent[i:i + windows]) for i in range(0, 3 * windows, windows)]
+    return floors[0] < floors[1] < floors[2]

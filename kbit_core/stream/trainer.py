@@ -236,9 +236,9 @@ class StreamTrainer(Trainer):
         self.stream.history.append(entry)
         self._lag_totals.append(entry["lag_records"])
         if lag_grows(self._lag_totals, self.cfg.stream.lag_growth_windows):
-            warning = (f"lag grows without bound: {entry['lag_records']} records behind at step {entry['step']}, up "
-                       f"in each of the last {self.cfg.stream.lag_growth_windows} windows; the trainer does not keep "
-                       f"up with the producer")
+            warning = (f"lag grows without bound: {entry['lag_records']} records behind at step {entry['step']}, its "
+                       f"floor up over the last {3 * self.cfg.stream.lag_growth_windows} report windows; the trainer "
+                       "does not keep up with the producer")
             log.warning("%s", warning)
             self.lag_warnings.append(warning)
         self.console.print(f"step {entry['step']}: {entry['records']} records, {entry['records_per_s']:.0f}/s, "

@@ -94,3 +94,32 @@ def test_exactly_once_across_a_killed_rank_a_restarted_job_world_sizes_and_a_bro
     assert result.trained == 960
     assert third["offsets"] == [480, 480]
     assert third["freshness_s"]["p50"] is not None and third["test_accuracy"] is not None
+
+
+def test_the_stop_file_stops_every_rank_at_one_step_with_a_final_checkpoint(tmp_path: Path,
+                                                                             own_broker: EmbeddedBroker) -> None:
+    cfg = stream_config(tmp_path, own_broker, {
+        "produce": {"partitions": 2}, "train": {"mode": "continuous", "global_batch_size": BATCH,
+                                                 "model": {"name": "mlp"}},
+        "stream": {"eval_every_steps": 1000, "eval_records": 100, "idle_timeout_s": 60},
+        "checkpoint": {"dir": "ckpt"}})
+    producer = threading.Thread(target=LiveProducer(cfg).run, kwargs={"rate": 100, "duration_s": 40})
+    producer.start()
+    stop_file = cfg.run_dir / "streams" / f"{cfg.stream.topic}.stop"
+
+    def stop_once_training() -> None:  # rank 0 opens its lineage as it starts; a few seconds later it trains
+        deadline = time.monotonic() + 120
+        while not list((cfg.run_dir / "ckpt").glob("*/lineage.json")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(5)
+        stop_file.write_text("stop\n")
+
+    stopper = threading.Thread(target=stop_once_training)
+    stopper.start()
+    result = train(cfg, progress=False)
+    stopper.join()
+    producer.join()
+    assert result["stop_reason"] == "stop file" and result["records"] > 0
+    final = Path(result["checkpoint"])
+    assert final.name == ckpt.checkpoint_name(result["steps"]) + ".pt"  # the last step, checkpointed at the stop
+    assert sum(result["offsets"]) == result["records"]  # positions and counts agree: nothing trained twice

@@ -69,10 +69,11 @@ def test_audit_names_missing_repeated_and_unexpected_indices() -> None:
     assert "1 missing" in result.summary()
 
 
-def test_lag_grows_needs_a_rise_in_every_recent_window() -> None:
-    assert lag_grows([1, 2, 3, 4], windows=3)
-    assert not lag_grows([1, 2, 2, 4], windows=3)
-    assert not lag_grows([1, 2, 3], windows=3)  # too few windows to tell
+def test_lag_grows_when_its_floor_rises_block_after_block() -> None:
+    assert lag_grows([0, 1, 2, 3, 4, 5], windows=2)
+    assert lag_grows([900, 10, 900, 20, 950, 30], windows=2)  # a saw tooth whose floor rises
+    assert not lag_grows([900, 10, 900, 10, 950, 10], windows=2)  # bursts, but the trainer keeps up
+    assert not lag_grows([1, 2, 3, 4, 5], windows=2)  # too few windows to tell
 
 
 def test_percentiles_of_nothing_are_none() -> None:
