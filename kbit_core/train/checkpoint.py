@@ -93,7 +93,9 @@ def lineage_settings(cfg: KbitConfig) -> dict[str, Any]:
     # Absolute, as the ranks see it (the driver hands them driver-relative paths made absolute).
     path = str(dataset.path.expanduser().resolve()) if dataset.path is not None else None
     return {
-        "topic": cfg.produce.topic_for(dataset), "dataset": {**dataset.model_dump(mode="json"), "path": path},
+        "topic": cfg.produce.topic_for(dataset) if cfg.train.mode == "batch"
+        else cfg.stream.topic_for(dataset, cfg.produce),
+        "dataset": {**dataset.model_dump(mode="json"), "path": path},
         "produce.variant": cfg.produce.variant.model_dump(mode="json"), "produce.partitions": cfg.produce.partitions,
         "shard": cfg.shard.model_dump(mode="json"),
         # A stream checkpoint keeps positions per partition, so any world size may continue it.
