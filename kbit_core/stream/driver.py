@@ -27,6 +27,9 @@ def check_continuous(cfg: KbitConfig) -> None:
         raise ConfigError("train.mode=continuous needs produce.variant.records_per_message=1 (the stream's form)")
     if cfg.train.data != "kafka":
         raise ConfigError("train.mode=continuous reads the live topic: train.data must be 'kafka'")
+    if cfg.kafka.client != "confluent":
+        raise ConfigError("train.mode=continuous reads with the confluent client (kafka.client=confluent): it needs "
+                          "each fetch's high watermark for the lag")
     assign_partitions(cfg.produce.partitions, cfg.launch.num_processes)
 
 

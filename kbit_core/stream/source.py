@@ -65,13 +65,11 @@ class StreamBatch:
 
 
 class StreamSource:
-    """Reads ``partitions`` of ``topic``; see the module docstring. Not thread-safe: the training loop owns it."""
+    """Reads ``partitions`` of ``topic`` with confluent-kafka (each fetch's high watermark gives the lag); see the
+    module docstring. Not thread-safe: the training loop owns it."""
 
     def __init__(self, cfg: KbitConfig, codec: Codec, topic: str, partitions: tuple[int, ...],
                  num_partitions: int) -> None:
-        if cfg.kafka.client != "confluent":
-            raise ConfigError("train.mode=continuous reads with the confluent client (kafka.client=confluent): "
-                              "it needs each fetch's high watermark for the lag")
         self.cfg, self.codec, self.topic = cfg, codec, topic
         self.partitions, self.num_partitions = partitions, num_partitions
         self.positions: dict[int, PartitionPosition] = {}

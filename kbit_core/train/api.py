@@ -31,7 +31,8 @@ def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
     dataset's topic or reuse it (``produce_dataset``); run ``train_main`` on every rank through the engine
     ``launch.engine`` names (TorchDistributor or Ray Train); when a worker fails, restart from the latest checkpoint up to
     ``checkpoint.max_restarts`` times; track params, per-epoch/per-step metrics and the final model
-    in MLflow (when ``tracking.enabled``).
+    in MLflow (when ``tracking.enabled``). ``train.mode: continuous`` trains on the live stream instead
+    (:func:`kbit_core.stream.driver.train_continuous`: no produce step, the same restarts and tracking).
 
     Raises:
         DistributedError: a worker failed and no restart was left (or the failure is not one a restart fixes).

@@ -35,6 +35,7 @@ def test_bad_stream_settings_name_the_field(stream: dict[str, object], message: 
     ({"produce.variant.records_per_message": 4}, "records_per_message=1"),
     ({"train.data": "memory"}, "train.data must be 'kafka'"),
     ({"produce.partitions": 1}, "launch.num_processes=2"),
+    ({"kafka.client": "kafka-python"}, "kafka.client=confluent"),
 ])
 def test_the_driver_refuses_what_continuous_training_cannot_do(changes: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
