@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -108,3 +109,20 @@ def test_records_the_manifest_does_not_know_are_refused(tmp_path: Path, own_brok
     stranger.flush(10)
     with pytest.raises(TopicError, match="another producer"):
         LiveProducer(cfg).run(rate=5000, records=9)
+
+
+def test_the_cli_flag_runs_the_live_producer(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
+    from typer.testing import CliRunner
+
+    from kbit_core.cli import app
+
+    cfg = stream_config(tmp_path, own_broker)
+    args = ["produce", "--stream", "--rate", "500", "--records", "25", "--topic", cfg.stream.topic, "--json",
+            "--set", f"workdir={cfg.workdir}", "--set", f"kafka.embedded.port={own_broker.port}",
+            "--set", "produce.variant.format=raw", "--set", "produce.variant.layout=bytes"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["topic"], summary["produced"], summary["next_index"]) == (cfg.stream.topic, 25, 25)
+    assert summary["target_rate"] == 500 and summary["achieved_rate"] > 0
+    assert len(read_all(cfg, cfg.stream.topic)) == 25
