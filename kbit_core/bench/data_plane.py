@@ -271,13 +271,15 @@ def evaluate_targets(rows: Sequence[DataPlaneRow], rss: dict[str, Any] | None) -
 def run_data_plane(cfg: KbitConfig, *, records: int | None = None, variants: Sequence[DataVariant] | None = None,
                    clients: Sequence[ClientName] | None = None, repeats: int = 3,
                    rss_sizes: Sequence[int] | None = DEFAULT_RSS_RECORDS, keep_topics: bool = False,
-                   progress: bool = True) -> dict[str, Any]:
-    """Run the whole benchmark and return the JSON-able results (meta, rows, rss, targets)."""
+                   progress: bool = True, ray_peer: bool = False) -> dict[str, Any]:
+    """Run the whole benchmark and return the JSON-able results (meta, rows, rss, targets; with ``ray_peer``,
+    ``ray_read_kafka``: ray.data.read_kafka on each topic next to these rows, see :mod:`.ray_data_peer`)."""
     bench_cfg = _bench_config(cfg, records)
     variants = list(variants or cfg.bench.variants)
     clients = list(clients or cfg.bench.clients)
     admin.require_embedded_listening(bench_cfg.kafka)
     rows: list[DataPlaneRow] = []
+    peers: list[dict[str, Any]] = []
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("data-plane benchmark", total=len(variants) * len(clients))
         for variant in variants:
@@ -287,6 +289,10 @@ def run_data_plane(cfg: KbitConfig, *, records: int | None = None, variants: Seq
                     bar.update(task, description=f"{variant.name} [{client}]")
                     rows.append(measure_variant(bench_cfg, manifest, client, repeats))
                     bar.advance(task)
+                if ray_peer:
+                    from kbit_core.bench.ray_data_peer import compare
+
+                    peers.append(compare(bench_cfg, manifest, [asdict(r) for r in rows[-len(clients):]], repeats))
             finally:
                 if created and not keep_topics:
                     _drop_topic(bench_cfg, manifest)
@@ -303,6 +309,7 @@ def run_data_plane(cfg: KbitConfig, *, records: int | None = None, variants: Seq
         "rows": [asdict(r) for r in rows],
         "rss": rss,
         "targets": evaluate_targets(rows, rss),
+        **({"ray_read_kafka": peers} if ray_peer else {}),
     }
 
 

@@ -40,6 +40,8 @@ def register(app: typer.Typer) -> None:
         rss_records: Annotated[str, typer.Option("--rss-records", help="Small,large topic sizes for the RSS check.")]
         = "60000,600000",
         keep_topics: Annotated[bool, typer.Option("--keep-topics", help="Keep the topics this run produced.")] = False,
+        ray_peer: Annotated[bool, typer.Option("--ray-peer", help="Also read each topic with ray.data.read_kafka "
+                                                                  "(the `ray` extra) and compare.")] = False,
         output: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the results JSON here.")] = None,
         markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Write the tables as markdown here.")]
         = None,
@@ -56,7 +58,7 @@ def register(app: typer.Typer) -> None:
         results = run_guarded(
             data_plane.run_data_plane, cfg, records=records, variants=chosen, clients=clients or None,
             repeats=repeats, rss_sizes=_sizes(rss_records) if rss else None, keep_topics=keep_topics,
-            progress=not as_json,
+            progress=not as_json, ray_peer=ray_peer,
         )
         if output:
             output.parent.mkdir(parents=True, exist_ok=True)
@@ -69,5 +71,9 @@ def register(app: typer.Typer) -> None:
             return
         out.print(data_plane.results_table(results))
         out.print(data_plane.targets_table(results))
+        if ray_peer:
+            from kbit_core.bench.ray_data_peer import peer_table
+
+            out.print(peer_table(results["ray_read_kafka"]))
         if output:
             out.print(f"results: {output}")
