@@ -91,8 +91,8 @@ def terminate_like_interrupt() -> None:
         handler = signal.getsignal(signal.SIGINT)
         if callable(handler):
             handler(signal.SIGINT, frame)
-        else:
-            raise KeyboardInterrupt
+        # A handler that only records the interrupt (some libraries install one) must not swallow a SIGTERM.
+        raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_sigterm)
 

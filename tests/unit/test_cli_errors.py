@@ -63,3 +63,17 @@ def test_sigterm_raises_keyboard_interrupt_through_the_sigint_handler():
             os.kill(os.getpid(), signal.SIGTERM)  # Python runs the handler before the next bytecode
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_still_interrupts_when_the_sigint_handler_only_takes_note():
+    noted: list[int] = []
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))  # as some libraries install
+        common.terminate_like_interrupt()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert noted == [signal.SIGINT]  # the SIGINT handler in force still ran first (Spark cancels its jobs there)
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
