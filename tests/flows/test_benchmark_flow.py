@@ -16,7 +16,7 @@ from kbit_core.kafka.broker import EmbeddedBroker
 from tasks.bench import RegressionError, compare_with_baseline, fail_on_regressions
 from tests.flows.helpers import delete_topics, flow_overrides, task_runs
 
-TINY_BENCH = {"bench": {"iterations": 2, "warmup_iterations": 0, "bootstrap_resamples": 100, "decoders": ["fast"],
+TINY_BENCH = {"bench": {"iterations": 2, "warmup_iterations": 0, "bootstrap_resamples": 100, "decoders": None,
                         "variants": [{"format": "raw", "layout": "bytes", "compression": "none"}]},
               "tracking": {"system_metrics": False}}
 
