@@ -31,15 +31,14 @@ from pydantic import TypeAdapter
 from kbit_core import wire
 from kbit_core.config import KbitConfig
 from kbit_core.errors import DistributedError
-from kbit_core.launch.failures import ExecutorLoss, OutputTail, RankExit, executor_loss, rank_exits, rank_lines
+from kbit_core.launch.failures import (ExecutorLoss, OutputTail, RankExit, executor_loss, is_peer_failure,
+                                      rank_exits, rank_lines)
 from kbit_core.launch.spark import check_barrier_slots, clean_worker_tmp, get_spark, spark_dir, wait_for_executors
 
 log = logging.getLogger(__name__)
 
 _RESULT_KEY = "kbit/rank0-result"
 _MAX_SECONDARY_LINES = 8
-_PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "DistBackendError",
-                         "DistNetworkError", "DistStoreError", "ProcessGroupGloo", "NCCL communicator was aborted")
 
 # One TorchDistributor run at a time per process: runs share the session's worker TMPDIR and errors dir.
 _run_lock = threading.Lock()
@@ -192,7 +191,7 @@ def _worker_failure(exc: Exception, errors: Path, cfg: KbitConfig, output: str) 
     text = f"{output}\n{exc}"  # cluster mode: the task's exception carries its torchrun output tail
     exits = {e.rank: e for e in rank_exits(text)}
     reports = _rank_reports(errors)
-    own = [(rank, report) for rank, report in reports if not _is_peer_failure(report)]
+    own = [(rank, report) for rank, report in reports if not is_peer_failure(report)]
     if own:
         return _raised(own + [r for r in reports if r not in own], exits, cfg, errors)
     reported = {rank for rank, _ in reports}
@@ -237,11 +236,6 @@ def _died(exit_: RankExit, output: str, cfg: KbitConfig) -> RankDiedError:
     message = "\n".join([f"distributed run failed ({_describe(cfg)}): {exit_.describe()}, with no Python error "
                          f"(an OOM kill, a segfault, a kill -9 or a lost host); its last lines:", *tail])
     return RankDiedError(message, exit_)
-
-
-def _is_peer_failure(traceback_text: str) -> bool:
-    # A rank whose collective broke because a peer died reports after the peer itself, but is not the cause.
-    return any(marker in traceback_text for marker in _PEER_FAILURE_MARKERS)
 
 
 def _rank_reports(errors: Path) -> list[tuple[str, str]]:

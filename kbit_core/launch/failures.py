@@ -27,6 +27,8 @@ _ROOT_CAUSE = "Root Cause (first observed failure):"
 _RANK_LINE = re.compile(r"^\[rank(?P<rank>\d+)\]:")
 
 
+_PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "DistBackendError",
+                         "DistNetworkError", "DistStoreError", "ProcessGroupGloo", "NCCL communicator was aborted")
 _EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(executor (?P<executor>[\w.-]+) exited")
 _EXECUTOR_HOST = r"(?:Lost executor {id} on (?P<lost>[^\s:]+)|\((?P<task>[^\s()]+) executor {id}\))"
 _BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (?P<partition>\d+)\) finished unsuccessfully")
@@ -94,6 +96,11 @@ def _find_all(text: str, needle: str) -> Iterator[int]:
     while at >= 0:
         yield at
         at = text.find(needle, at + 1)
+
+
+def is_peer_failure(traceback_text: str) -> bool:
+    """Whether a rank's traceback is a broken collective: it reports after the peer that died, but is not the cause."""
+    return any(marker in traceback_text for marker in _PEER_FAILURE_MARKERS)
 
 
 def rank_lines(output: str, rank: int, limit: int) -> list[str]:

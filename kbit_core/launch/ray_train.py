@@ -31,7 +31,8 @@ from pydantic import TypeAdapter
 from kbit_core import wire
 from kbit_core.config import KbitConfig, is_loopback
 from kbit_core.errors import ConfigError, DistributedError
-from kbit_core.launch.distributor import RankDiedError, RankEntry, WorkerFailedError, _is_peer_failure
+from kbit_core.launch.distributor import RankDiedError, RankEntry, WorkerFailedError
+from kbit_core.launch.failures import is_peer_failure
 from kbit_core.service import port_open
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ def _worker_failure(exc: Exception, cfg: KbitConfig) -> DistributedError:
                           for rank, error in exc.worker_failures.items())
         died = [(rank, error) for rank, error in failures if isinstance(error, RayActorError)]
         raised = [(rank, error) for rank, error in failures if not isinstance(error, RayActorError)]
-        own = [(rank, error) for rank, error in raised if not _is_peer_failure(_text(error))]
+        own = [(rank, error) for rank, error in raised if not is_peer_failure(_text(error))]
         if own:
             return _raised(where, *own[0])
         if died:  # the peers' "connection reset" errors are its consequence
