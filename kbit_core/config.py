@@ -320,8 +320,9 @@ class LaunchConfig(Section):
     block_manager_port: int | None = Field(None, ge=1, le=65535,
                                            description="spark.driver.blockManager.port; unset = random.")
     spark_conf: dict[str, str] = Field(default_factory=dict)
-    engine: Literal["spark", "ray"] = Field("spark", description="Who starts the ranks: Spark's TorchDistributor "
-                                           "or Ray Train's TorchTrainer (the `ray` extra).")
+    engine: Literal["spark", "ray", "torchrun"] = Field(
+        "spark", description="Who starts the ranks: Spark's TorchDistributor, Ray Train's TorchTrainer (the `ray` "
+        "extra), or plain `torchrun --standalone` on this host (no Spark or Java; one machine only).")
     ray_address: str | None = Field(None, description="Ray cluster to join: 'host:port' of a head, 'ray://host:port' "
                                     "(Ray Client) or 'auto'; unset = the head `kbit stack up --ray` started on "
                                     "127.0.0.1:ray_head_port, else a Ray runtime private to this process.")
@@ -340,6 +341,8 @@ class LaunchConfig(Section):
     def _check_launch(self) -> LaunchConfig:
         if self.engine == "ray":
             return self._check_ray()
+        if self.engine == "torchrun":
+            return self
         if self.master.startswith(("spark://", "yarn", "k8s://")):
             for name in ("driver_host", "driver_bind_address"):
                 if is_loopback(getattr(self, name)):
@@ -410,7 +413,7 @@ class BenchConfig(Section):
     decoders: list[Literal["fast", "stock"]] | None = Field(
         None, description="Decoders to measure (kbit's fast path and each format's stock library), a matrix "
                           "dimension; unset = reader.decoder only.")
-    engines: list[Literal["spark", "ray"]] | None = Field(
+    engines: list[Literal["spark", "ray", "torchrun"]] | None = Field(
         None, description="Launchers to measure under, a matrix dimension; unset = launch.engine only.")
 
 

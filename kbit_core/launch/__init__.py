@@ -1,4 +1,5 @@
-"""Launching distributed work: one dispatch point, :func:`launch`, over Spark's TorchDistributor and Ray Train."""
+"""Launching distributed work: one dispatch point, :func:`launch`, over Spark's TorchDistributor, Ray Train and
+plain torchrun."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from kbit_core.config import KbitConfig
 def launch(entry: Any, cfg: KbitConfig, *args: Any, result_type: Any = None) -> Any:
     """Run ``entry(cfg, *args)`` on every rank with the engine ``launch.engine`` names; rank 0's result, typed.
 
-    Both engines share one contract (see :func:`kbit_core.launch.distributor.run_distributed`): the config
+    All engines share one contract (see :func:`kbit_core.launch.distributor.run_distributed`): the config
     crosses once as JSON, arguments and the result as kbit wire JSON, and a failure raises a
     ``WorkerFailedError`` (``RankDiedError`` when a rank's process died).
     """
@@ -18,6 +19,10 @@ def launch(entry: Any, cfg: KbitConfig, *args: Any, result_type: Any = None) -> 
         from kbit_core.launch.ray_train import run_ray
 
         return run_ray(entry, cfg, *args, result_type=result_type)
+    if cfg.launch.engine == "torchrun":
+        from kbit_core.launch.torchrun import run_torchrun
+
+        return run_torchrun(entry, cfg, *args, result_type=result_type)
     from kbit_core.launch.distributor import run_distributed
 
     return run_distributed(entry, cfg, *args, result_type=result_type)

@@ -3,7 +3,7 @@
 The hand-off is data only: each rank gets the config as JSON once and builds its own ``KbitConfig``;
 arguments and rank 0's result travel as kbit wire JSON. TorchDistributor reports any worker failure as a
 generic RuntimeError (local_mode=True) or Py4JJavaError (local_mode=False); here each rank runs inside
-:func:`_run_rank`, which writes its own traceback to ``<run_dir>/errors/rank<r>.txt`` before re-raising,
+:func:`run_rank`, which writes its own traceback to ``<run_dir>/errors/rank<r>.txt`` before re-raising,
 and the torchrun agents' failure summaries are read from the relayed output, so the driver raises one
 error naming the rank that caused the failure: its own Python error, or how its process died.
 """
@@ -57,7 +57,7 @@ class ExecutorLostError(WorkerFailedError):
 
     def __init__(self, loss: ExecutorLoss, cfg: KbitConfig) -> None:
         rank = f"rank{loss.rank}" if loss.rank is not None else "a rank"
-        message = (f"distributed run failed ({_describe(cfg)}): Spark lost executor {loss.executor} on host "
+        message = (f"distributed run failed ({describe(cfg)}): Spark lost executor {loss.executor} on host "
                    f"{loss.host or 'unknown'} (its JVM or its host died), and {rank} with it")
         super().__init__(message, rank=rank, exception_type="ExecutorLostFailure", host=loss.host)
         self.loss = loss
@@ -106,29 +106,31 @@ def run_distributed(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: 
             distributor = TorchDistributor(num_processes=launch.num_processes, local_mode=launch.local_mode,
                                            use_gpu=launch.use_gpu)
         except RuntimeError as exc:
-            raise DistributedError(f"TorchDistributor refused launch settings {_describe(cfg)}: {exc}") from exc
-        log.info("launching %s on %s", getattr(entry, "__qualname__", entry), _describe(cfg))
+            raise DistributedError(f"TorchDistributor refused launch settings {describe(cfg)}: {exc}") from exc
+        log.info("launching %s on %s", getattr(entry, "__qualname__", entry), describe(cfg))
         with _run_tmpdir(cfg.run_dir):
             tail = OutputTail()
             try:
                 with tail.capturing():
-                    text = distributor.run(_run_rank, entry, cfg.to_secret_json(), wire.dumps(list(args)),
+                    text = distributor.run(run_rank, entry, cfg.to_secret_json(), wire.dumps(list(args)),
                                            str(errors))
             except Exception as exc:
-                raise _worker_failure(exc, errors, cfg, tail.text()) from exc
+                raise worker_failure(exc, errors, cfg, tail.text()) from exc
             finally:
                 clean_worker_tmp()
     result = wire.loads(text)
     return result if result_type is None else TypeAdapter(result_type).validate_python(result)
 
 
-def _describe(cfg: KbitConfig) -> str:
+def describe(cfg: KbitConfig) -> str:
     launch = cfg.launch
+    if launch.engine == "torchrun":
+        return f"torchrun --standalone nproc_per_node={launch.num_processes} use_gpu={launch.use_gpu}"
     return (f"num_processes={launch.num_processes} local_mode={launch.local_mode} "
             f"use_gpu={launch.use_gpu} master={launch.master}")
 
 
-def _run_rank(entry: RankEntry, config_json: str, args_json: str, error_dir: str) -> str:
+def run_rank(entry: RankEntry, config_json: str, args_json: str, error_dir: str) -> str:
     """Per-rank wrapper: build the config, run ``entry``, record a failure's traceback; rank 0's result as JSON."""
     rank = int(os.environ.get("RANK", "0"))
     try:
@@ -181,7 +183,7 @@ def _rank0_result(text: str, rank: int, timeout_s: float) -> str:
     return store.get(_RESULT_KEY).decode()
 
 
-def _worker_failure(exc: Exception, errors: Path, cfg: KbitConfig, output: str) -> DistributedError:
+def worker_failure(exc: Exception, errors: Path, cfg: KbitConfig, output: str) -> DistributedError:
     """One typed error for a failed run, decided from torchrun's records and the ranks' own tracebacks.
 
     A rank's own Python error wins; otherwise a rank that died without one (killed by a signal other than
@@ -212,7 +214,7 @@ def _worker_failure(exc: Exception, errors: Path, cfg: KbitConfig, output: str) 
             f"(local_mode=false needs one free task slot per process); add executors/cores or use local_mode=true"
         )
     return DistributedError(
-        f"distributed run failed ({_describe(cfg)}) before any worker reported a Python error; "
+        f"distributed run failed ({describe(cfg)}) before any worker reported a Python error; "
         f"Spark said: {message[-3000:]}"
     )
 
@@ -222,7 +224,7 @@ def _raised(reports: list[tuple[str, str]], exits: dict[int, RankExit], cfg: Kbi
     (first, text), *others = reports
     exit_ = exits.get(int(first.removeprefix("rank")))
     where = f" on host {exit_.host}" if exit_ else ""
-    lines = [f"distributed run failed ({_describe(cfg)}); {first}{where} raised:", text]
+    lines = [f"distributed run failed ({describe(cfg)}); {first}{where} raised:", text]
     for rank, other in others:
         lines.append(f"--- {rank} also failed:")
         lines.extend(other.splitlines()[-_MAX_SECONDARY_LINES:])
@@ -233,7 +235,7 @@ def _raised(reports: list[tuple[str, str]], exits: dict[int, RankExit], cfg: Kbi
 
 def _died(exit_: RankExit, output: str, cfg: KbitConfig) -> RankDiedError:
     tail = rank_lines(output, exit_.rank, _MAX_SECONDARY_LINES) or ["(no output of its own)"]
-    message = "\n".join([f"distributed run failed ({_describe(cfg)}): {exit_.describe()}, with no Python error "
+    message = "\n".join([f"distributed run failed ({describe(cfg)}): {exit_.describe()}, with no Python error "
                          f"(an OOM kill, a segfault, a kill -9 or a lost host); its last lines:", *tail])
     return RankDiedError(message, exit_)
 

@@ -189,6 +189,8 @@ class DeepSpeedEngine(Engine):
 
         use_weights_only_loading(self.ds)
         self.input_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(train.precision, torch.float32)
+        if self.input_dtype != torch.float32:
+            _match_buffers_to_parameters(self.ds.module)
         self.ema = build_ema(self.ds.module, train.ema_decay) if train.ema_decay else None
 
     def accumulation(self, boundary: bool) -> contextlib.AbstractContextManager[object]:
@@ -264,6 +266,22 @@ def _checkpoint_children(model: nn.Module, checkpoint_fn: Any) -> nn.Module:
     for child_name, child in list(model.named_children()):
         setattr(model, child_name, _Checkpointed(child, checkpoint_fn))
     return model
+
+
+def _match_buffers_to_parameters(model: nn.Module) -> None:
+    """Give each module's floating-point buffers its parameters' dtype.
+
+    DeepSpeed's fp16/bf16 modes cast parameters but not buffers, and CUDA's batch norm refuses a half weight
+    with float running statistics ("Expected running_mean to have type Half but got Float").
+    """
+    for module in model.modules():
+        dtypes = {p.dtype for p in module.parameters(recurse=False)}
+        if len(dtypes) != 1:
+            continue
+        dtype = dtypes.pop()
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.is_floating_point() and buffer.dtype != dtype:
+                setattr(module, name, buffer.to(dtype))
 
 
 def build_engine(model: nn.Module, cfg: KbitConfig, env: DistEnv, steps_per_epoch: int, total_steps: int,

@@ -80,3 +80,20 @@ def test_unimportable_deepspeed_falls_back_to_ddp_with_a_warning(monkeypatch: py
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # restored afterwards: import_deepspeed sets it for CPU ranks
     with pytest.warns(RuntimeWarning, match="deepspeed cannot be imported .* falling back to DDP"):
         assert import_deepspeed(torch.device("cpu")) is None
+
+
+def test_norm_statistics_follow_parameters_that_deepspeed_cast_to_half():
+    """DeepSpeed fp16 halves parameters only; CUDA batch norm then refuses float running statistics."""
+    import torch
+    from torch import nn
+
+    from kbit_core.train.engine import _match_buffers_to_parameters
+
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4))
+    for parameter in model.parameters():
+        parameter.data = parameter.data.half()
+    _match_buffers_to_parameters(model)
+    norm = model[1]
+    assert norm.running_mean.dtype == norm.running_var.dtype == torch.float16
+    assert norm.num_batches_tracked.dtype == torch.int64  # counters stay integers
+    assert dict(model.named_buffers()).keys() == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}

@@ -10,7 +10,7 @@ import pytest
 from kbit_core.config import KbitConfig, LaunchConfig
 from kbit_core.errors import DistributedError
 from kbit_core.launch.distributor import (ExecutorLostError, RankDiedError, WorkerFailedError, _exception_type,
-                                         _worker_failure)
+                                         worker_failure)
 from kbit_core.launch.spark import spark_conf
 
 
@@ -83,7 +83,7 @@ def test_the_rank_that_raised_is_blamed_not_the_peer_that_lost_it(tmp_path: Path
     (tmp_path / "rank1.txt").write_text("Traceback ...\nValueError: bad labels")
     os.utime(tmp_path / "rank1.txt", (1, 1))  # the cause wrote its file later than the victim
     os.utime(tmp_path / "rank0.txt", (0, 0))
-    error = _worker_failure(RuntimeError("TorchDistributor failed"), tmp_path, KbitConfig(), "")
+    error = worker_failure(RuntimeError("TorchDistributor failed"), tmp_path, KbitConfig(), "")
     assert (type(error), error.rank, error.exception_type) == (WorkerFailedError, "rank1", "ValueError")
     assert str(error).index("rank1") < str(error).index("--- rank0 also failed")
 
@@ -93,7 +93,7 @@ def test_a_killed_rank_is_blamed_from_torchruns_record_even_when_only_its_peer_w
     output = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\nRoot Cause (first observed "
               "failure):\n[0]:\n  time      : 2026-11-22_12:45:34\n  host      : node2\n  rank      : 1 "
               "(local_rank: 0)\n  exitcode  : -9 (pid: 4242)  (SIGKILL)\n")
-    error = _worker_failure(RuntimeError("TorchDistributor failed"), tmp_path, KbitConfig(), output)
+    error = worker_failure(RuntimeError("TorchDistributor failed"), tmp_path, KbitConfig(), output)
     assert isinstance(error, RankDiedError)
     assert (error.rank, error.host, error.exception_type) == ("rank1", "node2", "SIGKILL")
     assert "rank 1 on host node2 (pid 4242) killed by SIGKILL" in str(error)
@@ -104,7 +104,7 @@ def test_a_lost_executor_is_blamed_over_the_peer_it_disconnected(tmp_path: Path)
     spark_said = ("Could not recover from a failed barrier ResultStage. Most recent failure reason: Stage failed "
                   "because barrier task ResultTask(0, 1) finished unsuccessfully.\nExecutorLostFailure (executor 1 "
                   "exited caused by one of the running tasks) Reason: Command exited with code 137")
-    error = _worker_failure(RuntimeError(spark_said), tmp_path, KbitConfig(), "")
+    error = worker_failure(RuntimeError(spark_said), tmp_path, KbitConfig(), "")
     assert isinstance(error, ExecutorLostError) and (error.rank, error.exception_type) == ("rank1", "ExecutorLostFailure")
 
 

@@ -13,10 +13,12 @@ def _run(samples_per_s: float, final_loss: float = 0.5) -> dict:
     return {"samples_per_s": samples_per_s, "data_wait_fraction": 0.05, "loss_curve": [2.0, final_loss]}
 
 
-def _summary(kafka: list[float], memory: list[float], overheads: dict) -> dict:
+def _summary(kafka: list[float], memory: list[float], overheads: dict, torchrun_stream: float = 1000.0) -> dict:
+    """The config's launcher is TorchDistributor local mode, so its streamed run is ``kafka_stream``."""
     cfg = KbitConfig.from_dict({"train": {"global_batch_size": 64}})
     samples = {"kafka_stream": [_run(v) for v in kafka], "memory": [_run(v) for v in memory],
-               "deepspeed_zero1": [_run(v) for v in (800.0, 1000.0, 1200.0)]}
+               "deepspeed_zero1": [_run(v) for v in (800.0, 1000.0, 1200.0)],
+               "torchrun_stream": [_run(torchrun_stream)], "distributor_cluster_mode_stream": [_run(500.0)]}
     return _summarize(cfg, "topic", "deepspeed_zero1", samples, overheads, repeats=3)
 
 
@@ -25,6 +27,9 @@ def test_ratios_are_medians_against_the_same_run_baselines():
                    {"torchrun": [2.0, 3.0, 4.0], "distributor_local_mode": [4.0, 6.0, 5.0],
                     "distributor_cluster_mode": [15.0, 16.0, 14.0]})
     assert doc["throughput"]["kafka_vs_memory"] == pytest.approx(0.95)
+    assert doc["config"]["launcher"] == "distributor_local_mode"
+    assert doc["stream_samples_per_s_by_launcher"]["vs_torchrun"] == pytest.approx(
+        {"distributor_local_mode": 0.95, "distributor_cluster_mode": 0.5})
     assert doc["throughput"]["meets_target"] is True
     assert doc["launch_overhead_s"]["vs_torchrun"] == pytest.approx({"distributor_local_mode": 5.0 / 3.0,
                                                                       "distributor_cluster_mode": 5.0})
