@@ -1,6 +1,6 @@
 """The benchmark protocol: the experiment matrix, warm-up plus measured iterations, reports and tracking.
 
-One iteration is one launcher job per world size and engine (TorchDistributor or Ray Train: fresh worker
+One iteration is one launcher job per world size and engine (TorchDistributor, Ray Train or torchrun: fresh worker
 processes, as in the original) that runs every configuration once, in an order shuffled per iteration from
 ``(bench.seed, iteration)`` so broker caches and neighbour noise hit all configurations alike. Warm-up
 iterations run the same way and are recorded but excluded from every statistic. Topic production and the job

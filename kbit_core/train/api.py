@@ -29,7 +29,7 @@ def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
 
     Steps: start the embedded broker when the config uses it and nothing listens there; produce the
     dataset's topic or reuse it (``produce_dataset``); run ``train_main`` on every rank through the engine
-    ``launch.engine`` names (TorchDistributor or Ray Train); when a worker fails, restart from the latest checkpoint up to
+    ``launch.engine`` names (TorchDistributor, Ray Train or plain torchrun); when a worker fails, restart from the latest checkpoint up to
     ``checkpoint.max_restarts`` times; track params, per-epoch/per-step metrics and the final model
     in MLflow (when ``tracking.enabled``). ``train.mode: continuous`` trains on the live stream instead
     (:func:`kbit_core.stream.driver.train_continuous`: no produce step, the same restarts and tracking).

@@ -10,6 +10,8 @@ import pytest
 from kbit_core.errors import DistributedError
 from kbit_core.launch import launch
 from kbit_core.launch.distributor import RankDiedError, WorkerFailedError, errors_dir
+from kbit_core.train.api import train
+from tests.conftest import SMALL_TRAINING
 from tests.integration.test_launch import fail_on_rank, rank_report
 
 
@@ -60,3 +62,15 @@ def test_an_entry_the_ranks_cannot_import_is_refused_before_launch(torchrun_conf
 
     with pytest.raises(DistributedError, match="not a module-level function"):
         launch(local_entry, torchrun_config)
+
+
+def test_training_restarts_from_its_checkpoint_after_a_worker_failure(make_config, topic_name, tmp_path,
+                                                                      fault_models_importable):
+    marker = tmp_path / "fault-fired"
+    cfg = make_config(SMALL_TRAINING, produce__topic=topic_name, launch__engine="torchrun",
+                      train__model={"name": "fault_models:crash_once", "kwargs": {"at_step": 15, "marker": str(marker)}},
+                      checkpoint={"dir": "checkpoints", "every_steps": 10, "max_restarts": 1})
+    result = train(cfg, progress=False)
+    assert marker.exists(), "the fault never fired, so nothing was restarted"
+    assert result["restarts"] == 1 and result["steps"] == 25
+    assert result["world_size"] == 2 and result["backend"] == "gloo"
