@@ -1,5 +1,5 @@
 """Continuous training on a live stream, end to end on the real broker and Spark: exactly-once across a killed
-rank, a whole-job restart, world sizes 2 -> 1 -> 2 and a broker that crashes and comes back empty."""
+rank, a whole-job restart, world sizes 2 -> 1 -> 3 and a broker that crashes and comes back empty."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from tests.stream.stream_fixtures import crash_and_restart, stream_config
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 
 BATCH = 32
+PARTITIONS = 3  # 3 ranks need 3 partitions: a rank without one is a config error
 
 
 def continuous_config(tmp_path: Path, broker: EmbeddedBroker, marker_dir: Path) -> KbitConfig:
@@ -30,7 +31,7 @@ def continuous_config(tmp_path: Path, broker: EmbeddedBroker, marker_dir: Path) 
     model = {"name": "fault_models:kill_each_attempt",
              "kwargs": {"at_step": 8, "marker_dir": str(marker_dir), "times": 1}}
     return stream_config(tmp_path, broker, {
-        "dataset": {"num_records": 300}, "produce": {"partitions": 2},
+        "dataset": {"num_records": 300}, "produce": {"partitions": PARTITIONS},
         "train": {"mode": "continuous", "global_batch_size": BATCH, "model": model},
         "stream": {"eval_every_steps": 10, "report_every_steps": 5, "eval_records": 200, "idle_timeout_s": 90,
                    "fill_timeout_s": 0.3},
@@ -64,7 +65,7 @@ def crash_when_training(cfg: KbitConfig, broker: EmbeddedBroker, after_step: int
     return thread
 
 
-def test_exactly_once_across_a_killed_rank_a_restarted_job_world_sizes_and_a_broker_crash(
+def test_exactly_once_across_a_killed_rank_a_restarted_job_world_sizes_2_1_3_and_a_broker_crash(
         tmp_path: Path, own_broker: EmbeddedBroker, fault_models_importable: None, spark: object) -> None:
     cfg = continuous_config(tmp_path, own_broker, tmp_path / "kills")
     (tmp_path / "kills").mkdir()
@@ -74,25 +75,31 @@ def test_exactly_once_across_a_killed_rank_a_restarted_job_world_sizes_and_a_bro
     first = run(cfg, **{"stream.stop_after_records": 320})
     assert (first["restarts"], first["world_size"], first["stop_reason"]) == (1, 2, "records")
     assert len(list((tmp_path / "kills").iterdir())) == 1
+    # rank 0 reads partitions 0 and 2 merged in stream-index order, rank 1 partition 1 alone: twice as far
+    offsets = first["offsets"]
+    assert abs(offsets[0] - offsets[2]) <= 1 and offsets[1] > max(offsets[0], offsets[2])
 
-    # the whole job again, on 1 rank: it continues the stopped run's checkpoint
-    second = run(cfg, **{"stream.stop_after_records": 480, "launch.num_processes": 1})
-    assert second["world_size"] == 1 and second["records"] >= 480
+    # the whole job again, on 1 rank: it continues the stopped run's checkpoint; merging all three partitions in
+    # index order, it trains the two behind until every partition stands at the one ahead
+    caught_up = PARTITIONS * max(offsets)
+    second = run(cfg, **{"stream.stop_after_records": caught_up, "launch.num_processes": 1})
+    assert second["world_size"] == 1 and second["records"] >= caught_up
     assert second["records_this_run"] == second["records"] - first["records"]
+    assert max(second["offsets"]) - min(second["offsets"]) <= 1
 
-    # 2 ranks again; once they have trained all 640 records (5 steps on), the broker crashes; the producer refills
-    # it and appends up to 960
+    # 3 ranks, one partition each; 5 steps on (the backlog holds at least 5 batches a rank), the broker crashes;
+    # the producer refills it and appends up to 960
     crasher = crash_when_training(cfg, own_broker, second["steps"] + 4, records=960)
-    third = run(cfg, **{"stream.stop_after_records": 960, "checkpoint.every_steps": 2})
+    third = run(cfg, **{"stream.stop_after_records": 960, "launch.num_processes": 3, "checkpoint.every_steps": 1})
     crasher.join(timeout=60)
-    assert (third["world_size"], third["records"], third["stop_reason"]) == (2, 960, "records")
+    assert (third["world_size"], third["records"], third["stop_reason"]) == (3, 960, "records")
     assert third["resets"] >= 1  # the trainer saw the broker's log fall short of its offsets, and said so
 
     produced = StreamLog.load(Path(third["stream_manifest"]))
     result = audit({p: runs for p, runs in enumerate(third["trained"])}, produced.runs(), produced.partitions)
     assert result.exactly_once, result.summary()
     assert result.trained == 960
-    assert third["offsets"] == [480, 480]
+    assert third["offsets"] == [320, 320, 320]
     assert third["freshness_s"]["p50"] is not None and third["test_accuracy"] is not None
 
 
