@@ -1,17 +1,35 @@
-"""Flows `produce_stream` and `train_stream` on the real broker: what the live producer appended, and the
-continuous training's lag/freshness artifact."""
+"""Flows `produce_stream` and `train_stream` on the real broker: what the live producer appended, the
+continuous training's lag/freshness artifact, and a cancelled `train_stream` run stopping its ranks cleanly."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.client.schemas.objects import StateType
+from prefect.exceptions import ObjectNotFound
+from prefect.settings import PREFECT_API_URL
+from prefect.states import State
 
 from flows.stream import produce_stream, train_stream
+from kbit_core.config import deep_merge
 from kbit_core.kafka.broker import EmbeddedBroker
-from kbit_core.stream.manifest import StreamLog
+from kbit_core.stack import PROJECT_ROOT
+from kbit_core.stream.ledger import audit
+from kbit_core.stream.live_producer import LiveProducer
+from kbit_core.stream.manifest import StreamLog, stream_log_path
+from kbit_core.stream.trainer import stop_file_path
+from kbit_core.train import checkpoint as ckpt
+from kbit_core.train.api import train
+from tasks.config import load_run_config
 from tests.flows.helpers import delete_topics, flow_overrides, topic_prefix
 
 pytestmark = pytest.mark.kafka
@@ -48,3 +66,92 @@ def test_train_stream_publishes_lag_and_freshness(broker: EmbeddedBroker, tmp_pa
     with get_client(sync_client=True) as client:
         (artifact,) = [a for a in client.read_artifacts() if a.key == "kbit-stream-training"][-1:]
     assert "**320 records in" in artifact.data and "| step | records |" in artifact.data
+
+
+@pytest.fixture
+def process_worker(tmp_path: Path) -> Iterator[str]:
+    """A Prefect process worker (as `kbit stack up` runs) on a work pool of its own; the pool's name."""
+    pool = f"kbit-test-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    with (tmp_path / "worker.log").open("w") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type",
+                                   "process"], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        with get_client(sync_client=True) as client:  # the worker creates its pool
+            wait_for(lambda: _pool_exists(client, pool), 60, f"work pool {pool}")
+        yield pool
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+
+
+def _pool_exists(client: SyncPrefectClient, pool: str) -> bool:
+    try:
+        client.read_work_pool(pool)
+    except ObjectNotFound:
+        return False
+    return True
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} after {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_cancelled_train_stream_run_stops_its_ranks_with_a_final_checkpoint_that_a_rerun_continues(
+        broker: EmbeddedBroker, tmp_path: Path, process_worker: str) -> None:
+    """A `train_stream` flow run through a process worker (as the deployments run), cancelled through the API
+    while its ranks train on a live stream."""
+    # No periodic checkpoints: any checkpoint was written as the ranks stopped.
+    overrides = deep_merge(stream_overrides(broker, tmp_path, eval_records=100, eval_every_steps=1000,
+                                            idle_timeout_s=120),
+                           {"checkpoint": {"dir": "ckpt", "every_steps": None}})
+    cfg = load_run_config("train-stream", overrides)
+    lineage_dir = cfg.run_dir / "ckpt"
+    stop_producing = threading.Event()
+    producer = threading.Thread(target=LiveProducer(cfg).run,
+                                kwargs={"rate": 100, "duration_s": 600, "should_stop": stop_producing.is_set})
+    producer.start()
+    try:
+        with get_client(sync_client=True) as client:
+            deployment = client.create_deployment(
+                flow_id=client.create_flow_from_name("train_stream"), name=f"cancel-{uuid.uuid4().hex[:8]}",
+                entrypoint="flows/stream.py:train_stream", work_pool_name=process_worker,
+                pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(PROJECT_ROOT)}}])
+            flow_run = client.create_flow_run_from_deployment(
+                deployment, parameters={"profile": "train-stream", "overrides": overrides})
+            # rank 0 opens its lineage as it starts; a few seconds later it trains
+            wait_for(lambda: list(lineage_dir.glob("*/lineage.json")), 240, "checkpoint lineage")
+            time.sleep(8)
+            client.set_flow_run_state(flow_run.id, State(type=StateType.CANCELLING))
+            final_states = {StateType.CANCELLED, StateType.COMPLETED, StateType.FAILED, StateType.CRASHED}
+            wait_for(lambda: client.read_flow_run(flow_run.id).state_type in final_states, 180,
+                     "final flow-run state")
+            state = client.read_flow_run(flow_run.id).state
+    finally:
+        stop_producing.set()
+        producer.join()
+    worker_log = (tmp_path / "worker.log").read_text()
+    assert state.type == StateType.CANCELLED, worker_log[-6000:]
+    # The cancellation reached the driver as an exception (the worker SIGTERMs the flow run's process group): it
+    # dropped the stop file for the ranks before re-raising.
+    assert stop_file_path(cfg).read_text() == "the driver was interrupted\n"
+
+    (lineage,) = ckpt.list_lineages(lineage_dir)
+    (final,) = ckpt.list_checkpoints(lineage)
+    stopped = ckpt.read_file(final)[ckpt.TRAIN_STATE]
+    assert stopped["records"] > 0 and len(stopped["offsets"]) == cfg.produce.partitions and all(stopped["offsets"])
+    assert sum(stopped["offsets"]) == stopped["records"]  # every partition's next offset, none ahead or behind
+
+    produced = StreamLog.load(stream_log_path(cfg.workdir, cfg.stream.topic))
+    total = produced.next_index()
+    resumed = train(cfg.override({"stream.stop_after_records": total}), progress=False)
+    assert resumed["records"] - resumed["records_this_run"] == stopped["records"]  # continued where it stopped
+    result = audit(dict(enumerate(resumed["trained"])), produced.runs(), produced.partitions)
+    assert result.exactly_once and result.trained == total, result.summary()
