@@ -331,6 +331,9 @@ class LaunchConfig(Section):
     ray_object_store_mb: int = Field(1024, ge=80, description="Object store of a Ray runtime kbit starts itself "
                                      "(Ray's default takes 30 % of RAM).")
     ray_include_dashboard: bool = Field(False, description="Start Ray's dashboard (on 127.0.0.1) with the local head.")
+    ray_client_server_port: int = Field(10001, ge=1024, le=65535, description="Port of the Ray Client server that "
+                                        "Ray starts with every head (Ray's default 10001), on 127.0.0.1 for the local "
+                                        "head: launch.ray_address 'ray://127.0.0.1:<port>' joins through it.")
     ray_resources_per_worker: dict[str, float] = Field(
         default_factory=lambda: {"CPU": 1.0}, description="Ray resources each rank reserves "
         "(ScalingConfig.resources_per_worker); launch.use_gpu adds one GPU.")

@@ -84,6 +84,7 @@ class Service:
     env: dict[str, str] = field(default_factory=dict)
     host: str | None = None
     port: int | None = None
+    ready_ports: tuple[int, ...] = ()  # opened after ``port`` (on ``host``); the service is healthy when all accept
     health_url: str | None = None
     url: str | None = None
     port_setting: str = "its port setting"
@@ -105,10 +106,11 @@ class Service:
         return pid if pid_alive(pid) and self.marker in _cmdline(pid) else None
 
     def healthy(self) -> bool:
-        """The health URL answers, or (without one) the port accepts connections."""
+        """The health URL answers, or (without one) the port and the ready ports accept connections."""
         if self.health_url is not None:
             return http_ok(self.health_url)
-        return self.port is None or port_open(self.host or "127.0.0.1", self.port)
+        return all(port_open(self.host or "127.0.0.1", port) for port in (self.port, *self.ready_ports)
+                   if port is not None)
 
     def status(self) -> ServiceStatus:
         pid = self.pid()

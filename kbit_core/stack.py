@@ -49,12 +49,12 @@ def _api(method: str, url: str, body: dict[str, Any] | None = None, timeout_s: f
 
 
 def ray_head(cfg: KbitConfig) -> Service:
-    """A Ray head on 127.0.0.1 only (node, gRPC servers and dashboard), sized for a small machine.
+    """A Ray head on 127.0.0.1 only (node, gRPC servers, Ray Client server and dashboard), sized for a small machine.
 
     ``ray start --block`` stays in the foreground as the parent of the GCS server and raylet, so stopping its
     process group stops the whole node.
     """
-    from kbit_core.launch.ray_train import LOCAL_RAY_ENV
+    from kbit_core.launch.ray_train import LOCAL_RAY_ENV, RAY_CLIENT_SERVER_ENV
 
     launch = cfg.launch
     dashboard = ["--include-dashboard=true", "--dashboard-host=127.0.0.1"] if launch.ray_include_dashboard else [
@@ -63,8 +63,10 @@ def ray_head(cfg: KbitConfig) -> Service:
         "ray-head", cfg.run_dir,
         [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--node-ip-address=127.0.0.1",
          f"--port={launch.ray_head_port}", f"--num-cpus={os.cpu_count() or 1}",
-         f"--object-store-memory={launch.ray_object_store_mb * 2**20}", "--disable-usage-stats", *dashboard],
-        marker="ray.scripts.scripts", env=LOCAL_RAY_ENV, host="127.0.0.1", port=launch.ray_head_port,
+         f"--object-store-memory={launch.ray_object_store_mb * 2**20}", "--disable-usage-stats",
+         f"--ray-client-server-port={launch.ray_client_server_port}", *dashboard],
+        marker="ray.scripts.scripts", env={**LOCAL_RAY_ENV, **RAY_CLIENT_SERVER_ENV}, host="127.0.0.1",
+        port=launch.ray_head_port, ready_ports=(launch.ray_client_server_port,),
         url=f"127.0.0.1:{launch.ray_head_port}", port_setting="launch.ray_head_port", error_type=StackError,
     )
 

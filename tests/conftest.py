@@ -136,14 +136,21 @@ def launch_debris() -> Callable[..., list[str]]:
 
 
 @pytest.fixture(scope="session")
-def ray_head_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+def ray_head_config(tmp_path_factory: pytest.TempPathFactory) -> KbitConfig:
+    """The session head's settings: free ports for the head and its Ray Client server (Ray's default client port,
+    10001, would be taken by a concurrent session's head)."""
+    return KbitConfig.from_dict({"workdir": str(tmp_path_factory.mktemp("ray-head")),
+                                 "launch": {"engine": "ray", "ray_head_port": free_port(),
+                                            "ray_client_server_port": free_port()}})
+
+
+@pytest.fixture(scope="session")
+def ray_head_service(ray_head_config: KbitConfig) -> Iterator[Service]:
     """One local Ray head per test session, started as `kbit stack up --ray` starts it (127.0.0.1 only, on a free
-    port) and joined once by this process; stopped with every Ray process at the end."""
+    port, with Ray Client's server) and joined once by this process; stopped with every Ray process at the end."""
     from kbit_core.stack import ray_head
 
-    cfg = KbitConfig.from_dict({"workdir": str(tmp_path_factory.mktemp("ray-head")),
-                                "launch": {"engine": "ray", "ray_head_port": free_port()}})
-    head = ray_head(cfg)
+    head = ray_head(ray_head_config)
     head.start()
     yield head
     import ray

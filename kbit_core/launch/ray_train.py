@@ -46,6 +46,10 @@ RESULT_FILE = "result.json"
 # Starting a worker group imports torch in every worker; on a busy 2-core machine that outlasts Ray's 60 s.
 LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0",
                  "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "300"}
+# The Ray Client server forks a server per client from a process busy with gRPC threads; with gRPC's fork handlers
+# on, the child often aborts ("Check failed: next_worker->state == KICKED", ray-project/ray#63202): here 5 of the
+# first 6 connections after a head started, none of 15 with the handlers off. The child only execs, so needs none.
+RAY_CLIENT_SERVER_ENV = {"GRPC_ENABLE_FORK_SUPPORT": "false"}
 _ACTOR_FIELD = re.compile(r"^\s*(pid|ip):\s*(\S+)", re.MULTILINE)
 
 
@@ -73,6 +77,8 @@ def ensure_ray(cfg: KbitConfig) -> None:
     address = launch.ray_address
     if address is None and port_open("127.0.0.1", launch.ray_head_port):
         address = head_address(cfg)
+    if address is not None and address.startswith("ray://"):
+        _check_client_server(address)
     if address is None or _is_local(address):
         _keep_loopback()
     try:
@@ -90,6 +96,17 @@ def ensure_ray(cfg: KbitConfig) -> None:
     # address="local": a new runtime even when a `ray start` head on this machine would be found otherwise.
     ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(cpus_needed + 0.999)), include_dashboard=False,
              object_store_memory=launch.ray_object_store_mb * 2**20, _node_ip_address="127.0.0.1")
+
+
+def _check_client_server(address: str) -> None:
+    """Fail within seconds when nothing serves Ray Client at ``address``; Ray itself retries for about 30 s and then
+    blames the network."""
+    host, port = address.removeprefix("ray://").rsplit(":", 1)
+    if not port_open(host.strip("[]"), int(port), timeout_s=5.0):
+        raise ConfigError(
+            f"launch.ray_address={address}: nothing accepts connections at {host}:{port}; a head serves Ray Client "
+            f"only when started with `ray start --head --ray-client-server-port={port}` (kbit's own head: "
+            f"launch.ray_client_server_port={port} with `kbit stack up --ray`)")
 
 
 def _keep_loopback() -> None:

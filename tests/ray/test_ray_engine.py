@@ -26,7 +26,7 @@ from tests.ray.engine_entries import rank_sample_indices
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
 
-def _listening(head: psutil.Process) -> list[tuple[str, psutil._common.addr]]:
+def listening_sockets(head: psutil.Process) -> list[tuple[str, psutil._common.addr]]:
     return [(p.name(), c.laddr) for p in [head, *head.children(recursive=True)]
             for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
 
@@ -34,9 +34,9 @@ def _listening(head: psutil.Process) -> list[tuple[str, psutil._common.addr]]:
 def test_the_ray_head_listens_on_loopback_only(ray_head_service):
     head = psutil.Process(ray_head_service.pid())
     deadline = time.monotonic() + 60
-    while {"gcs_server", "raylet"} - {name for name, _ in _listening(head)} and time.monotonic() < deadline:
+    while {"gcs_server", "raylet"} - {name for name, _ in listening_sockets(head)} and time.monotonic() < deadline:
         time.sleep(0.5)  # the GCS port answers first; the raylet comes up after it
-    listening = _listening(head)
+    listening = listening_sockets(head)
     assert {"gcs_server", "raylet"} <= {name for name, _ in listening}, listening
     exposed = [(name, addr) for name, addr in listening if not is_loopback(addr.ip.removeprefix("::ffff:"))]
     assert exposed == [], f"Ray listens beyond loopback: {exposed}"
