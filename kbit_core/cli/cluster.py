@@ -1,4 +1,4 @@
-"""`kbit cluster up | down | status`: the multi-host test bed (network namespaces, TLS broker, Spark standalone)."""
+"""`kbit cluster up | down | status`: the multi-host test bed (namespaces, TLS broker, Spark standalone, Ray)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ def _report(st: BedStatus, as_json: bool) -> None:
     out.print(f"Spark master: {s.master_url} (UI {s.master_webui})\n"
               f"Kafka bootstrap: {s.broker_bootstrap} ({s.security_protocol}); CA {s.ssl_cafile}"
               + (f"; client cert {s.ssl_certfile}, key {s.ssl_keyfile}" if s.ssl_certfile else "")
+              + (f"\nRay: {s.ray_address} (Ray Client, RAY_AUTH_MODE=token); nodes alive: "
+                 f"{', '.join(st.ray_nodes) or 'none'}" if s.ray_address else "\nRay: not installed, not started")
               + f"\nstate file: {s.bed_dir / 'state.json'}")
 
 
@@ -64,7 +66,8 @@ def up(
     client_auth: Annotated[bool, typer.Option(help="Require client certificates (mutual TLS).")] = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create the hosts, start the TLS broker and the Spark standalone master and workers; wait until healthy."""
+    """Create the hosts, start the TLS broker, the Spark standalone master and workers and (with the `ray` extra) a
+    Ray node on each node host; wait until healthy."""
     bed_dir = _bed_dir(config, sets)
     was_up = run_guarded(bed_status, bed_dir).up
     options = BedOptions(subnet=subnet, nodes=nodes, broker_port=broker_port, client_auth=client_auth)

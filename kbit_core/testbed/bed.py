@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.service import Service, pid_alive
-from kbit_core.testbed import network
+from kbit_core.testbed import network, ray_cluster
 from kbit_core.testbed.certs import certificate_paths, make_certificates
 from kbit_core.testbed.network import Host, TestbedError, Topology
 from kbit_core.testbed.spark_standalone import (
@@ -56,6 +56,10 @@ class BedOptions:
     broker_port: int = 19093
     broker_plain_port: int = 19193  # Tansu itself, on the driver's loopback: only the TLS front reaches it
     client_auth: bool = True        # mutual TLS: the broker refuses clients without a certificate from the bed's CA
+    ray: bool = field(default_factory=ray_cluster.ray_installed)  # Ray nodes on the node hosts (the `ray` extra)
+    ray_head_port: int = 6380
+    ray_client_port: int = 10001
+    ray_object_store_mb: int = 256
 
 
 class BedHost(BaseModel):
@@ -78,6 +82,7 @@ class BedState(BaseModel):
     ssl_cafile: Path
     ssl_certfile: Path | None
     ssl_keyfile: Path | None
+    ray_address: str | None = None  # Ray Client's address on the first node host; None: the bed runs no Ray
     options: dict[str, Any]
 
     def kafka_overrides(self) -> dict[str, str]:
@@ -87,6 +92,13 @@ class BedState(BaseModel):
         if self.ssl_certfile and self.ssl_keyfile:
             over |= {"kafka.ssl_certfile": str(self.ssl_certfile), "kafka.ssl_keyfile": str(self.ssl_keyfile)}
         return over
+
+    def ray_overrides(self) -> dict[str, str]:
+        """Dotted kbit config overrides that run the ranks on the bed's Ray nodes (the driver needs
+        ``RAY_AUTH_MODE=token`` in its environment: the bed's Ray asks for the token)."""
+        if self.ray_address is None:
+            raise TestbedError("this test bed runs no Ray (the `ray` extra was not installed when it came up)")
+        return {"launch.engine": "ray", "launch.ray_address": self.ray_address}
 
 
 @dataclass(frozen=True)
@@ -106,13 +118,14 @@ class BedStatus:
     state: BedState | None
     processes: list[ProcessStatus] = field(default_factory=list)
     alive_workers: list[str] = field(default_factory=list)
+    ray_nodes: list[str] = field(default_factory=list)
     bridge: bool = False
     namespaces: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"up": self.up, "state": self.state.model_dump(mode="json") if self.state else None,
                 "processes": [asdict(p) for p in self.processes], "alive_workers": self.alive_workers,
-                "bridge": self.bridge, "namespaces": self.namespaces}
+                "ray_nodes": self.ray_nodes, "bridge": self.bridge, "namespaces": self.namespaces}
 
 
 def state_path(bed_dir: Path) -> Path:
@@ -169,11 +182,20 @@ class _Processes:
         self.workers = [worker_service(run_dir, node, self.master.url or "", options.worker_port,
                                        options.worker_webui_port, options.worker_cores, options.worker_memory, marker)
                         for node in self.topology.nodes]
+        head_node, *worker_nodes = self.topology.nodes
+        self.ray_head_address = f"{head_node.address}:{options.ray_head_port}"
+        self.ray_nodes: list[Service] = []  # the head first, then a worker per further node
+        if options.ray:
+            self.ray_nodes = [
+                ray_cluster.head_service(run_dir, head_node, options.ray_head_port, options.ray_client_port,
+                                         options.worker_cores, options.ray_object_store_mb, marker),
+                *[ray_cluster.worker_service(run_dir, node, self.ray_head_address, options.worker_cores,
+                                             options.ray_object_store_mb, marker) for node in worker_nodes]]
 
     def all(self) -> list[tuple[Service, Host]]:
         driver = self.topology.driver
         return [(self.broker.service, driver), (self.tls_front, driver), (self.master, driver),
-                *zip(self.workers, self.topology.nodes)]
+                *zip(self.workers, self.topology.nodes), *zip(self.ray_nodes, self.topology.nodes)]
 
 
 def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180.0) -> BedState:
@@ -205,6 +227,13 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
             list(pool.map(lambda w: w.start(timeout_s=timeout_s), procs.workers))
         wait_for_workers(topo.driver.address, options.master_webui_port, [n.address for n in topo.nodes],
                          timeout_s, procs.workers)
+        if procs.ray_nodes:
+            ray_head, *ray_workers = procs.ray_nodes
+            ray_head.start(timeout_s=timeout_s)
+            with ThreadPoolExecutor(max(len(ray_workers), 1)) as pool:
+                list(pool.map(lambda w: w.start(timeout_s=timeout_s), ray_workers))
+            ray_cluster.wait_for_nodes(procs.ray_head_address, [n.address for n in topo.nodes], timeout_s,
+                                       procs.ray_nodes)
         state = BedState(
             bed_dir=bed_dir, subnet=str(topo.subnet),
             driver=BedHost(name=topo.driver.name, address=topo.driver.address, netns=None),
@@ -212,7 +241,8 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
             master_url=procs.master.url or "", master_webui=f"http://{topo.driver.address}:{options.master_webui_port}",
             broker_bootstrap=procs.bootstrap, ssl_cafile=certs.ca,
             ssl_certfile=certs.client_cert if options.client_auth else None,
-            ssl_keyfile=certs.client_key if options.client_auth else None, options=asdict(options))
+            ssl_keyfile=certs.client_key if options.client_auth else None,
+            ray_address=procs.ray_nodes[0].url if procs.ray_nodes else None, options=asdict(options))
         _probe_broker(state, procs)
     except BaseException:
         down(bed_dir)
@@ -262,8 +292,11 @@ def status(bed_dir: Path) -> BedStatus:
                                               _hostname_of(pid) if pid else None, str(service.log_path)))
     workers = alive_workers(state.driver.address, options.master_webui_port) if result.bridge else {}
     result.alive_workers = sorted(workers)
+    if procs.ray_nodes and result.bridge:
+        result.ray_nodes = ray_cluster.alive_nodes(procs.ray_head_address)
     result.up = (result.bridge and all(p.alive for p in result.processes)
-                 and {n.address for n in state.nodes} <= set(workers))
+                 and {n.address for n in state.nodes} <= set(workers)
+                 and (not procs.ray_nodes or {n.address for n in state.nodes} <= set(result.ray_nodes)))
     return result
 
 

@@ -110,7 +110,9 @@ def _bed_leftovers() -> dict[str, list[str]]:
     return {"netns": bed.network.bed_namespaces(),
             "links": [line for line in links.splitlines() if "kbit-" in line],
             "processes": [line for line in ps.splitlines()
-                          if "kbit_core.testbed.tls_front" in line or "org.apache.spark.deploy." in line]}
+                          if "kbit_core.testbed.tls_front" in line or "org.apache.spark.deploy." in line],
+            # Ray's node processes (GCS, raylet, agents, workers) outlive a killed `ray start`; all carry the marker
+            "marked": [str(d) for d in [bed.running_bed_dir()] if d is not None]}
 
 
 @pytest.mark.slow
@@ -126,7 +128,7 @@ def test_down_cleans_up_after_a_crash_and_up_recovers(testbed: BedState):
     assert not bed.status(testbed.bed_dir).up
     removed = bed.down(testbed.bed_dir)
     assert any(r.startswith("netns") for r in removed)
-    assert _bed_leftovers() == {"netns": [], "links": [], "processes": []}
+    assert _bed_leftovers() == {"netns": [], "links": [], "processes": [], "marked": []}
     assert bed.down(testbed.bed_dir) == []  # idempotent: nothing left, nothing to do
     restored = bed.up(testbed.bed_dir, BedOptions(**testbed.options))
     assert restored.broker_bootstrap == testbed.broker_bootstrap and bed.status(testbed.bed_dir).up
