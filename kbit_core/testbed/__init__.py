@@ -1,4 +1,4 @@
-"""A simulated multi-host cluster on this machine: network namespaces, a TLS Kafka broker, Spark standalone.
+"""A simulated multi-host cluster on this machine: network namespaces, a TLS Kafka broker, Spark standalone, Ray.
 
 API: ``up(bed_dir, BedOptions()) -> BedState``, ``down(bed_dir) -> list[str]``,
 ``status(bed_dir) -> BedStatus``, ``load_state(bed_dir) -> BedState | None``, ``running_bed_dir() -> Path | None``
