@@ -183,6 +183,11 @@ class ReaderConfig(Section):
         "fast", description="fast: kbit's schema-aware decoders (bit-for-bit the stock results); stock: the format's "
                             "own library (what the format costs without kbit).")
     prefetch_batches: int = Field(4, ge=1, description="Bounded queue of decoded batches per rank.")
+    workers: Literal["thread", "process"] = Field(
+        "thread", description="Stream mode: where a rank's fetch, decode and batch assembly run. thread: threads of "
+                              "the rank (they share its GIL with the training loop); process: a child process per "
+                              "loader (kept across epochs, with a consumer of its own), handing finished batches "
+                              "over in shared memory.")
     fetch_ahead_blocks: int = Field(
         2, ge=0, description="Stream mode: blocks of raw records fetched ahead of decoding on a thread of their "
                              "own, so fetch and decode overlap (0: fetch on the decoding thread).")

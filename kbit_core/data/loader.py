@@ -11,6 +11,7 @@ in-memory baseline).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import time
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from kbit_core.config import ClientName, KbitConfig
-from kbit_core.data.pipeline import threaded
+from kbit_core.data.pipeline import ChildProcess, threaded
 from kbit_core.data.reader import RangeReader, ReaderStats
 from kbit_core.errors import ConfigError, KbitError, ManifestMismatchError
 from kbit_core.formats import get_codec
@@ -110,16 +111,18 @@ class ShardLoader:
     """Iterable of ``(x, y)`` batches of ``split`` for ``rank``; see the module docstring.
 
     Without ``reader`` the loader opens (and closes) a reader of its own; with one, it reads through that
-    shared reader and leaves closing it to its owner.
+    shared reader and leaves closing it to its owner. ``pin_memory`` (default: ``launch.use_gpu`` where CUDA is
+    available) page-locks the batches for asynchronous copies to the GPU.
     """
 
     def __init__(self, cfg: KbitConfig, manifest: Manifest, split: str, rank: int, world_size: int, codec: Any,
-                 *, epoch: int = 0, client: ClientName | None = None, reader: RangeReader | None = None) -> None:
+                 *, epoch: int = 0, client: ClientName | None = None, reader: RangeReader | None = None,
+                 pin_memory: bool | None = None) -> None:
         self.cfg, self.manifest, self.split = cfg, manifest, split
         self.rank, self.world_size, self.codec = rank, world_size, codec
         self.batch_size = per_rank_batch_size(cfg.train.global_batch_size, world_size)
         self.mode = cfg.reader.mode
-        self.pin_memory = cfg.launch.use_gpu and torch.cuda.is_available()
+        self.pin_memory = cfg.launch.use_gpu and torch.cuda.is_available() if pin_memory is None else pin_memory
         self.shuffle = split == "train" and cfg.shard.shuffle
         self._rpm = manifest.variant.records_per_message
         # Only the dataset's last message can hold fewer records; counting it against every rank keeps
@@ -132,6 +135,8 @@ class ShardLoader:
         self._eager_ranges: tuple[OffsetRange, ...] = ()
         self.batches_done = 0
         self._resume_at = 0
+        self._worker: ChildProcess[tuple[int, int], tuple[list[Batch], _WorkerCounts]] | None = None
+        self._worker_counts = _WorkerCounts()  # the worker's counts so far, already added to self.stats
         self._set_plan(epoch)
 
     # -- plan and length -----------------------------------------------------------------------------
@@ -228,14 +233,13 @@ class ShardLoader:
         """Like iterating the loader, with each batch's dataset sample indices."""
         skip_batches, self._resume_at = self._resume_at, 0
         self.batches_done = skip_batches
-        blocks = block_order(self.shard, self.cfg.shard.seed, self.epoch,
-                             max(1, self.cfg.shard.block_records // self._rpm), shuffle=self.shuffle)
-        skip_records = skip_batches * self.batch_size
-        if self._rpm == 1:  # block sizes are exact: resume without reading the blocks already consumed
-            while blocks and len(blocks[0].range) <= skip_records:
-                skip_records -= len(blocks.pop(0).range)
-        groups = self._assemble(self._decoded(blocks), skip_batches, skip_records)
-        for group in self._prefetched(groups) if self.mode == "stream" else self._timed(groups):
+        if self.mode == "eager":
+            groups = self._timed(self._groups(skip_batches))
+        elif self.cfg.reader.workers == "process":
+            groups = self._timed(self._from_worker_process(skip_batches))
+        else:
+            groups = self._prefetched(self._groups(skip_batches))
+        for group in groups:
             for batch in group:
                 self.batches_done += 1
                 self.stats.batches += 1
@@ -247,6 +251,16 @@ class ShardLoader:
             log.info("rank %d split %s epoch %d: %d records of this rank's shard left out (%d past the last whole "
                      "batch, %d to yield as many as the rank holding the dataset's short last message)", self.rank,
                      self.split, self.epoch, left_out, self.tail_records, left_out - self.tail_records)
+
+    def _groups(self, skip_batches: int) -> Iterator[list[Batch]]:
+        """This epoch's batches from the first one not yet seen, in groups (see :meth:`_assemble`)."""
+        blocks = block_order(self.shard, self.cfg.shard.seed, self.epoch,
+                             max(1, self.cfg.shard.block_records // self._rpm), shuffle=self.shuffle)
+        skip_records = skip_batches * self.batch_size
+        if self._rpm == 1:  # block sizes are exact: resume without reading the blocks already consumed
+            while blocks and len(blocks[0].range) <= skip_records:
+                skip_records -= len(blocks.pop(0).range)
+        return self._assemble(self._decoded(blocks), skip_batches, skip_records)
 
     def _decoded(self, blocks: list[Block]) -> Iterator[tuple[Block, Any]]:
         if self.mode == "eager":
@@ -331,11 +345,35 @@ class ShardLoader:
     def _prefetched(self, groups: Iterator[list[Batch]]) -> Iterator[list[Batch]]:
         """Run ``groups`` on a worker thread into a queue of ``reader.prefetch_batches`` batches, rounded up to
         whole blocks; a worker exception is re-raised here."""
-        per_block = max(1, self.cfg.shard.block_records // self.batch_size)
-        return self._timed(threaded(groups, -(-self.cfg.reader.prefetch_batches // per_block),
-                                    f"kbit-loader-r{self.rank}-{self.split}"))
+        return self._timed(threaded(groups, self._groups_ahead, f"kbit-loader-r{self.rank}-{self.split}"))
+
+    @property
+    def _groups_ahead(self) -> int:
+        """``reader.prefetch_batches`` in groups, rounded up to whole blocks."""
+        return -(-self.cfg.reader.prefetch_batches // max(1, self.cfg.shard.block_records // self.batch_size))
+
+    def _from_worker_process(self, skip_batches: int) -> Iterator[list[Batch]]:
+        """:meth:`_groups` run in this loader's child process, which reads with a consumer of its own
+        (``reader.workers: process``); its counts (skipped, gaps, retries, padded, ...) are added to this loader's
+        as its groups arrive."""
+        if self._worker is None:
+            shard = _WorkerShard(self.cfg, self.manifest, self.split, self.rank, self.world_size, self.reader.client)
+            self._worker = ChildProcess(shard, self._groups_ahead, pin_memory=self.pin_memory)
+        with contextlib.closing(self._worker.run((self.epoch, skip_batches))) as items:
+            for group, counts in items:
+                seen = self._worker_counts
+                for name, value in dataclasses.asdict(counts.reader).items():
+                    before = getattr(seen.reader, name)
+                    setattr(self.stats.reader, name, getattr(self.stats.reader, name) + value - before)
+                self.stats.padded_records += counts.padded_records - seen.padded_records
+                self._worker_counts = counts
+                if group:
+                    yield group
 
     def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker, self._worker_counts = None, _WorkerCounts()
         if self._owns_reader:
             self.reader.close()
         self._eager = None
@@ -345,6 +383,41 @@ class ShardLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass
+class _WorkerCounts:
+    reader: ReaderStats = field(default_factory=ReaderStats)
+    padded_records: int = 0
+
+
+class _WorkerShard:
+    """A loader's shard in its worker process: for each ``(epoch, skip_batches)``, that epoch's groups from there,
+    each with the counts so far. The worker's loader (and its consumer) lives as long as the process."""
+
+    def __init__(self, cfg: KbitConfig, manifest: Manifest, split: str, rank: int, world_size: int,
+                 client: ClientName) -> None:
+        self.cfg, self.manifest, self.split, self.rank, self.world_size = cfg, manifest, split, rank, world_size
+        self.client = client
+        self._loader: ShardLoader | None = None
+
+    def __call__(self, request: tuple[int, int]) -> Iterator[tuple[list[Batch], _WorkerCounts]]:
+        epoch, skip_batches = request
+        if self._loader is None:
+            # pin_memory off: the child never touches CUDA (the rank pins what arrives)
+            self._loader = ShardLoader(self.cfg, self.manifest, self.split, self.rank, self.world_size,
+                                       manifest_codec(self.manifest, self.cfg.reader.decoder), epoch=epoch,
+                                       client=self.client, pin_memory=False)
+        loader = self._loader
+        if loader.epoch != epoch:
+            loader._set_plan(epoch)
+
+        def counts() -> _WorkerCounts:
+            return _WorkerCounts(dataclasses.replace(loader.stats.reader), loader.stats.padded_records)
+
+        for group in loader._groups(skip_batches):
+            yield group, counts()
+        yield [], counts()  # what the last blocks counted after the last group (skipped, gaps)
 
 
 def make_split_loader(cfg: KbitConfig, manifest: Manifest, split: str, rank: int, world_size: int, *,
@@ -398,8 +471,13 @@ class SplitLoaderSet(Mapping[str, ShardLoader]):
         return len(self._loaders)
 
     def connect(self) -> None:
-        """Open the consumer and check every split's planned ranges against the broker in one bounds query."""
-        self.reader.connect([r for loader in self._loaders.values() for r in loader.shard.ranges])
+        """Open the consumer and check every split's planned ranges against the broker in one bounds query (with
+        ``reader.workers: process`` only the check: each loader's worker process reads with a consumer of its own)."""
+        ranges = [r for loader in self._loaders.values() for r in loader.shard.ranges]
+        if self.reader.reader_cfg.workers == "process":
+            self.reader.check(ranges)
+        else:
+            self.reader.connect(ranges)
 
     def close(self) -> None:
         for loader in self._loaders.values():

@@ -257,10 +257,13 @@ def test_nan_loss_skipped_by_policy(tmp_path: Path) -> None:
 
 
 @pytest.mark.kafka
-def test_skipped_corrupt_record_is_reported_in_the_result(produce_topic: Produce, tmp_path: Path) -> None:
-    """A corrupt message under bad_records=skip is counted, summed over ranks, with the record repeated in its place."""
+@pytest.mark.parametrize("workers", ["thread", "process"])
+def test_skipped_corrupt_record_is_reported_in_the_result(produce_topic: Produce, tmp_path: Path, workers) -> None:
+    """A corrupt message under bad_records=skip is counted, summed over ranks, with the record repeated in its place
+    (with reader.workers=process, counted in each loader's worker process)."""
     # 39 records and the corrupt one make 40 messages: even splits, so the planner drops or pads none of them.
-    cfg, manifest = produce_topic(RAW, 39, partitions=2, reader__bad_records="skip", shard__split_rates=[0.5, 0.5],
+    cfg, manifest = produce_topic(RAW, 39, partitions=2, reader__bad_records="skip", reader__workers=workers,
+                                  shard__split_rates=[0.5, 0.5],
                                   launch__num_processes=WORLD_SIZE, tracking__enabled=False,
                                   train__global_batch_size=4, train__epochs=1,
                                   train__model={"name": "mlp", "kwargs": {"hidden": 8}})

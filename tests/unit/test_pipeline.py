@@ -1,14 +1,20 @@
-"""threaded(): items arrive in order, at most maxsize ahead; errors reach the consumer; closing stops the thread."""
+"""threaded() and ChildProcess: items arrive in order, at most maxsize ahead; errors reach the consumer; closing
+stops the thread or the child process."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import psutil
 import pytest
+import torch
 
-from kbit_core.data.pipeline import threaded
+from kbit_core.data.pipeline import ChildProcess, threaded
+from kbit_core.errors import KbitError
 
 
 def alive(name: str) -> bool:
@@ -62,3 +68,70 @@ def test_closing_early_closes_the_source() -> None:
     assert [next(items) for _ in range(3)] == [0, 1, 2]
     items.close()
     assert closed.is_set() and not alive("kbit-test-close")
+
+
+def logged_tensors(log: Path, count: int) -> Iterator[torch.Tensor]:
+    """Runs in the child: each tensor is noted in ``log`` as it is made."""
+    for i in range(count):
+        with log.open("a") as f:
+            f.write(f"{i}\n")
+        yield torch.full((4, 3), float(i))
+
+
+def failing(error: type[Exception], *args: object) -> Iterator[int]:
+    yield 1
+    raise error(*args)
+
+
+class Unpicklable(Exception):
+    def __init__(self, message: str, detail: object) -> None:  # pickling calls it with the message only
+        super().__init__(message)
+
+
+def child_processes() -> list[psutil.Process]:
+    """Live grandchildren: workers forked by this process's forkserver."""
+    me = psutil.Process()
+    return [p for p in me.children(recursive=True) if p.ppid() != me.pid and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_child_process_hands_over_tensors_in_order_at_most_maxsize_ahead(tmp_path: Path) -> None:
+    log = tmp_path / "made.txt"
+    child = ChildProcess(functools.partial(logged_tensors, log), 2)
+    try:
+        assert [int(t[0, 0]) for t in child.run(20)] == list(range(20))
+        (worker,) = child_processes()
+        log.unlink()
+        items = child.run(100)
+        assert torch.equal(next(items), torch.zeros(4, 3))
+        time.sleep(1.0)
+        # one handed over and two requested ahead; the child makes nothing unasked
+        assert len(log.read_text().split()) <= 1 + 2 + 1
+        items.close()
+        assert [int(t[0, 0]) for t in child.run(3)] == [0, 1, 2], "a run after an abandoned one starts afresh"
+        assert child_processes() == [worker], "one child serves every run"
+    finally:
+        child.close()
+    assert not child_processes()
+
+
+def test_a_child_process_raises_the_child_error_with_its_type_and_message() -> None:
+    child = ChildProcess(functools.partial(failing, ValueError), 2)
+    try:
+        items = child.run("broken range")
+        assert next(items) == 1
+        with pytest.raises(ValueError) as err:
+            next(items)
+        assert str(err.value) == "broken range"
+        assert any("raised in the worker process" in note for note in err.value.__notes__)
+        again = child.run("next run")
+        assert next(again) == 1, "the child outlives an error in one run"
+        again.close()
+    finally:
+        child.close()
+    unpicklable = ChildProcess(functools.partial(failing, Unpicklable, "lost detail"), 2)
+    try:
+        with pytest.raises(KbitError, match="Unpicklable: lost detail"):
+            list(unpicklable.run(7))
+    finally:
+        unpicklable.close()
+    assert not child_processes()
