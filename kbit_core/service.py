@@ -121,9 +121,11 @@ class Service:
         if self.pid() is not None:
             self._wait_healthy(timeout_s)
             return self.status()
-        if self.port is not None and port_open(self.host or "127.0.0.1", self.port):
+        taken = [port for port in (self.port, *self.ready_ports)
+                 if port is not None and port_open(self.host or "127.0.0.1", port)]
+        if taken:
             raise self.error_type(
-                f"{self.name}: port {self.host}:{self.port} is already taken by another process; "
+                f"{self.name}: port {self.host}:{taken[0]} is already taken by another process; "
                 f"stop it or choose another port ({self.port_setting})"
             )
         self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -67,7 +67,8 @@ def ray_head(cfg: KbitConfig) -> Service:
          f"--ray-client-server-port={launch.ray_client_server_port}", *dashboard],
         marker="ray.scripts.scripts", env={**LOCAL_RAY_ENV, **RAY_CLIENT_SERVER_ENV}, host="127.0.0.1",
         port=launch.ray_head_port, ready_ports=(launch.ray_client_server_port,),
-        url=f"127.0.0.1:{launch.ray_head_port}", port_setting="launch.ray_head_port", error_type=StackError,
+        url=f"127.0.0.1:{launch.ray_head_port}", port_setting="launch.ray_head_port, launch.ray_client_server_port",
+        error_type=StackError,
     )
 
 

@@ -5,6 +5,7 @@ client server on 127.0.0.1, nothing of the head listening beyond loopback, and a
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from kbit_core.config import KbitConfig, is_loopback
 from kbit_core.errors import ConfigError
 from kbit_core.launch import launch
 from kbit_core.service import Service
+from kbit_core.stack import StackError, ray_head
 from tests.conftest import REPO, free_port
 from tests.ray.engine_entries import rank_sample_indices
 from tests.ray.test_ray_engine import listening_sockets
@@ -47,6 +49,20 @@ def test_training_through_ray_client_runs_its_ranks_on_the_head(broker, ray_head
     assert ray_head_config.launch.ray_client_server_port in {addr.port for _, addr in sockets}, sockets
     exposed = [(name, addr) for name, addr in sockets if not is_loopback(addr.ip.removeprefix("::ffff:"))]
     assert exposed == [], f"Ray listens beyond loopback: {exposed}"
+
+
+def test_a_client_server_port_taken_by_another_process_stops_the_head_from_starting(tmp_path):
+    # Before, a second head on one machine came up with Ray's client server failing on Ray's default port
+    cfg = KbitConfig.from_dict({"workdir": str(tmp_path), "launch": {"engine": "ray", "ray_head_port": free_port(),
+                                                                    "ray_client_server_port": free_port()}})
+    head = ray_head(cfg)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", cfg.launch.ray_client_server_port))
+        squatter.listen()
+        with pytest.raises(StackError, match=rf"port 127.0.0.1:{cfg.launch.ray_client_server_port} is already taken"
+                                             r".*launch.ray_client_server_port"):
+            head.start()
+    assert head.pid() is None and not head.pid_path.exists()
 
 
 def test_a_client_address_nobody_serves_is_refused_within_seconds(make_config, topic_name):
