@@ -133,10 +133,11 @@ def describe(cfg: KbitConfig) -> str:
 def run_rank(entry: RankEntry, config_json: str, args_json: str, error_dir: str) -> str:
     """Per-rank wrapper: build the config, run ``entry``, record a failure's traceback; rank 0's result as JSON."""
     rank = int(os.environ.get("RANK", "0"))
+    agent = os.getppid()  # the torchrun agent (or other launcher process) that started this rank
     try:
         cfg = KbitConfig.from_json(config_json)
         result = entry(cfg, *wire.loads(args_json))
-        return _rank0_result(wire.dumps(result), rank, float(cfg.launch.timeout_s))
+        return _rank0_result(wire.dumps(result), rank, float(cfg.launch.timeout_s), agent)
     except BaseException:
         _record_traceback(Path(error_dir), rank)
         raise
@@ -156,12 +157,15 @@ def _record_traceback(error_dir: Path, rank: int) -> None:
         print(f"kbit: cannot record rank {rank}'s traceback in {error_dir} ({exc}):\n{text}", file=sys.stderr)
 
 
-def _rank0_result(text: str, rank: int, timeout_s: float) -> str:
+def _rank0_result(text: str, rank: int, timeout_s: float, agent: int) -> str:
     """Rank 0's result text on every rank.
 
     In local_mode=True every rank writes its return value to the same output file and the last
     writer wins, so ranks must agree. The process group may already be destroyed by the entry; the
-    torchrun agent's store (which outlives the workers) carries the text then.
+    torchrun agent's store (which outlives the workers) carries the text then. A rank whose agent
+    (``agent``, its parent at start) is gone returns its own text at once: the agent's store went with it,
+    and nobody is left to read a result (a cancelled job's agent is killed while its ranks, in sessions
+    of their own, finish their final checkpoint); connecting would keep the rank alive for ``timeout_s``.
     """
     import torch.distributed as dist
 
@@ -172,7 +176,7 @@ def _rank0_result(text: str, rank: int, timeout_s: float) -> str:
         return text
     if dist.is_available() and dist.is_initialized():
         return broadcast_from_main(text)
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or os.getppid() != agent:
         return text
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world_size,
                           is_master=False, timeout=timedelta(seconds=timeout_s))

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.objects import StateType
@@ -94,6 +95,16 @@ def _pool_exists(client: SyncPrefectClient, pool: str) -> bool:
     return True
 
 
+def rank_processes(workdir: Path) -> list[psutil.Process]:
+    """Processes running a rank of a run in ``workdir`` (TorchDistributor's train.py is written under it)."""
+    ranks = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if str(workdir) in cmdline and "train.py" in cmdline:
+            ranks.append(process)
+    return ranks
+
+
 def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -139,6 +150,9 @@ def test_a_cancelled_train_stream_run_stops_its_ranks_with_a_final_checkpoint_th
         producer.join()
     worker_log = (tmp_path / "worker.log").read_text()
     assert state.type == StateType.CANCELLED, worker_log[-6000:]
+    # torchrun starts the ranks in sessions of their own: the worker's group kill leaves them to finish their
+    # final checkpoint and exit by themselves, which they must (not wait on their killed agent)
+    wait_for(lambda: not rank_processes(cfg.workdir), 60, "exit of the cancelled run's ranks")
     # The cancellation reached the driver as an exception (the worker SIGTERMs the flow run's process group): it
     # dropped the stop file for the ranks before re-raising.
     assert stop_file_path(cfg).read_text() == "the driver was interrupted\n"

@@ -10,8 +10,9 @@ import pytest
 from kbit_core.config import KbitConfig, LaunchConfig
 from kbit_core.errors import DistributedError
 from kbit_core.launch.distributor import (ExecutorLostError, RankDiedError, WorkerFailedError, _exception_type,
-                                         worker_failure)
+                                         _rank0_result, worker_failure)
 from kbit_core.launch.spark import spark_conf
+from tests.conftest import free_port
 
 
 def test_defaults_bind_loopback_quietly_and_fail_barrier_checks_fast(tmp_path: Path):
@@ -112,3 +113,12 @@ def test_exception_type_comes_from_the_traceback_last_line():
     assert _exception_type("Traceback ...\n  File x\nkbit_core.errors.ConfigError: bad: thing") == \
         "kbit_core.errors.ConfigError"
     assert _exception_type("") == ""
+
+
+def test_a_rank_whose_agent_is_gone_keeps_its_result_instead_of_waiting_on_the_agents_store(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))  # the killed agent's store: nothing listens any more
+    assert _rank0_result("result", rank=1, timeout_s=5, agent=os.getppid() + 1) == "result"
