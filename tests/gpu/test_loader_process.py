@@ -3,12 +3,12 @@ touched CUDA) streams the thread mode's batches, pinned here, and ends with the 
 
 from __future__ import annotations
 
-import psutil
 import pytest
 import torch
 
 from kbit_core.data.loader import make_split_loader
 from tests.integration.dataplane_fixtures import RAW, Produce, produce_topic
+from tests.integration.test_loader_workers import worker_processes
 
 __all__ = ["produce_topic"]  # the fixture
 
@@ -29,5 +29,4 @@ def test_process_workers_feed_a_rank_with_cuda_initialised(produce_topic: Produc
     assert len(runs["process"]) == len(runs["thread"]) > 0
     for (indices, x), (thread_indices, thread_x) in zip(runs["process"], runs["thread"]):
         assert torch.equal(indices, thread_indices) and torch.equal(x, thread_x)
-    assert not [p for p in psutil.Process().children(recursive=True) if p.ppid() != psutil.Process().pid
-                and p.status() != psutil.STATUS_ZOMBIE], "the worker ended with its loader"
+    assert not worker_processes(), "the worker ended with its loader"

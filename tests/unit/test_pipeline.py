@@ -89,9 +89,15 @@ class Unpicklable(Exception):
 
 
 def child_processes() -> list[psutil.Process]:
-    """Live grandchildren: workers forked by this process's forkserver."""
-    me = psutil.Process()
-    return [p for p in me.children(recursive=True) if p.ppid() != me.pid and p.status() != psutil.STATUS_ZOMBIE]
+    """Live workers forked by this process's forkserver."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and "forkserver" in " ".join(proc.parent().cmdline()):
+                found.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return found
 
 
 def test_a_child_process_hands_over_tensors_in_order_at_most_maxsize_ahead(tmp_path: Path) -> None:
