@@ -30,6 +30,21 @@ def processes_mentioning(text: str) -> list[int]:
     return pids
 
 
+def loader_workers(root: Any = None) -> list[Any]:
+    """Live loader worker processes under ``root`` (a psutil.Process; default this process): its forkserver's
+    children (``reader.workers: process``)."""
+    import psutil
+
+    found = []
+    for proc in (root or psutil.Process()).children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and "forkserver" in " ".join(proc.parent().cmdline()):
+                found.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -20,9 +20,9 @@ from kbit_core.launch.ray_train import LOCAL_RAY_ENV, RAY_CLIENT_SERVER_ENV
 from kbit_core.service import Service
 from kbit_core.testbed.network import Host, TestbedError, in_host
 
-# The local head's settings less "cluster mode off": the bed's nodes join a head on another host.
-RAY_ENV = {**{k: v for k, v in LOCAL_RAY_ENV.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"},
-           **RAY_CLIENT_SERVER_ENV}
+# The local head's settings with cluster mode on: the bed's nodes join a head on another host. Said explicitly,
+# because a process that has started a local Ray runtime carries the local "0" in its own environment.
+RAY_ENV = {**LOCAL_RAY_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", **RAY_CLIENT_SERVER_ENV}
 MARKER = "ray.scripts.scripts"
 _ALIVE_NODES = ("import json, sys\nfrom ray._raylet import GcsClient\n"
                 "nodes = GcsClient(address=sys.argv[1]).get_all_node_info(timeout=5).values()\n"

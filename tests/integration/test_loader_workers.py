@@ -17,6 +17,7 @@ import torch
 from kbit_core.data.loader import make_split_loader
 from kbit_core.errors import CorruptRecordError
 from kbit_core.train.rank_data import rank_loaders
+from tests.conftest import loader_workers
 from tests.integration.dataplane_fixtures import RAW, Produce, extended, inject
 
 pytestmark = pytest.mark.kafka
@@ -26,18 +27,6 @@ AVRO_LIST = {"format": "avro", "layout": "list", "compression": "lz4"}
 
 def with_workers(cfg, workers: str):
     return cfg.model_copy(update={"reader": cfg.reader.model_copy(update={"workers": workers})})
-
-
-def worker_processes(root: psutil.Process | None = None) -> list[psutil.Process]:
-    """Live loader worker processes under ``root`` (default: this process): the children of its forkserver."""
-    found = []
-    for proc in (root or psutil.Process()).children(recursive=True):
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and "forkserver" in " ".join(proc.parent().cmdline()):
-                found.append(proc)
-        except psutil.NoSuchProcess:
-            continue
-    return found
 
 
 def batches_of(loader) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
@@ -72,11 +61,11 @@ def test_process_workers_yield_the_thread_batches_and_resume_alike(produce_topic
         head = [next(batches).indices.tolist() for _ in range(5)]
         state = loader.state_dict()
         batches.close()
-        (worker,) = worker_processes()
+        (worker,) = loader_workers()
         loader.set_epoch(4)
         assert len(batches_of(loader)) == len(loader)
-        assert worker_processes() == [worker], "one worker process (and consumer) serves the loader's epochs"
-    assert not worker_processes(), "closing the loader ends its worker process"
+        assert loader_workers() == [worker], "one worker process (and consumer) serves the loader's epochs"
+    assert not loader_workers(), "closing the loader ends its worker process"
     with make_split_loader(process_cfg, manifest, "train", 1, 2) as resumed:
         resumed.load_state_dict(state)
         tail = batches_of(resumed)
@@ -94,7 +83,7 @@ def test_a_corrupt_record_fails_in_the_rank_with_its_coordinates(produce_topic: 
     assert (err.value.topic, err.value.partition, err.value.offset) == (manifest.topic, 1, offset)
     assert str(err.value).endswith(f"(topic={manifest.topic}, partition=1, offset={offset})")
     assert any("raised in the worker process" in note for note in err.value.__notes__)
-    assert not worker_processes()
+    assert not loader_workers()
 
 
 def test_skipped_records_reach_the_rank_counts(produce_topic: Produce):
@@ -150,7 +139,7 @@ def test_the_worker_process_ends_when_the_rank_is_killed(produce_topic: Produce)
         assert rank.stdout.readline().strip() == "first batch"
         rank_process = psutil.Process(rank.pid)
         descendants = rank_process.children(recursive=True)
-        assert worker_processes(rank_process), "the rank reads through a worker process"
+        assert loader_workers(rank_process), "the rank reads through a worker process"
         os.kill(rank.pid, signal.SIGKILL)
         rank.wait()
         deadline = time.monotonic() + 60  # the worker checks on its parent every 5 s

@@ -27,6 +27,13 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BedState]:
         yield state
         return
     bed_dir = tmp_path_factory.mktemp("bed") / "testbed"  # `<workdir>/testbed`, as the CLI places it
-    state = bed.up(bed_dir)
+    with pytest.MonkeyPatch.context() as patch:
+        # As in a driver that already ran a local Ray runtime (the Ray tests run first in the suite): its environment
+        # turns Ray's multi-node mode off, which the bed's Ray nodes must not inherit.
+        from kbit_core.launch.ray_train import LOCAL_RAY_ENV
+
+        for name, value in LOCAL_RAY_ENV.items():
+            patch.setenv(name, value)
+        state = bed.up(bed_dir)
     yield state
     bed.down(bed_dir)

@@ -9,12 +9,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
 from kbit_core.data.pipeline import ChildProcess, threaded
 from kbit_core.errors import KbitError
+from tests.conftest import loader_workers
 
 
 def alive(name: str) -> bool:
@@ -88,24 +88,12 @@ class Unpicklable(Exception):
         super().__init__(message)
 
 
-def child_processes() -> list[psutil.Process]:
-    """Live workers forked by this process's forkserver."""
-    found = []
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and "forkserver" in " ".join(proc.parent().cmdline()):
-                found.append(proc)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
 def test_a_child_process_hands_over_tensors_in_order_at_most_maxsize_ahead(tmp_path: Path) -> None:
     log = tmp_path / "made.txt"
     child = ChildProcess(functools.partial(logged_tensors, log), 2)
     try:
         assert [int(t[0, 0]) for t in child.run(20)] == list(range(20))
-        (worker,) = child_processes()
+        (worker,) = loader_workers()
         log.unlink()
         items = child.run(100)
         assert torch.equal(next(items), torch.zeros(4, 3))
@@ -114,10 +102,10 @@ def test_a_child_process_hands_over_tensors_in_order_at_most_maxsize_ahead(tmp_p
         assert len(log.read_text().split()) <= 1 + 2 + 1
         items.close()
         assert [int(t[0, 0]) for t in child.run(3)] == [0, 1, 2], "a run after an abandoned one starts afresh"
-        assert child_processes() == [worker], "one child serves every run"
+        assert loader_workers() == [worker], "one child serves every run"
     finally:
         child.close()
-    assert not child_processes()
+    assert not loader_workers()
 
 
 def test_a_child_process_raises_the_child_error_with_its_type_and_message() -> None:
@@ -140,4 +128,4 @@ def test_a_child_process_raises_the_child_error_with_its_type_and_message() -> N
             list(unpicklable.run(7))
     finally:
         unpicklable.close()
-    assert not child_processes()
+    assert not loader_workers()
