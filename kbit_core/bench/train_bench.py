@@ -24,7 +24,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from kbit_core.config import KbitConfig
-from kbit_core.errors import DistributedError
+from kbit_core.errors import ConfigError, DistributedError
 from kbit_core.launch import launch
 
 log = logging.getLogger(__name__)
@@ -98,15 +98,23 @@ def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int
 
 
 def available_launchers(cfg: KbitConfig) -> dict[str, dict[str, Any]]:
-    """The launchers installed here, as config overrides: plain torchrun always, TorchDistributor (local and
-    cluster mode) where pyspark is, Ray Train where ray is."""
+    """The launchers installed here that ``cfg`` can run under, as config overrides: plain torchrun always,
+    TorchDistributor (local and cluster mode) where pyspark is, Ray Train where ray is."""
     launchers: dict[str, dict[str, Any]] = {"torchrun": {"launch": {"engine": "torchrun"}}}
     if installed("pyspark"):
         launchers["distributor_local_mode"] = {"launch": {"engine": "spark", "local_mode": True}}
         launchers["distributor_cluster_mode"] = {"launch": {"engine": "spark", "local_mode": False}}
     if installed("ray"):
         launchers["ray_train"] = {"launch": {"engine": "ray"}}
-    return launchers
+    usable = {}
+    for name, launcher in launchers.items():
+        try:
+            cfg.override(launcher)
+        except ConfigError as exc:  # e.g. cluster mode needs a barrier slot per process on the master
+            log.warning("launcher %s not measured: %s", name, exc)
+            continue
+        usable[name] = launcher
+    return usable
 
 
 def launcher_name(cfg: KbitConfig) -> str:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
 import sys
 import traceback
 from pathlib import Path
+from collections.abc import Callable
 from typing import Annotated, Any, Optional
 
 import typer
@@ -100,3 +102,17 @@ def terminate_like_interrupt() -> None:
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
     sys.stdout.flush()
+
+
+def print_results(compute: Callable[[], dict[str, Any]], table: Callable[[dict[str, Any]], Any], as_json: bool) -> None:
+    """Run ``compute`` (guarded) and print its results: one JSON document with ``--json``, else ``table(results)``.
+
+    Under ``--json`` whatever the run prints (TorchDistributor copies the workers' output) goes to stderr, so stdout
+    carries the JSON alone.
+    """
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        results = run_guarded(compute)
+    if as_json:
+        print_json(results)
+    else:
+        Console().print(table(results))

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
@@ -13,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
+from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, print_results, run_guarded
 from kbit_core.config import KbitConfig
 
 out = Console()
@@ -57,13 +55,9 @@ def bench_stream_command(
     chosen = variant_specs or ["raw:bytes:lz4", "avro:list:lz4", "json:list:lz4"]
     variants = run_guarded(lambda: [DataVariant(**dict(zip(("format", "layout", "compression"), v.split(":"))))
                                     for v in chosen])
-    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-        doc = run_guarded(run_stream_bench, cfg, variants, [float(r) for r in rates.split(",")],
-                          fixed_rate=fixed_rate, warmup_s=warmup_s, stage_s=stage_s, output=output)
-    if as_json:
-        print_json(doc)
-    else:
-        out.print(results_table(doc))
+    print_results(lambda: run_stream_bench(cfg, variants, [float(r) for r in rates.split(",")], fixed_rate=fixed_rate,
+                                           warmup_s=warmup_s, stage_s=stage_s, output=output),
+                  results_table, as_json)
 
 
 def register(app: typer.Typer) -> None:

@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
+from kbit_core.cli.common import (ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, print_results,
+                                   run_guarded)
 
 out = Console()
 
@@ -107,13 +108,7 @@ def bench_placement_command(
 def _run_bench(run: Callable[..., dict[str, Any]], table: Callable[[dict[str, Any]], Table], config: Path | None,
                sets: list[str] | None, output: Path | None, repeats: int, as_json: bool) -> None:
     cfg = run_guarded(load_cli_config, config, sets)
-    # TorchDistributor copies the workers' output to stdout; with --json, stdout carries the JSON alone.
-    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-        results = run_guarded(run, cfg, output=output, repeats=repeats)
-    if as_json:
-        print_json(results)
-    else:
-        out.print(table(results))
+    print_results(lambda: run(cfg, output=output, repeats=repeats), table, as_json)
 
 
 def register(app: typer.Typer) -> None:

@@ -139,11 +139,11 @@ def run_rank(entry: RankEntry, config_json: str, args_json: str, error_dir: str)
         result = entry(cfg, *wire.loads(args_json))
         return _rank0_result(wire.dumps(result), rank, float(cfg.launch.timeout_s), agent)
     except BaseException:
-        _record_traceback(Path(error_dir), rank)
+        record_traceback(Path(error_dir), rank)
         raise
 
 
-def _record_traceback(error_dir: Path, rank: int) -> None:
+def record_traceback(error_dir: Path, rank: int) -> None:
     """Write the exception being handled to ``error_dir/rank<r>.txt``; never mask it with a write error.
 
     On a multi-machine cluster the driver's run directory may not exist on this executor; the
@@ -219,7 +219,7 @@ def worker_failure(exc: Exception, errors: Path, cfg: KbitConfig, output: str) -
         )
     return DistributedError(
         f"distributed run failed ({describe(cfg)}) before any worker reported a Python error; "
-        f"Spark said: {message[-3000:]}"
+        f"the launcher said: {message[-3000:]}"
     )
 
 

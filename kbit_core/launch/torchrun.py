@@ -25,7 +25,7 @@ from pydantic import TypeAdapter
 from kbit_core import wire
 from kbit_core.config import KbitConfig
 from kbit_core.errors import DistributedError
-from kbit_core.launch.distributor import RankEntry, describe, errors_dir, run_rank, worker_failure
+from kbit_core.launch.distributor import RankEntry, describe, errors_dir, record_traceback, run_rank, worker_failure
 from kbit_core.launch.failures import OutputTail
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def run_torchrun(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: Any
         returncode, output = _run_relaying_output(cmd, env)
         result_file = scratch / _RESULT_FILE
         if returncode != 0 or not result_file.is_file():
-            failure = DistributedError(f"torchrun exited with code {returncode}")
+            failure = DistributedError(f"torchrun exited with code {returncode}; its last output:\n{output[-3000:]}")
             raise worker_failure(failure, errors, cfg, output)
         result = wire.loads(result_file.read_text())
     finally:
@@ -92,11 +92,16 @@ def _run_relaying_output(cmd: list[str], env: dict[str, str]) -> tuple[int, str]
 
 def _rank_main(scratch: Path) -> None:
     call = json.loads((scratch / _CALL_FILE).read_text())
-    target: Any = importlib.import_module(call["module"])
-    for part in call["qualname"].split("."):
-        target = getattr(target, part)
+    rank = int(os.environ.get("RANK", "0"))
+    try:  # an entry that imports on the driver but not in a rank is that rank's own error, not a silent exit 1
+        target: Any = importlib.import_module(call["module"])
+        for part in call["qualname"].split("."):
+            target = getattr(target, part)
+    except BaseException:
+        record_traceback(Path(call["errors"]), rank)
+        raise
     text = run_rank(target, call["config"], call["args"], call["errors"])
-    if int(os.environ.get("RANK", "0")) == 0:
+    if rank == 0:
         (scratch / _RESULT_FILE).write_text(text)
 
 

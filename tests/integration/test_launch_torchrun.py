@@ -64,6 +64,23 @@ def test_an_entry_the_ranks_cannot_import_is_refused_before_launch(torchrun_conf
         launch(local_entry, torchrun_config)
 
 
+def test_an_entry_that_fails_to_import_in_a_rank_is_that_ranks_error(torchrun_config, tmp_path, monkeypatch):
+    (tmp_path / "host_only_entry.py").write_text(
+        "import os\n"
+        "if 'RANK' in os.environ:\n"
+        "    raise ImportError('libfoo is installed on the driver host only')\n"
+        "def entry(cfg):\n"
+        "    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from host_only_entry import entry
+
+    with pytest.raises(WorkerFailedError) as info:
+        launch(entry, torchrun_config)
+    assert info.value.exception_type == "ImportError"
+    assert "libfoo is installed on the driver host only" in str(info.value)
+    assert "ImportError" in (errors_dir(torchrun_config.run_dir) / "rank0.txt").read_text()
+
+
 def test_training_restarts_from_its_checkpoint_after_a_worker_failure(make_config, topic_name, tmp_path,
                                                                       fault_models_importable):
     marker = tmp_path / "fault-fired"

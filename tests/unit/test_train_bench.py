@@ -47,3 +47,12 @@ def test_below_target_is_flagged_and_an_unmeasured_mode_stays_empty():
     text = console.export_text()
     assert "0.500x" in text and "below" in text
     assert "distributor_cluster_mode" in text and "-x" not in text
+
+
+def test_a_launcher_the_config_cannot_run_under_is_left_out_not_fatal():
+    from kbit_core.bench.train_bench import available_launchers
+
+    cfg = KbitConfig.from_dict({"launch": {"master": "local[2]", "num_processes": 3}})
+    launchers = available_launchers(cfg)
+    assert "torchrun" in launchers and "distributor_local_mode" in launchers
+    assert "distributor_cluster_mode" not in launchers  # 3 barrier tasks do not fit local[2]
