@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kbit_core.data.loader import make_split_loader
+from tests.conftest import loader_workers
 from tests.integration.dataplane_fixtures import RAW, Produce, produce_topic
-from tests.integration.test_loader_workers import worker_processes
 
 __all__ = ["produce_topic"]  # the fixture
 
@@ -29,4 +29,4 @@ def test_process_workers_feed_a_rank_with_cuda_initialised(produce_topic: Produc
     assert len(runs["process"]) == len(runs["thread"]) > 0
     for (indices, x), (thread_indices, thread_x) in zip(runs["process"], runs["thread"]):
         assert torch.equal(indices, thread_indices) and torch.equal(x, thread_x)
-    assert not worker_processes(), "the worker ended with its loader"
+    assert not loader_workers(), "the worker ended with its loader"
