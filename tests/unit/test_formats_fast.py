@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -14,8 +15,9 @@ from hypothesis import strategies as st
 from kbit_core.errors import ConfigError, CorruptRecordError
 from kbit_core.formats import Codec, get_codec
 from kbit_core.formats.fast import FastPath, select_codec, stock_reason
-from kbit_core.formats.fast.avro import FastAvroCodec, compile_plan
-from kbit_core.formats.fast.base import UnsupportedSchema
+from kbit_core.formats.fast import base as fast_base
+from kbit_core.formats.fast.avro import AvroWalker, FastAvroCodec, compile_plan
+from kbit_core.formats.fast.base import Defer, UnsupportedSchema
 from kbit_core.formats.microbench import fast_speedups
 from tests.unit.test_formats import SHAPES, CodecContract
 
@@ -154,7 +156,8 @@ def test_blocks_of_equal_values_take_the_column_paths() -> None:
         assert fast.deferred_batches == 0
         if fmt != "bson":  # the Avro walker reads such a block as one matrix, not value by value
             payloads = [fast._avro_payload(v) for v in values] if fmt == "mongodb_avro" else values
-            np.testing.assert_array_equal(fast._walker._by_template(payloads)[0], indices)
+            rows = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(len(payloads), -1)
+            np.testing.assert_array_equal(fast._walker.by_template(rows)[0], indices)
 
 
 def test_fast_speedups_compares_every_fast_decoder_with_its_stock_codec() -> None:
@@ -229,3 +232,157 @@ def test_unusual_but_valid_avro_blocks_decode_like_fastavro() -> None:
     assert_same(stock, fast, [plain, blocked])
     np.testing.assert_array_equal(fast.decode([blocked]).pixels.reshape(-1), record["data"])
     assert fast.deferred_batches == 0
+
+# ---- Avro and mongodb_avro blocks: several value lengths, read as byte matrices ----------------------------------
+
+AVRO_FAST = [("avro", "bytes"), ("avro", "list"), ("mongodb_avro", "bytes"), ("mongodb_avro", "list")]
+
+
+@pytest.mark.parametrize("shuffled", [False, True], ids=["in-order", "shuffled"])
+@pytest.mark.parametrize(("fmt", "layout"), AVRO_FAST)
+def test_avro_blocks_of_several_lengths_are_read_as_matrices(fmt: str, layout: str, shuffled: bool,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every other index across the varint widths at 8,192 and 1,048,576 (three payload lengths), in order or not,
+    # in parts of at most 40 values: each part's payloads of one length are read as a matrix by template, and only
+    # its first value is walked.
+    indices = np.concatenate([np.arange(8_100, 8_300, 2), np.arange(1_048_500, 1_048_700, 2)])
+    if shuffled:
+        indices = np.random.default_rng(1).permutation(indices)
+    images = np.random.default_rng(0).integers(0, 256, (len(indices), 1, 28, 28), dtype=np.uint8)
+    stock = get_codec(fmt, layout, (1, 28, 28), num_classes=10)
+    fast = get_codec(fmt, layout, (1, 28, 28), num_classes=10, decoder="fast")
+    values = stock.encode(indices, images, indices % 10)
+    payloads = [fast._avro_payload(v) for v in values] if fmt == "mongodb_avro" else values
+    assert len(set(map(len, payloads))) == 3  # (mongodb_avro: in envelopes of one length, padded differently)
+    walked: list[int] = []
+    walk = AvroWalker._walked
+    monkeypatch.setattr(AvroWalker, "_walked", lambda self, vs: walked.append(len(vs)) or walk(self, vs))
+    monkeypatch.setattr(fast_base, "GROUP_BYTES", 40 * max(map(len, values)))
+    assert_same(stock, fast, values)
+    assert fast.deferred_batches == 0
+    assert set(walked) == {1} and len(walked) >= len(values) // 40
+    np.testing.assert_array_equal(fast.decode(values).indices, indices)
+
+
+@st.composite
+def avro_blocks(draw: st.DrawFn, fmt: str, layout: str) -> tuple[Codec, Codec, list[bytes]]:
+    """A block as a partition delivers one, or shuffled: index runs from around where a varint grows (64, 8,192,
+    1,048,576, 134,217,728, the int's end), labels up to 199 (two-byte varints: values of one length whose index
+    and label widths differ)."""
+    shape = draw(st.sampled_from([(1, 2, 2), (3, 4, 5), (1, 28, 28)]))
+    num_classes = draw(st.sampled_from([None, 10, 200]))
+    n = draw(st.integers(16, 100))
+    start = draw(st.sampled_from([0, 30, 8_150, 1_048_540, 134_217_700, 2**31 - 1 - 3 * n]))
+    indices = start + draw(st.integers(1, 3)) * np.arange(n)
+    if draw(st.booleans()):
+        indices = np.array(draw(st.permutations(indices.tolist())))
+    labels = np.array(draw(st.lists(st.integers(0, (num_classes or 200) - 1), min_size=n, max_size=n)))
+    images = np.random.default_rng(draw(st.integers(0, 2**32 - 1))).integers(0, 256, (n, *shape), dtype=np.uint8)
+    stock = get_codec(fmt, layout, shape, num_classes=num_classes)
+    fast = get_codec(fmt, layout, shape, num_classes=num_classes, decoder="fast")
+    return stock, fast, stock.encode(indices, images, labels)
+
+
+def damage_envelope(data: st.DataObject, values: list[bytes]) -> None:
+    """Edit a drawn export envelope's Data string in place: any byte at any position (another base64 letter gives
+    other, maybe valid, Avro bytes), a JSON escape, no padding, a space after the key."""
+    strings = {i: found.span(1) for i, v in enumerate(values) if (found := re.search(rb'"Data":"([^"]+)"', v))}
+    if not strings:  # all garbage already
+        return
+    target = data.draw(st.sampled_from(sorted(strings)))
+    value, (start, stop) = bytearray(values[target]), strings[target]
+    kind = data.draw(st.sampled_from(["byte", "escape", "unpad", "space"]))
+    if kind == "byte":
+        value[data.draw(st.integers(start, stop - 1))] = data.draw(st.integers(0, 255))
+    elif kind == "escape" and b"/" in value[start:stop]:
+        at = value.index(b"/", start)
+        value[at:at + 1] = b"\\/"
+    elif kind == "unpad":
+        value[start:stop] = value[start:stop].rstrip(b"=")
+    elif kind == "space":
+        value[start - 1:start - 1] = b" "
+    values[target] = bytes(value)
+
+
+@pytest.mark.parametrize(("fmt", "layout"), AVRO_FAST)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_avro_blocks_decode_like_stock(fmt: str, layout: str, data: st.DataObject) -> None:
+    stock, fast, values = data.draw(avro_blocks(fmt, layout))
+    kinds = ["none", "value", "garbage"] + (["envelope"] if fmt == "mongodb_avro" else [])
+    for kind in data.draw(st.lists(st.sampled_from(kinds), min_size=1, max_size=3)):
+        if kind == "value":
+            damage(data, values)
+        elif kind == "garbage":  # as long as its neighbours, so it joins their matrix
+            target = data.draw(st.integers(0, len(values) - 1))
+            values[target] = data.draw(st.binary(min_size=len(values[target]), max_size=len(values[target])))
+        elif kind == "envelope":
+            damage_envelope(data, values)
+    group = data.draw(st.sampled_from([None, 16, 40]))
+    with patch.object(fast_base, "GROUP_BYTES", group * max(map(len, values)) if group else fast_base.GROUP_BYTES):
+        assert_same(stock, fast, values)
+
+
+@pytest.mark.parametrize("decoy", ["duplicate-key", "other-object", "escaped-key"])
+def test_a_look_alike_data_string_is_not_taken_for_the_payload(decoy: str) -> None:
+    # Every envelope carries binary_data.Data of the first one, and before it a second "Data":"..." of that length
+    # (a duplicate key, which orjson overrides with the last; a field of another object; the tail of a key) that
+    # differs from envelope to envelope, equal to it in the first. Only what orjson reads may be decoded.
+    stock = get_codec("mongodb_avro", "bytes", (1, 4, 4))
+    fast = get_codec("mongodb_avro", "bytes", (1, 4, 4), decoder="fast")
+    images = np.random.default_rng(0).integers(0, 256, (32, 1, 4, 4), dtype=np.uint8)
+    written = stock.encode(np.arange(100, 132), images, np.arange(32) % 10)
+    strings = [v[v.index(b'"Data":"') + 8:v.index(b'"', v.index(b'"Data":"') + 8)] for v in written]
+    first, kept = written[0], b'"Data":"' + strings[0]
+    old, new = {"duplicate-key": (kept, b'"Data":"%s",' + kept),
+                "other-object": (b'{"binary_data"', b'{"other":{"Data":"%s"},"binary_data"'),
+                "escaped-key": (b'{"binary_data"', b'{"x\\"Data":"%s","binary_data"')}[decoy]
+    values = [first.replace(old, new % s) for s in strings]
+    assert len(set(map(len, values))) == 1
+    np.testing.assert_array_equal(stock.decode(values).indices, np.full(32, 100))
+    assert_same(stock, fast, values)
+
+
+@pytest.mark.parametrize("fmt", ["avro", "mongodb_avro"])
+@pytest.mark.parametrize("shape", [(1, 2, 2), (1, 1, 5), (1, 2, 3)], ids=["no-pad", "two-pads", "one-pad"])  # base64
+def test_every_byte_of_a_block_value_is_judged_like_stock(fmt: str, shape: tuple[int, int, int]) -> None:
+    # One value in a block of 16, each of its bytes (mongodb_avro: of its Data string) set to each byte value: the
+    # matrix may read it only where the stock decoder reads the same record; else the same error.
+    stock = get_codec(fmt, "bytes", shape, num_classes=10)
+    fast = get_codec(fmt, "bytes", shape, num_classes=10, decoder="fast")
+    images = np.random.default_rng(0).integers(0, 256, (16, *shape), dtype=np.uint8)
+    values = stock.encode(np.arange(64, 80), images, np.arange(16) % 10)
+    value = values[7]
+    start = value.index(b'"Data":"') + 8 if fmt == "mongodb_avro" else 0
+    stop = value.index(b'"', start) if fmt == "mongodb_avro" else len(value)
+    for at in range(start, stop):
+        for byte in range(256):
+            assert_same(stock, fast, [*values[:7], value[:at] + bytes([byte]) + value[at + 1:], *values[8:]])
+
+
+@pytest.mark.parametrize("change", ["fingerprint", "subtype"])
+def test_a_block_of_envelopes_from_another_writer_fails_like_stock(change: str) -> None:
+    # Every envelope of the block carries the same wrong fingerprint or binary subtype: they agree with one another,
+    # so only the check of the first one (the stock codec's) can refuse them.
+    stock = get_codec("mongodb_avro", "bytes", (1, 4, 4))
+    fast = get_codec("mongodb_avro", "bytes", (1, 4, 4), decoder="fast")
+    values = stock.encode(np.arange(32), np.zeros((32, 1, 4, 4), np.uint8), np.zeros(32, np.int64))
+    old, new = ((stock.schema_fingerprint().encode(), b"0" * 64) if change == "fingerprint"
+                else (b'"Subtype":0', b'"Subtype":4'))
+    values = [v.replace(old, new) for v in values]
+    assert_same(stock, fast, values)
+    with pytest.raises(CorruptRecordError, match="value 0 of 32"):
+        fast.decode(values)
+
+
+def test_a_letter_after_a_data_strings_padding_is_not_read_as_padding() -> None:
+    # Strict base64 refuses "..x=A": replacing the padding by "A" must not turn it into a longer payload.
+    stock = get_codec("mongodb_avro", "bytes", (1, 1, 5))
+    fast = get_codec("mongodb_avro", "bytes", (1, 1, 5), decoder="fast")
+    values = stock.encode(np.arange(64, 80), np.zeros((16, 1, 1, 5), np.uint8), np.zeros(16, np.int64))
+    stop = values[3].index(b'"', values[3].index(b'"Data":"') + 8)
+    assert values[3][stop - 2:stop] == b"=="
+    values[3] = values[3][:stop - 1] + b"A" + values[3][stop:]
+    with pytest.raises(Defer, match="inside a Data string"):
+        fast._payload_rows(values)
+    assert_same(stock, fast, values)

@@ -10,7 +10,7 @@ stock error, so bad values are named exactly as before. Only results pass throug
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,43 @@ def read_varint(buf: bytes, pos: int, max_bytes: int) -> tuple[int, int]:
         shift += 7
         if shift >= limit:
             raise Defer(f"varint longer than {max_bytes} bytes")
+
+
+Columns = tuple[np.ndarray, np.ndarray, np.ndarray]  # indices, labels, pixels
+
+# Bytes of values per matrix. Whole 4,096-value blocks made malloc hand out fresh pages for every block's matrix
+# and temporaries (joined values, base64 text, payloads): ~2,400 page faults, which on the 2-core VM cost more
+# than the decoding. Matrices of this size reuse the memory the previous one freed.
+GROUP_BYTES = 512 * 1024
+
+
+def by_key(keys: np.ndarray, decode: Callable[[int, slice | np.ndarray], Columns], part_rows: int) -> Columns:
+    """One record per row: ``decode(key, rows)`` decodes the rows holding one key, at most ``part_rows`` at a time
+    (``rows`` is a slice where they are consecutive, the usual case), to ``(indices, labels, pixels [k, C*H*W])``,
+    pixels maybe a strided view. With several keys or parts their columns are written straight into one array
+    each, in row order, so the pixels are copied once; one part is returned as it is."""
+    if len(keys) <= part_rows and (keys == keys[0]).all():
+        return decode(int(keys[0]), slice(0, len(keys)))
+    order = np.argsort(keys, kind="stable")
+    indices, labels = np.empty(len(keys), dtype=np.int64), np.empty(len(keys), dtype=np.int64)
+    pixels = None
+    for group in np.split(order, np.flatnonzero(np.diff(keys[order])) + 1):
+        for where in np.array_split(group, -(-len(group) // part_rows)):
+            at = slice(int(where[0]), int(where[-1]) + 1) if where[-1] - where[0] + 1 == len(where) else where
+            part_indices, part_labels, part_pixels = decode(int(keys[where[0]]), at)
+            if pixels is None:
+                pixels = np.empty((len(keys), part_pixels.shape[1]), dtype=part_pixels.dtype)
+            indices[at], labels[at], pixels[at] = part_indices, part_labels, part_pixels
+    return indices, labels, pixels  # type: ignore[return-value]
+
+
+def by_length(values: Sequence[bytes], decode_group: Callable[[list[bytes]], Columns]) -> Columns:
+    """``by_key`` over the values' lengths: ``decode_group`` gets values of one length (for a template decoder,
+    one byte matrix), at most ``GROUP_BYTES`` of them."""
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    return by_key(lengths, lambda _, at: decode_group(
+        list(values[at]) if isinstance(at, slice) else [values[i] for i in at.tolist()]),  # type: ignore[index]
+        max(1, GROUP_BYTES // max(1, int(lengths.max()))))
 
 
 class FastPath:
