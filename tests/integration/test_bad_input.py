@@ -45,6 +45,25 @@ def test_truncated_message_fails_with_its_coordinates(produce_topic: Produce):
             list(reader.read([OffsetRange(0, 0, offset + 1)]))
 
 
+@pytest.mark.parametrize("fmt", ["json", "bson"])
+@pytest.mark.parametrize("cut", [0.5, 0.999], ids=["half", "last-bytes"])
+def test_a_damaged_list_value_fails_with_the_stock_error_and_its_coordinates(produce_topic: Produce, fmt, cut):
+    # the fast list decoders hand a value they cannot read to the stock library, whose error the reader names
+    cfg, manifest = produce_topic({"format": fmt, "layout": "list", "compression": "none"}, 20, partitions=1)
+    stock = get_codec(fmt, "list", manifest.dataset.image_shape)
+    images, labels = source_truth(cfg)
+    whole = stock.encode([7], images[7:8], labels[7:8])[0]
+    damaged = whole[: int(len(whole) * cut)]
+    offset = inject(cfg, manifest.topic, 0, damaged)
+    with pytest.raises(CorruptRecordError) as expected:
+        stock.decode([damaged])
+    fast = get_codec(fmt, "list", manifest.dataset.image_shape, decoder="fast")
+    with RangeReader(cfg.kafka, cfg.reader, manifest.topic, fast) as reader:
+        with pytest.raises(CorruptRecordError, match=rf"partition=0, offset={offset}") as err:
+            list(reader.read([OffsetRange(0, 0, offset + 1)]))
+    assert str(expected.value) in str(err.value) and manifest.topic in str(err.value)
+
+
 def test_skip_policy_counts_the_bad_record_and_keeps_len(produce_topic: Produce):
     cfg, manifest = produce_topic(RAW, 40, partitions=2, reader__bad_records="skip", shard__split_rates=[0.5, 0.5],
                                   train__global_batch_size=4)

@@ -8,6 +8,7 @@ import re
 from unittest.mock import patch
 
 import numpy as np
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -386,3 +387,131 @@ def test_a_letter_after_a_data_strings_padding_is_not_read_as_padding() -> None:
     with pytest.raises(Defer, match="inside a Data string"):
         fast._payload_rows(values)
     assert_same(stock, fast, values)
+
+
+# ---- JSON lists (kbit's text by template, anything else through orjson) and BSON lists in parts -----------------
+
+# Numbers orjson reads as doubles in [0, 1] (so the batch decodes), written as other writers may: integers, -0,
+# exponents, 17 and more digits, subnormal doubles and doubles that round to float32 subnormals or to 0
+IN_RANGE_NUMBERS = ["0", "1", "-0", "-0.0", "0.0", "1.0", "0.5e0", "5E-1", "1e+0", "1e-400", "5e-324", "1e-320",
+                    "2.2250738585072014e-308", "1.401298464324817e-45", "7.006492321624085e-46",
+                    "7.0064923216240854e-46", "1.1754942807573643e-38", "0.1000000000000000055511151231257827",
+                    "0.99999999999999999999", "0.333333333333333314829616256247390992939472198486328125"]
+# Numbers and texts orjson rejects, or reads as something the stock checks refuse
+OTHER_NUMBERS = ["NaN", "Infinity", "-Infinity", "01", "+1", ".5", "1.", "1e", "-", "0x1", "2.5", "-0.5", "1e400",
+                 "18446744073709551616", "[0.5]", "[]", "[[]]", "null", "true", '"0.5"', "{}", "0.5 ", " 0.5"]
+INTEGERS = ["0", "7", "12", "00", "07", "-0", "-3", "+3", "1.0", "1e2", " 3", "true", "null", '"3"', "9" * 19,
+            str(2**63), str(10**18 - 1)]
+
+
+def float32_halfway(rng: np.random.Generator, count: int) -> list[str]:
+    """17-digit doubles at and next to the midpoint of two neighbouring float32 values in [0, 1]: rounding them
+    to float32 directly and through the double differ unless the double is exact."""
+    low = rng.random(count).astype(np.float32)
+    mid = (low.astype(np.float64) + np.nextafter(low, np.float32(2)).astype(np.float64)) / 2
+    return [repr(float(x)) for x in np.nextafter(mid, mid + rng.choice([-1.0, 0.0, 1.0], count))]
+
+
+@st.composite
+def json_list_values(draw: st.DrawFn, other_writers: bool) -> tuple[Codec, Codec, list[bytes], bool]:
+    """Stock and fast JSON list codecs and values written as kbit writes them but with numbers in any JSON
+    spelling; with ``other_writers`` also with other numbers, key orders, whitespace, extra or repeated keys,
+    other label and index texts, other groupings. The flag says whether every value is in kbit's text."""
+    shape = draw(st.sampled_from([(1, 2, 2), (3, 4, 5), (1, 28, 28)]))
+    rpm = draw(st.sampled_from([1, 2, 3]))
+    stock = get_codec("json", "list", shape, rpm, num_classes=10)
+    fast = get_codec("json", "list", shape, rpm, num_classes=10, decoder="fast")
+    size = int(np.prod(shape))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    records, kbit_text = [], True
+    for _ in range(draw(st.integers(1, 10))):
+        pixels = rng.integers(0, 256, size).astype(np.float32) / np.float32(255)
+        numbers = orjson.dumps(pixels, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")  # the encoder's
+        spellings = [rng.random(size).astype(str), float32_halfway(rng, size)]
+        for at, kind in draw(st.lists(st.tuples(st.integers(0, size - 1), st.integers(0, 3)), max_size=size)):
+            numbers[at] = (spellings[kind][at] if kind < 2 else draw(st.sampled_from(IN_RANGE_NUMBERS))).encode()
+        fields = {"data": b"[" + b",".join(numbers) + b"]", "label": str(draw(st.integers(0, 9))).encode(),
+                  "index": str(draw(st.integers(0, 10**18 - 1))).encode(),
+                  "shape": b"[" + ",".join(map(str, shape)).encode() + b"]"}
+        order = ["data", "label", "index", "shape"]
+        edit = draw(st.sampled_from(["none", "none", "number", "integer", "order", "space", "extra", "repeat",
+                                     "shape", "comma"])) if other_writers else "none"
+        if edit == "number":
+            numbers[draw(st.integers(0, size - 1))] = draw(st.sampled_from(OTHER_NUMBERS)).encode()
+            fields["data"] = b"[" + b",".join(numbers) + b"]"
+        elif edit == "integer":
+            fields[draw(st.sampled_from(["label", "index"]))] = draw(st.sampled_from(INTEGERS)).encode()
+        elif edit == "order":
+            order = draw(st.permutations(order))
+        elif edit == "extra":
+            order.insert(draw(st.integers(0, 4)), "extra")
+            fields["extra"] = draw(st.sampled_from([b"[[1]]", b"[1,2]", b'"]"', b"{}"]))
+        elif edit == "repeat":
+            key = draw(st.sampled_from(order))
+            order.insert(draw(st.integers(0, 4)), key)
+        elif edit == "shape":
+            fields["shape"] = b"[" + ",".join(map(str, shape[::-1])).encode() + b"," + b"1]"
+        elif edit == "comma":
+            fields["data"] = fields["data"][:-1] + b",]"
+        record = b"{" + b",".join(b'"' + key.encode() + b'":' + fields[key] for key in order) + b"}"
+        if edit == "space":
+            at = draw(st.sampled_from([m.end() for m in re.finditer(rb"[:,\[{]", record)]))
+            record = record[:at] + draw(st.sampled_from([b" ", b"\n", b"\t"])) + record[at:]
+        kbit_text &= edit == "none" or (edit == "order" and order == ["data", "label", "index", "shape"])
+        records.append(record)
+    values = records if rpm == 1 else []
+    while rpm > 1 and records:
+        take = draw(st.integers(1, rpm + (1 if other_writers else 0)))
+        group, records = records[:take], records[take:]
+        kbit_text &= len(group) <= rpm
+        values.append(b"[" + b",".join(group) + b"]")
+    return stock, fast, values, kbit_text
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_json_lists_in_kbits_text_decode_like_orjson_without_deferring(data: st.DataObject) -> None:
+    stock, fast, values, kbit_text = data.draw(json_list_values(other_writers=False))
+    assert kbit_text
+    assert_same(stock, fast, values)
+    assert fast.deferred_batches == 0
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_json_lists_of_other_writers_decode_like_orjson(data: st.DataObject) -> None:
+    stock, fast, values, kbit_text = data.draw(json_list_values(other_writers=True))
+    if data.draw(st.booleans()):
+        damage(data, values)
+        kbit_text = False
+    assert_same(stock, fast, values)
+    if kbit_text:
+        assert fast.deferred_batches == 0
+
+
+@pytest.mark.parametrize("nested", [b"[0.5],0.25", b"[],[0.5,0.25]", b"[[0.5]],0.25"])
+def test_a_json_list_with_a_nested_array_fails_like_orjson(nested: bytes) -> None:
+    # as_buffer flattens nested arrays: these have C*H*W numbers when flattened, which must not pass as pixels
+    stock = get_codec("json", "list", (1, 2, 2))
+    fast = get_codec("json", "list", (1, 2, 2), decoder="fast")
+    value = b'{"data":[' + nested + b',0.5,0.75],"label":1,"index":2,"shape":[1,2,2]}'
+    with pytest.raises(CorruptRecordError, match="value 0 of 1"):
+        stock.decode([value])
+    assert_same(stock, fast, [value])
+
+
+@pytest.mark.parametrize("rpm", [1, 3])
+def test_json_and_bson_list_blocks_of_several_parts_decode_like_stock(rpm: int) -> None:
+    # 399 records of 1x28x28: several GROUP_BYTES parts per block, every part's records in their own rows
+    indices = np.arange(70_000, 70_399)
+    images = np.random.default_rng(0).integers(0, 256, (len(indices), 1, 28, 28), dtype=np.uint8)
+    for fmt in ("json", "bson"):
+        stock = get_codec(fmt, "list", (1, 28, 28), rpm)
+        fast = get_codec(fmt, "list", (1, 28, 28), rpm, decoder="fast")
+        values = stock.encode(indices, images, indices % 10)
+        assert sum(map(len, values)) > 3 * fast_base.GROUP_BYTES
+        assert_same(stock, fast, values)
+        assert fast.deferred_batches == 0
+        batch = fast.decode(values)
+        np.testing.assert_array_equal(batch.indices, indices)
+        np.testing.assert_array_equal(batch.pixels, images.astype(np.float32) / np.float32(255))
