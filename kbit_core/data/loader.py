@@ -425,8 +425,8 @@ def make_split_loader(cfg: KbitConfig, manifest: Manifest, split: str, rank: int
                       reader: RangeReader | None = None) -> ShardLoader:
     """The loader of ``split`` for ``rank`` of ``world_size`` over the topic ``manifest`` describes.
 
-    ``reader`` (another loader's ``.reader`` of the same topic) makes the loaders share one consumer and one
-    bounds check; its owner closes it. :func:`make_split_loaders` builds all splits that way.
+    ``reader`` (another loader's ``.reader`` of the same topic) makes the loaders share one consumer (and its
+    bounds check); its owner closes it. :func:`make_split_loaders` builds all splits that way.
     """
     if reader is None:
         return ShardLoader(cfg, manifest, split, rank, world_size, manifest_codec(manifest, cfg.reader.decoder),
@@ -454,8 +454,8 @@ def manifest_codec(manifest: Manifest, decoder: str = "stock") -> Any:
 
 
 class SplitLoaderSet(Mapping[str, ShardLoader]):
-    """One rank's loaders of several splits over one shared :class:`RangeReader`: one consumer, and one bounds
-    query per topic when :meth:`connect` checks every split's ranges together."""
+    """One rank's loaders of several splits over one shared :class:`RangeReader`: one consumer, which also asks the
+    broker's offset bounds once when :meth:`connect` checks every split's ranges together."""
 
     def __init__(self, reader: RangeReader, loaders: Mapping[str, ShardLoader]) -> None:
         self.reader = reader
@@ -471,11 +471,13 @@ class SplitLoaderSet(Mapping[str, ShardLoader]):
         return len(self._loaders)
 
     def connect(self) -> None:
-        """Open the consumer and check every split's planned ranges against the broker in one bounds query (with
-        ``reader.workers: process`` only the check: each loader's worker process reads with a consumer of its own)."""
+        """Open the consumer and check every split's planned ranges against the broker through it in one bounds
+        query (with ``reader.workers: process`` only the check, closing the consumer after it: each loader's worker
+        process reads with a consumer of its own)."""
         ranges = [r for loader in self._loaders.values() for r in loader.shard.ranges]
         if self.reader.reader_cfg.workers == "process":
             self.reader.check(ranges)
+            self.reader.close()
         else:
             self.reader.connect(ranges)
 

@@ -17,7 +17,6 @@ from typing import Any
 
 from kbit_core.config import ClientName, KafkaConfig, ReaderConfig
 from kbit_core.errors import BrokerError, CorruptRecordError, OffsetRangeError, ReadTimeoutError
-from kbit_core.kafka import admin
 from kbit_core.kafka.consumers import ConsumerBackend, RawRecord, make_consumer
 from kbit_core.sharding import OffsetRange
 
@@ -36,7 +35,7 @@ class ReaderStats:
     skipped: int = 0  # corrupt messages left out under bad_records='skip'
     gaps: int = 0  # offsets missing inside planned ranges (transaction markers, compaction)
     retries: int = 0  # transient client errors retried
-    kafka_clients: int = 0  # Kafka clients opened: the consumer and each bounds query
+    kafka_clients: int = 0  # Kafka clients opened: the consumer, and any client it asks the bounds with
     fetch_seconds: float = 0.0
     decode_seconds: float = 0.0
 
@@ -45,9 +44,10 @@ class RangeReader:
     """Reads planned :class:`OffsetRange` s of ``topic`` with one consumer, reused across calls.
 
     Consecutive ranges of one call that continue where the previous one stopped are read without a new seek;
-    between calls the consumer holds no assignment. Several loaders may share one reader (one consumer, one
-    bounds query per topic): each range is fetched under a lock and re-seeks when another caller moved the
-    consumer, so interleaved or concurrent readers still get exactly their ranges.
+    between calls the consumer holds no assignment. Several loaders may share one reader (one consumer, which
+    also asks the broker's offset bounds once per partition): each range is fetched, and the bounds asked, under
+    a lock and re-seeks when another caller moved the consumer, so interleaved or concurrent readers still get
+    exactly their ranges.
     Callers bound memory through the size of the ranges they pass (see ``sharding.block_order``).
     """
 
@@ -63,12 +63,12 @@ class RangeReader:
         self._lock = threading.Lock()
 
     def connect(self, ranges: Sequence[OffsetRange] = ()) -> None:
-        """Open the consumer now and check ``ranges`` with one bounds query for all their partitions, so the
-        reads that follow make no set-up round trip of their own (the consumer's first fetch still connects
-        to the partition leaders)."""
-        with self._lock:
-            self._open()
+        """Check ``ranges`` through the consumer and have it connected, so the reads that follow make no set-up
+        round trip of their own (the check's fetch already connected a confluent consumer to the partition
+        leaders)."""
         self.check(ranges)
+        with self._lock:
+            self._open().open()
 
     def _open(self) -> ConsumerBackend:
         if self._consumer is None:
@@ -81,17 +81,23 @@ class RangeReader:
     def check(self, ranges: Sequence[OffsetRange]) -> None:
         """Fail fast unless every range lies inside what the broker stores (topic, partition, offsets).
 
+        The bounds of partitions not asked yet come from one fetch with the reader's consumer (see
+        ``ConsumerBackend.offset_bounds``) at the last offset the ranges read in each: the fetch that returns least.
+
         Raises:
             TopicError: the topic or a partition does not exist.
             OffsetRangeError: a range starts below the earliest stored offset or ends past the log end.
         """
-        starts: dict[int, int] = {}
+        last_offsets: dict[int, int] = {}
         for r in ranges:
             if len(r) and r.partition not in self._bounds:
-                starts[r.partition] = min(r.start, starts.get(r.partition, r.start))
-        if starts:
-            self.stats.kafka_clients += 1
-            self._bounds.update(admin.offset_bounds(self.kafka_cfg, self.topic, sorted(starts), probes=starts))
+                last_offsets[r.partition] = max(r.stop - 1, last_offsets.get(r.partition, r.stop - 1))
+        if last_offsets:
+            with self._lock:
+                consumer = self._open()
+                self._bounds.update(consumer.offset_bounds(self.topic, last_offsets))
+                self._position, self._carry = None, []  # the probe moved the consumer
+                self.stats.kafka_clients += consumer.bounds_opens_client
         for r in ranges:
             if not len(r):
                 continue

@@ -2,8 +2,8 @@
 
 Tansu 0.6.0 answers ListOffsets(LATEST) with "base offset of the last batch + 1", which is short whenever
 the last batch holds more than one record. The high watermark carried by every Fetch response is right,
-so :func:`exact_end_offsets` and :func:`offset_bounds` fetch once near the end of each partition and read the
-watermark that came back. Keep every end-offset lookup behind those two functions.
+so :func:`exact_end_offsets` fetches once near the end of each partition and reads the watermark that came back,
+as a reader's own consumer does in ``ConsumerBackend.offset_bounds``. Keep every end-offset lookup behind those two.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,12 @@ def topic_partitions(kcfg: KafkaConfig, topic: str) -> list[int]:
     return _partitions_in(_metadata(_admin(kcfg), kcfg), kcfg, topic)
 
 
+def consumer_partitions(consumer: Consumer, kcfg: KafkaConfig, topic: str) -> list[int]:
+    """:func:`topic_partitions` through an open consumer, asking for ``topic`` alone (a consumer's request never
+    creates it; the admin client's would, on Tansu)."""
+    return _partitions_in(_metadata(consumer, kcfg, topic), kcfg, topic)
+
+
 def _partitions_in(cluster: Any, kcfg: KafkaConfig, topic: str) -> list[int]:
     meta = cluster.topics.get(topic)
     if meta is None or (meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
@@ -158,10 +164,11 @@ def _offset_consumer(kcfg: KafkaConfig) -> Consumer:
 
 
 def _checked_partitions(kcfg: KafkaConfig, topic: str, partitions: Iterable[int]) -> list[int]:
-    return _present(topic, partitions, topic_partitions(kcfg, topic))
+    return require_partitions(topic, partitions, topic_partitions(kcfg, topic))
 
 
-def _present(topic: str, partitions: Iterable[int], present: list[int]) -> list[int]:
+def require_partitions(topic: str, partitions: Iterable[int], present: list[int]) -> list[int]:
+    """The sorted ``partitions``; TopicError naming those missing from ``present``."""
     wanted = sorted(set(partitions))
     missing = [p for p in wanted if p not in present]
     if missing:
@@ -194,38 +201,6 @@ def exact_end_offsets(kcfg: KafkaConfig, topic: str, partitions: Iterable[int] |
     consumer = _offset_consumer(kcfg)
     try:
         return {p: end for p, (_, end) in _bounds(consumer, kcfg, topic, parts).items()}
-    finally:
-        consumer.close()
-
-
-def offset_bounds(kcfg: KafkaConfig, topic: str, partitions: Iterable[int],
-                  probes: Mapping[int, int] | None = None) -> dict[int, tuple[int, int]]:
-    """partition -> (earliest stored offset, exact log end) over a single connection: metadata, then one Fetch per
-    partition (and ListOffsets only where needed), so a reader checking its ranges opens one client, not four.
-
-    Args:
-        probes: partition -> an offset expected to be stored (a planned range's start). A Fetch from there
-            answers both bounds: its response carries the log start offset and the high watermark, so the
-            check costs one metadata and one fetch round trip. Partitions without a probe, or whose response
-            carried no log start offset, are asked with ListOffsets first.
-
-    Raises:
-        TopicError: the topic or one of ``partitions`` does not exist.
-    """
-    consumer = _offset_consumer(kcfg)
-    try:
-        parts = _present(topic, partitions, _partitions_in(_metadata(consumer, kcfg, topic), kcfg, topic))
-        probes = {p: probes[p] for p in parts if p in probes} if probes else {}
-        found: dict[int, tuple[int, int]] = {}
-        if probes:
-            # An offset below the log start resets to the end (the consumer's default policy), and the reply
-            # still carries both bounds, so the caller's check names the offsets that are gone.
-            consumer.assign([TopicPartition(topic, p, o) for p, o in probes.items()])
-            found = {p: (low, high) for p, (low, high) in _await_watermarks(consumer, kcfg, topic, list(probes)).items()
-                     if low >= 0}
-            consumer.unassign()
-        rest = [p for p in parts if p not in found]
-        return {**found, **(_bounds(consumer, kcfg, topic, rest) if rest else {})}
     finally:
         consumer.close()
 

@@ -86,22 +86,6 @@ def test_exact_end_offsets_match_delivered_offsets(kcfg: KafkaConfig, topic: str
         admin.exact_end_offsets(kcfg, topic, [0, 5])
 
 
-def test_offset_bounds_from_probe_fetches_match_list_offsets(kcfg: KafkaConfig, topic: str,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    # Probing at a stored offset answers both bounds from the Fetch response alone: no ListOffsets round trip.
-    admin.create_topic(kcfg, topic, 3)
-    delivered = produce_batched(kcfg, topic, {0: 500, 1: 37})
-    expected = {0: (0, delivered[0]), 1: (0, delivered[1]), 2: (0, 0)}
-    assert admin.offset_bounds(kcfg, topic, [0, 1, 2]) == expected
-    list_offsets = []
-    monkeypatch.setattr(admin, "_query_watermarks", lambda *args: list_offsets.append(args[-1]) or (0, 0))
-    assert admin.offset_bounds(kcfg, topic, [0, 1], probes={0: 120, 1: 36}) == {0: expected[0], 1: expected[1]}
-    assert list_offsets == []
-    # a probe past the log end (a stale plan) still comes back with the true bounds, so the check can name them
-    monkeypatch.undo()
-    assert admin.offset_bounds(kcfg, topic, [1], probes={1: 90}) == {1: expected[1]}
-
-
 def test_check_topic_accepts_exactly_the_manifest(kcfg: KafkaConfig, topic: str) -> None:
     admin.create_topic(kcfg, topic, 2)
     produce_batched(kcfg, topic, {0: 20, 1: 19})

@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Producer
 
 from kbit_core.config import KbitConfig
-from kbit_core.errors import ConfigError
+from kbit_core.errors import ConfigError, TopicError
 from kbit_core.kafka import admin
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.kafka.consumers import ConfluentConsumer, KafkaPythonConsumer, RawRecord, make_consumer
@@ -85,6 +85,60 @@ def test_poll_respects_max_records(make_config: Callable[..., KbitConfig], topic
         while sum(sizes) < PER_PARTITION and time.monotonic() < deadline:
             sizes.append(len(consumer.poll(7, 0.2)))
     assert sum(sizes) == PER_PARTITION and max(sizes) <= 7
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_offset_bounds_come_from_one_probe_fetch(make_config: Callable[..., KbitConfig], topic: str, client: str,
+                                                 monkeypatch: pytest.MonkeyPatch):
+    # The topic was sent in multi-record batches, which Tansu's ListOffsets(LATEST) answers short: the exact ends
+    # come from the probe's Fetch response alone, with no ListOffsets round trip.
+    listed: list[list[int]] = []
+    list_offsets = ConfluentConsumer._list_offsets
+    monkeypatch.setattr(ConfluentConsumer, "_list_offsets",
+                        lambda self, t, parts: listed.append(parts) or list_offsets(self, t, parts))
+    cfg = make_config()
+    with make_consumer(cfg.kafka, cfg.reader, client) as consumer:
+        assert consumer.bounds_opens_client is (client == "kafka-python")
+        assert consumer.offset_bounds(topic, {0: PER_PARTITION - 1, 1: 120}) == {0: (0, PER_PARTITION),
+                                                                                 1: (0, PER_PARTITION)}
+        assert listed == []
+        # a probe past the log end (a stale plan) still comes back with the true bounds, so the check can name them
+        assert consumer.offset_bounds(topic, {1: PER_PARTITION + 50}) == {1: (0, PER_PARTITION)}
+        # the probe left no assignment behind: reading goes on from wherever the caller assigns
+        assert consumer.poll(10, 0.1) == []
+        consumer.assign(topic, {1: PER_PARTITION - 10})
+        assert [r.offset for r in poll_until(consumer, 10)] == list(range(PER_PARTITION - 10, PER_PARTITION))
+
+
+def test_offset_bounds_list_offsets_where_a_probe_is_answered_out_of_range(make_config: Callable[..., KbitConfig],
+                                                                         topic: str, monkeypatch: pytest.MonkeyPatch):
+    # Apache Kafka answers a probe outside the log as out of range (Tansu answers it with the bounds regardless):
+    # the partition is asked with ListOffsets, then probed again below its approximate (on Tansu: short) end.
+    probed: list[dict[int, int]] = []
+    await_watermarks = ConfluentConsumer._await_watermarks
+
+    def first_probe_out_of_range(self, t, partitions):
+        probed.append(dict(partitions))
+        marks = await_watermarks(self, t, partitions)
+        return {} if len(probed) == 1 else marks
+
+    monkeypatch.setattr(ConfluentConsumer, "_await_watermarks", first_probe_out_of_range)
+    cfg = make_config()
+    with make_consumer(cfg.kafka, cfg.reader, "confluent") as consumer:
+        assert consumer.offset_bounds(topic, {0: 5, 1: 7}) == {0: (0, PER_PARTITION), 1: (0, PER_PARTITION)}
+    assert len(probed) == 2 and probed[0] == {0: 5, 1: 7}
+    assert all(0 <= offset < PER_PARTITION for offset in probed[1].values())
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_offset_bounds_name_a_missing_topic_or_partition(make_config: Callable[..., KbitConfig], topic: str,
+                                                         client: str):
+    cfg = make_config()
+    with make_consumer(cfg.kafka, cfg.reader, client) as consumer:
+        with pytest.raises(TopicError, match=rf"topic '{topic}' has no partition\(s\) \[5\] \(it has \[0, 1\]\)"):
+            consumer.offset_bounds(topic, {0: 0, 5: 0})
+        with pytest.raises(TopicError, match=f"topic '{topic}-missing' does not exist on the embedded broker"):
+            consumer.offset_bounds(f"{topic}-missing", {0: 0})
 
 
 def test_make_consumer_picks_the_configured_client(make_config: Callable[..., KbitConfig]):
