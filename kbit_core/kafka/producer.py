@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
 import crc32c  # noqa: F401  # kafka-python checksums in pure Python without it, 10x slower
 import kafka
@@ -382,8 +382,7 @@ def _producing(cfg: KbitConfig, topic: str) -> Iterator[None]:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            lock.seek(0)
-            raise TopicError(f"another produce of topic {topic!r} is in progress ({lock.read().strip()}); "
+            raise TopicError(f"another produce of topic {topic!r} is in progress ({_lock_note(lock)}); "
                              "run again once it has finished, and the topic it wrote will be reused") from None
         lock.seek(0)
         lock.truncate()
@@ -393,6 +392,18 @@ def _producing(cfg: KbitConfig, topic: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _lock_note(lock: IO[str], wait_s: float = 2.0) -> str:
+    """The lock holder's note. The holder writes it just after taking the lock, so a produce that lost the race by
+    microseconds may find the file still empty: it waits briefly for the note rather than name nobody."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        lock.seek(0)
+        note = lock.read().strip()
+        if note or time.monotonic() > deadline:
+            return note or "its holder has not identified itself yet"
+        time.sleep(0.01)
 
 
 def _produce(cfg: KbitConfig, topic: str, variant: DataVariant, identity: DataIdentity, source: DatasetSource,

@@ -3,14 +3,18 @@ produces of one topic one writes while the other is told so, never duplicating a
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
+import threading
 import time
 
 import pytest
 
+from kbit_core.errors import TopicError
 from kbit_core.kafka import admin
 from kbit_core.kafka.manifest import Manifest, manifest_path
+from kbit_core.kafka.producer import _producing
 from tests.faults.conftest import KBIT, assert_failed_cleanly
 
 pytestmark = pytest.mark.kafka
@@ -50,3 +54,17 @@ def test_concurrent_produces_of_one_topic_never_duplicate(broker, tmp_path, topi
     assert winner["num_records"] == manifest.num_records == 30000
     check = admin.check_topic(cfg.kafka, manifest)
     assert check.holds_manifest, check.problems  # exactly the manifest's offsets: nothing written twice
+
+
+def test_a_produce_losing_the_lock_by_microseconds_still_names_the_holder(make_config, topic_name):
+    # The holder writes its note just after taking the lock; the loser may look in between.
+    cfg = make_config()
+    cfg.manifest_dir.mkdir(parents=True, exist_ok=True)
+    with (cfg.manifest_dir / f".{topic_name}.lock").open("a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        note = threading.Timer(0.2, lambda: (held.write("pid 4242 on node1 since 12:00:00"), held.flush()))
+        note.start()
+        with pytest.raises(TopicError, match=r"is in progress \(pid 4242 on node1 since 12:00:00\)"):
+            with _producing(cfg, topic_name):
+                pytest.fail("the lock is held")
+        note.join()
