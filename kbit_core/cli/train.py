@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -84,12 +85,17 @@ def bench_train_command(
     sets: SetOpt = None,
     output: OutputOpt = None,
     repeats: Annotated[int, typer.Option(min=1, help="Launches per measured mode.")] = 1,
+    variants: Annotated[Optional[list[str]], typer.Option(
+        "--variants", "-v", help="Also stream these wire formats (format_layout_compression[_xN]), repeatable.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Kafka-streamed vs in-memory training throughput, launch overheads, and DeepSpeed vs DDP step time."""
+    from kbit_core.bench.data_plane import parse_variant
     from kbit_core.bench.train_bench import results_table, run_train_bench
 
-    _run_bench(run_train_bench, results_table, config, sets, output, repeats, as_json)
+    chosen = [run_guarded(parse_variant, v) for v in variants or ()]
+    _run_bench(functools.partial(run_train_bench, variants=chosen), results_table, config, sets, output, repeats,
+               as_json)
 
 
 def bench_placement_command(

@@ -6,7 +6,7 @@ import pytest
 from rich.console import Console
 
 from kbit_core.bench.train_bench import _summarize, results_table
-from kbit_core.config import KbitConfig
+from kbit_core.config import DataVariant, KbitConfig
 
 
 def _run(samples_per_s: float, final_loss: float = 0.5) -> dict:
@@ -56,3 +56,23 @@ def test_a_launcher_the_config_cannot_run_under_is_left_out_not_fatal():
     launchers = available_launchers(cfg)
     assert "torchrun" in launchers and "distributor_local_mode" in launchers
     assert "distributor_cluster_mode" not in launchers  # 3 barrier tasks do not fit local[2]
+
+
+def test_every_streamed_wire_format_gets_its_ratio_and_verdict_against_the_one_memory_baseline():
+    from kbit_core.bench.train_bench import stream_name
+
+    cfg = KbitConfig.from_dict({"produce": {"variant": {"format": "raw", "layout": "bytes", "compression": "lz4"}}})
+    avro, json_list = (DataVariant(format=f, layout="list", compression="none") for f in ("avro", "json"))
+    samples = {"kafka_stream": [_run(950.0)], "memory": [_run(1000.0), _run(1000.0)],
+               stream_name(avro): [_run(920.0), _run(880.0)], stream_name(json_list): [_run(600.0)],
+               "deepspeed_zero1": [_run(900.0)], "torchrun_stream": [_run(950.0)]}
+    doc = _summarize(cfg, "topic", "deepspeed_zero1", samples, {"torchrun": [2.0], "distributor_local_mode": [2.0]},
+                     repeats=2, other_variants=[avro, json_list])
+    by_variant = doc["stream_by_variant"]
+    assert list(by_variant) == ["raw_bytes_lz4", "avro_list_none", "json_list_none"]
+    assert [by_variant[v]["vs_memory"] for v in by_variant] == pytest.approx([0.95, 0.9, 0.6])
+    assert [by_variant[v]["meets_target"] for v in by_variant] == [True, True, False]
+    console = Console(record=True, width=200)
+    console.print(results_table(doc))
+    text = console.export_text()
+    assert "samples/s kafka stream, avro_list_none" in text and "0.600x" in text
