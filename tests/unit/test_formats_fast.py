@@ -3,6 +3,7 @@ records (NaN, inf, denormals, every shape, label and grouping) and on damaged on
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
 from unittest.mock import patch
@@ -23,7 +24,7 @@ from kbit_core.formats.microbench import fast_speedups
 from tests.unit.test_formats import SHAPES, CodecContract
 
 FAST = [("avro", "list"), ("avro", "bytes"), ("mongodb_avro", "list"), ("mongodb_avro", "bytes"), ("json", "list"),
-        ("protobuf", "list"), ("bson", "list"), ("bson", "bytes")]
+        ("json", "bytes"), ("protobuf", "list"), ("protobuf", "bytes"), ("bson", "list"), ("bson", "bytes")]
 
 
 class FastContract(CodecContract):
@@ -161,6 +162,22 @@ def test_blocks_of_equal_values_take_the_column_paths() -> None:
             np.testing.assert_array_equal(fast._walker.by_template(rows)[0], indices)
 
 
+@pytest.mark.parametrize("rpm", [1, 3])
+def test_json_and_protobuf_bytes_blocks_take_the_template_path(rpm: int) -> None:
+    # Indices across a digit and a varint width (9,999 -> 10,000; 16,383 -> 16,384), labels 0 (which protobuf
+    # leaves out) to 12 (two digits): values of several lengths and layouts in one batch, none deferred.
+    indices = np.concatenate([np.arange(9_990, 10_010), np.arange(16_370, 16_400)])
+    images = np.random.default_rng(0).integers(0, 256, (len(indices), 1, 28, 28), dtype=np.uint8)
+    for fmt in ("json", "protobuf"):
+        stock = get_codec(fmt, "bytes", (1, 28, 28), rpm)
+        fast = get_codec(fmt, "bytes", (1, 28, 28), rpm, decoder="fast")
+        values = stock.encode(indices, images, indices % 13)
+        assert len(set(map(len, values))) >= 3
+        assert_same(stock, fast, values)
+        assert fast.deferred_batches == 0
+        np.testing.assert_array_equal(fast.decode(values).pixels, images)
+
+
 def test_fast_speedups_compares_every_fast_decoder_with_its_stock_codec() -> None:
     result = fast_speedups((1, 4, 4), n=64, repeats=1, groupings=(1,))
     assert {(r["codec"], r["records_per_message"]) for r in result["rows"]} == {(f"{f}/{l}", 1) for f, l in FAST}
@@ -179,11 +196,10 @@ def test_a_bad_value_is_named_like_the_stock_decoder_names_it() -> None:
 
 
 def test_only_formats_without_a_fast_decoder_stay_stock(caplog: pytest.LogCaptureFixture) -> None:
-    for fmt, layout in [("raw", "bytes"), ("json", "bytes"), ("protobuf", "bytes")]:
-        with caplog.at_level(logging.INFO, logger="kbit_core.formats.fast"):
-            codec = get_codec(fmt, layout, (1, 28, 28), decoder="fast")
-        assert not isinstance(codec, FastPath)
-        assert stock_reason(fmt, layout) in caplog.text
+    with caplog.at_level(logging.INFO, logger="kbit_core.formats.fast"):
+        codec = get_codec("raw", "bytes", (1, 28, 28), decoder="fast")
+    assert not isinstance(codec, FastPath)
+    assert stock_reason("raw", "bytes") in caplog.text
     for fmt, layout in FAST:
         assert isinstance(get_codec(fmt, layout, (1, 28, 28), decoder="fast"), FastPath)
         assert stock_reason(fmt, layout) is None
@@ -234,6 +250,7 @@ def test_unusual_but_valid_avro_blocks_decode_like_fastavro() -> None:
     np.testing.assert_array_equal(fast.decode([blocked]).pixels.reshape(-1), record["data"])
     assert fast.deferred_batches == 0
 
+
 # ---- Avro and mongodb_avro blocks: several value lengths, read as byte matrices ----------------------------------
 
 AVRO_FAST = [("avro", "bytes"), ("avro", "list"), ("mongodb_avro", "bytes"), ("mongodb_avro", "list")]
@@ -245,7 +262,7 @@ def test_avro_blocks_of_several_lengths_are_read_as_matrices(fmt: str, layout: s
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # Every other index across the varint widths at 8,192 and 1,048,576 (three payload lengths), in order or not,
     # in parts of at most 40 values: each part's payloads of one length are read as a matrix by template, and only
-    # its first value is walked.
+    # the first value of each length is walked.
     indices = np.concatenate([np.arange(8_100, 8_300, 2), np.arange(1_048_500, 1_048_700, 2)])
     if shuffled:
         indices = np.random.default_rng(1).permutation(indices)
@@ -256,12 +273,16 @@ def test_avro_blocks_of_several_lengths_are_read_as_matrices(fmt: str, layout: s
     payloads = [fast._avro_payload(v) for v in values] if fmt == "mongodb_avro" else values
     assert len(set(map(len, payloads))) == 3  # (mongodb_avro: in envelopes of one length, padded differently)
     walked: list[int] = []
-    walk = AvroWalker._walked
+    matrices: list[int] = []
+    walk, by_template = AvroWalker._walked, AvroWalker.by_template
     monkeypatch.setattr(AvroWalker, "_walked", lambda self, vs: walked.append(len(vs)) or walk(self, vs))
+    monkeypatch.setattr(AvroWalker, "by_template",
+                        lambda self, rows: matrices.append(len(rows)) or by_template(self, rows))
     monkeypatch.setattr(fast_base, "GROUP_BYTES", 40 * max(map(len, values)))
     assert_same(stock, fast, values)
     assert fast.deferred_batches == 0
-    assert set(walked) == {1} and len(walked) >= len(values) // 40
+    assert sum(matrices) == len(values) and max(matrices) <= 40
+    assert walked == [1, 1, 1]  # one value per payload length: later matrices of that length reuse its template
     np.testing.assert_array_equal(fast.decode(values).indices, indices)
 
 
@@ -364,13 +385,16 @@ def test_every_byte_of_a_block_value_is_judged_like_stock(fmt: str, shape: tuple
 @pytest.mark.parametrize("change", ["fingerprint", "subtype"])
 def test_a_block_of_envelopes_from_another_writer_fails_like_stock(change: str) -> None:
     # Every envelope of the block carries the same wrong fingerprint or binary subtype: they agree with one another,
-    # so only the check of the first one (the stock codec's) can refuse them.
+    # so only the check of the first one (the stock codec's) can refuse them, also after a good block of that
+    # length was decoded (whose envelope the codec keeps as the template).
     stock = get_codec("mongodb_avro", "bytes", (1, 4, 4))
     fast = get_codec("mongodb_avro", "bytes", (1, 4, 4), decoder="fast")
-    values = stock.encode(np.arange(32), np.zeros((32, 1, 4, 4), np.uint8), np.zeros(32, np.int64))
+    good = stock.encode(np.arange(32), np.zeros((32, 1, 4, 4), np.uint8), np.zeros(32, np.int64))
+    assert_same(stock, fast, good)
     old, new = ((stock.schema_fingerprint().encode(), b"0" * 64) if change == "fingerprint"
                 else (b'"Subtype":0', b'"Subtype":4'))
-    values = [v.replace(old, new) for v in values]
+    values = [v.replace(old, new) for v in good]
+    assert len(set(map(len, values + good))) == 1
     assert_same(stock, fast, values)
     with pytest.raises(CorruptRecordError, match="value 0 of 32"):
         fast.decode(values)
@@ -387,6 +411,184 @@ def test_a_letter_after_a_data_strings_padding_is_not_read_as_padding() -> None:
     with pytest.raises(Defer, match="inside a Data string"):
         fast._payload_rows(values)
     assert_same(stock, fast, values)
+
+# ---- the bytes-layout templates (protobuf, JSON): values written by other writers, or damaged ----------------
+
+def varint(value: int, extra: int = 0) -> bytes:
+    """Base-128 varint of ``value`` (two's complement in 64 bits when negative), padded with ``extra``
+    continuation bytes: an overlong encoding parsers accept."""
+    value &= 2**64 - 1
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    if extra:
+        out[-1] |= 0x80
+        out += b"\x80" * (extra - 1) + b"\x00"
+    return bytes(out)
+
+
+@st.composite
+def protobuf_field(draw: st.DrawFn, tag: int, others: bool) -> tuple[bytes, bool]:
+    """A varint field as kbit's writer, or ``others`` (any writer, any int64) may write it, and whether the
+    template reads it (at most 9 bytes)."""
+    if others:
+        value = draw(st.one_of(st.integers(0, 12), st.integers(0, 2**63 - 1), st.integers(-2**63, 2**64 - 1),
+                               st.sampled_from([2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**35, 2**63 - 1])))
+        encoded = varint(value, draw(st.sampled_from([0, 0, 0, 1, 2])))
+    else:  # up to 8 bytes, maybe one overlong byte more: int32 labels past 2**31 keep their low 32 bits
+        encoded = varint(draw(st.one_of(st.integers(0, 12), st.integers(0, 2**56 - 1))), draw(st.sampled_from([0, 1])))
+    return bytes([tag]) + encoded, len(encoded) <= 9
+
+
+@pytest.mark.parametrize("rpm", [1, 3])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_protobuf_bytes_headers_decode_like_upb(rpm: int, data: st.DataObject) -> None:
+    # Index and label fields of every width (int64 up to 2**63 - 1 in 9 bytes, negative in 10), overlong,
+    # left out, swapped or repeated; int32 labels keep the low 32 bits, as upb stores them. Half the batches
+    # hold only values the template reads, of mixed lengths: none of them may go to upb.
+    shape = data.draw(st.sampled_from([(1, 2, 2), (3, 4, 5), (1, 28, 28)]))
+    stock = get_codec("protobuf", "bytes", shape, rpm)
+    fast = get_codec("protobuf", "bytes", shape, rpm, decoder="fast")
+    from kbit_core.formats.schemas import kbit_pb2
+
+    others = data.draw(st.booleans())
+    samples, readable = [], True
+    for _ in range(data.draw(st.integers(1, 24))):
+        fields = [data.draw(protobuf_field(tag, others)) for tag in (0x08, 0x10) if data.draw(st.booleans())]
+        order = data.draw(st.sampled_from(["written", "swapped", "repeated"])) if others else "written"
+        if order == "swapped":
+            fields.reverse()
+        elif order == "repeated" and fields:
+            fields.append(data.draw(protobuf_field(0x08, others)))
+        readable &= order == "written" or len(fields) < 2
+        readable &= all(ok for _, ok in fields)
+        pixels = np.random.default_rng(len(samples)).integers(0, 256, int(np.prod(shape)), dtype=np.uint8)
+        tail = kbit_pb2.Sample(pixels=pixels.tobytes(), shape=shape).SerializeToString()
+        samples.append(b"".join(field for field, _ in fields) + tail)
+    values = samples if rpm == 1 else []
+    while rpm > 1 and samples:
+        # kbit writes 1..rpm samples, then their count; another writer may put the count first or leave it out
+        take = data.draw(st.integers(1, rpm + others))
+        group, samples = samples[:take], samples[take:]
+        count = len(group) + (data.draw(st.sampled_from([0, 0, 0, 1, -1])) if others else 0)
+        where = data.draw(st.sampled_from(["end", "end", "end", "start", "none"])) if others else "end"
+        readable &= len(group) <= rpm and count == len(group) and where == "end"
+        entries = b"".join(b"\x0a" + varint(len(s)) + s for s in group)
+        count_field = b"\x10" + varint(count) if where != "none" else b""
+        values.append(count_field + entries if where == "start" else entries + count_field)
+    assert_same(stock, fast, values)
+    assert readable or others
+    if readable:
+        assert fast.deferred_batches == 0
+
+
+KBIT_NUMBERS = st.one_of(st.integers(0, 12), st.integers(0, 10**18 - 1)).map(str)  # 1..18 digits
+JSON_NUMBERS = st.one_of(
+    KBIT_NUMBERS, st.integers(0, 2**64).map(str),
+    st.sampled_from(["0", "00", "07", "-0", "-3", "+3", "1.0", "1e2", "3 ", " 3", "true", "null", '"3"', "", "1_0",
+                     "9" * 19, "1" + "0" * 25, "\\u0033"]))
+
+
+@pytest.mark.parametrize("rpm", [1, 3])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_json_bytes_texts_decode_like_orjson(rpm: int, data: st.DataObject) -> None:
+    # Numbers of every width with leading zeros, signs, exponents, whitespace, escapes; base64 strings with
+    # a character of any byte value, JSON escapes (\/ is a valid "/"), other padding; other key orders. Half
+    # the batches hold only kbit's text, of mixed lengths: none of them may go to orjson.
+    shape = data.draw(st.sampled_from([(1, 2, 2), (1, 2, 3), (1, 1, 3), (3, 4, 5), (1, 28, 28)]))
+    stock = get_codec("json", "bytes", shape, rpm)
+    fast = get_codec("json", "bytes", shape, rpm, decoder="fast")
+    size = int(np.prod(shape))
+    others = data.draw(st.booleans())
+    records, readable = [], True
+    for _ in range(data.draw(st.integers(1, 24))):
+        pixels = np.random.default_rng(len(records)).integers(0, 256, size, dtype=np.uint8).tobytes()
+        text = bytearray(base64.b64encode(pixels))
+        edit = data.draw(st.sampled_from(["none", "none", "byte", "escape", "cut", "text"])) if others else "none"
+        at = data.draw(st.integers(0, len(text) - 1))
+        if edit == "byte":
+            text[at] = data.draw(st.integers(0, 255))
+        elif edit == "escape" and b"/" in text:
+            text[text.index(b"/"):text.index(b"/") + 1] = b"\\/"
+        elif edit == "cut":
+            del text[at]
+        label, index = (data.draw(JSON_NUMBERS if others else KBIT_NUMBERS) for _ in range(2))
+        numbers_ok = all(re.fullmatch(r"0|[1-9][0-9]{0,17}", n) for n in (label, index))
+        readable &= numbers_ok and bytes(text) == base64.b64encode(pixels)
+        fields = [b'"data":"' + bytes(text) + b'"', b'"label":' + label.encode(), b'"index":' + index.encode(),
+                  b'"shape":[' + ",".join(map(str, shape)).encode() + b"]"]
+        if others and data.draw(st.integers(0, 9)) == 0:
+            fields.reverse()
+            readable = False
+        record = bytearray(b"{" + b",".join(fields) + b"}")
+        if edit == "text":  # a byte of the text around the base64 string
+            start = len(b'{"data":"')
+            outside = [i for i in range(len(record)) if not start <= i < start + len(text)]
+            record[data.draw(st.sampled_from(outside))] = data.draw(st.integers(0, 255))
+            readable = False
+        records.append(bytes(record))
+    values = records if rpm == 1 else []
+    while rpm > 1 and records:
+        take = data.draw(st.integers(1, rpm + others))
+        group, records = records[:take], records[take:]
+        readable &= len(group) <= rpm
+        values.append(b"[" + b",".join(group) + b"]")
+    assert_same(stock, fast, values)
+    assert readable or others
+    if readable:
+        assert fast.deferred_batches == 0
+
+
+@pytest.mark.parametrize("field", ["label", "index"])
+def test_json_numbers_only_orjson_reads_go_to_orjson(field: str) -> None:
+    stock = get_codec("json", "bytes", (1, 2, 2))
+    fast = get_codec("json", "bytes", (1, 2, 2), decoder="fast")
+    good = stock.encode(np.arange(3), np.zeros((3, 1, 2, 2), np.uint8), np.array([1, 2, 3]))
+    for number in ["00", "07", "-0", "-3", "+3", "1.0", "1e2", " 3", "3 ", "true", '"3"', "0x1", "9" * 19,
+                   "\\u0033", "123456789012345678"]:
+        value = re.sub(f'"{field}":[0-9]+,'.encode(), lambda _: f'"{field}":{number},'.encode(), good[1])
+        assert value != good[1]
+        assert_same(stock, fast, [good[0], value, good[2]])
+
+
+def test_grouped_json_and_protobuf_bytes_unlike_kbit_s_go_to_the_library() -> None:
+    # Grouped values the templates must not read: more samples than records_per_message, and (protobuf) a
+    # count that disagrees, is left out or comes first.
+    images = np.zeros((4, 1, 2, 2), np.uint8)
+    for fmt in ("json", "protobuf"):
+        stock = get_codec(fmt, "bytes", (1, 2, 2), 3)
+        fast = get_codec(fmt, "bytes", (1, 2, 2), 3, decoder="fast")
+        wide = get_codec(fmt, "bytes", (1, 2, 2), 4).encode(np.arange(4), images, np.arange(4))[0]
+        good = stock.encode(np.arange(3), images[:3], np.arange(3))[0]
+        unlike = [wide]
+        if fmt == "protobuf":
+            samples, count = good[:-2], good[-2:]
+            assert count == b"\x10\x03"
+            unlike += [samples + b"\x10\x02", samples, count + samples]
+        for value in unlike:
+            deferred = fast.deferred_batches
+            assert_same(stock, fast, [good, value])
+            assert fast.deferred_batches > deferred
+        assert_same(stock, fast, [good, good])
+        assert outcome(stock, [wide])[0] == "error"
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 2), (1, 1, 5), (1, 2, 3)], ids=["two-pads", "one-pad", "no-pad"])
+def test_every_byte_in_a_base64_string_is_judged_like_binascii(shape: tuple[int, int, int]) -> None:
+    stock = get_codec("json", "bytes", shape)
+    fast = get_codec("json", "bytes", shape, decoder="fast")
+    good = stock.encode(np.arange(2), np.full((2, *shape), 0xA5, np.uint8), np.arange(2))
+    start = good[0].index(b'"data":"') + len(b'"data":"')
+    width = len(base64.b64encode(bytes(int(np.prod(shape)))))
+    for at in range(start, start + width):
+        for byte in range(256):
+            value = bytearray(good[0])
+            value[at] = byte
+            assert_same(stock, fast, [bytes(value), good[1]])
 
 
 # ---- JSON lists (kbit's text by template, anything else through orjson) and BSON lists in parts -----------------

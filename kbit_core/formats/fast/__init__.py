@@ -28,7 +28,9 @@ _FAST: dict[tuple[str, str], type[Codec]] = {
     ("mongodb_avro", "list"): FastMongoDBAvroCodec,
     ("mongodb_avro", "bytes"): FastMongoDBAvroCodec,
     ("json", "list"): FastJsonCodec,
+    ("json", "bytes"): FastJsonCodec,
     ("protobuf", "list"): FastProtobufCodec,
+    ("protobuf", "bytes"): FastProtobufCodec,
     ("bson", "list"): FastBsonCodec,
     ("bson", "bytes"): FastBsonCodec,
 }
@@ -36,8 +38,6 @@ _FAST: dict[tuple[str, str], type[Codec]] = {
 # Why a format × layout has no fast decoder: its stock path already builds the batch in C.
 _STOCK_IS_FAST = {
     ("raw", "bytes"): "raw decodes with one np.frombuffer per batch",
-    ("json", "bytes"): "orjson and binascii already parse a base64 pixel string in C, one object per record",
-    ("protobuf", "bytes"): "upb parses the whole batch in one call and hands the pixels over as one bytes object",
 }
 
 

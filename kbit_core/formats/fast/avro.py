@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import binascii
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -206,6 +206,17 @@ def zigzag_column(varints: np.ndarray) -> np.ndarray:
     return (raw >> 1) ^ -(raw & 1)
 
 
+MAX_TEMPLATES = 8
+
+
+class Template(NamedTuple):
+    """A walked value's index, label and pixel spans, and the positions and bytes of everything else."""
+
+    spans: dict[str, tuple[int, int]]
+    fixed: np.ndarray
+    fixed_bytes: np.ndarray
+
+
 class AvroWalker:
     """Walks schemaless Avro values along a compiled plan and gathers one batch's columns."""
 
@@ -213,6 +224,7 @@ class AvroWalker:
                  records_per_message: int) -> None:
         self.steps, self.layout, self.size, self.rpm = steps, layout, int(np.prod(shape)), records_per_message
         self._record = record_walker(steps, layout, shape)
+        self._templates: dict[int, Template] = {}  # by value length
 
     def columns(self, values: Sequence[bytes]) -> Columns:
         if self.rpm > 1 or len(values) < TEMPLATE_MIN_VALUES:
@@ -232,23 +244,34 @@ class AvroWalker:
         return indices, labels, pixels.reshape(len(indices), self.size)
 
     def by_template(self, rows: np.ndarray) -> Columns:
-        """Values of one length, the rows of ``rows``, that equal the first value except in their index, label and
-        pixels, whose varints have the first value's byte lengths, parse along the same path: their columns are cut
-        out of the matrix (the pixels as a strided view)."""
-        first = rows[0].tobytes()
-        if self._walked([first])[0].size != 1:
-            raise Defer("the first value does not hold one record")
-        spans = self._spans(first)
-        # the bytes outside the variable spans, gathered into one block and compared with the first value's
-        edges = [0, *sorted(e for span in spans.values() for e in span), len(first)]
-        fixed = np.concatenate([np.arange(start, stop) for start, stop in zip(edges[::2], edges[1::2])])
-        if (rows[:, fixed] != rows[0, fixed]).any():
-            raise Defer("a value differs from the first outside its index, label and pixels")
-        numbers = {name: zigzag_column(rows[:, start:stop]) for name, (start, stop) in spans.items() if name != "data"}
-        start, stop = spans["data"]
+        """Values of one length, the rows of ``rows``, that equal a walked value (the last matrix's of that length,
+        else the first row) except in their index, label and pixels, whose varints have that value's byte lengths,
+        parse along the same path: their columns are cut out of the matrix (the pixels as a strided view)."""
+        template = self._templates.get(rows.shape[1])
+        if template is None or (rows[:, template.fixed] != template.fixed_bytes).any():
+            template = self._template(rows[0].tobytes())
+            if (rows[:, template.fixed] != template.fixed_bytes).any():
+                raise Defer("a value differs from the first outside its index, label and pixels")
+        numbers = {name: zigzag_column(rows[:, start:stop]) for name, (start, stop) in template.spans.items()
+                   if name != "data"}
+        start, stop = template.spans["data"]
         data = rows[:, start:stop]
         pixels = data if self.layout == "bytes" else data.view("<f4").astype(np.float32)
         return numbers["index"], numbers["label"], pixels
+
+    def _template(self, value: bytes) -> Template:
+        """``value`` walked, its variable spans and the bytes outside them; kept for its length's next matrix (a
+        few lengths at most: another length's matrix replaces them all once there are more)."""
+        if self._walked([value])[0].size != 1:
+            raise Defer("the first value does not hold one record")
+        spans = self._spans(value)
+        edges = [0, *sorted(e for span in spans.values() for e in span), len(value)]
+        fixed = np.concatenate([np.arange(start, stop) for start, stop in zip(edges[::2], edges[1::2])])
+        template = Template(spans, fixed, np.frombuffer(value, dtype=np.uint8)[fixed])
+        if len(self._templates) >= MAX_TEMPLATES:
+            self._templates = {}
+        self._templates[len(value)] = template
+        return template
 
     def _spans(self, value: bytes) -> dict[str, tuple[int, int]]:
         """Where the first value's index and label varints and its pixel payload lie (one float block only)."""
@@ -331,6 +354,19 @@ class FastAvroCodec(FastPath, AvroCodec):
         return self._walker.columns(values)
 
 
+class Envelope(NamedTuple):
+    """Where a checked export envelope's ``Data`` string lies, and its bytes before and after it."""
+
+    start: int
+    stop: int
+    head: np.ndarray
+    tail: np.ndarray
+
+    def matches(self, rows: np.ndarray) -> bool:
+        """Whether every row (an envelope of this one's length) equals it outside the ``Data`` string."""
+        return not ((rows[:, :self.start] != self.head).any() or (rows[:, self.stop:] != self.tail).any())
+
+
 class FastMongoDBAvroCodec(FastAvroCodec, MongoDBAvroCodec):
     """The export envelope is checked as the stock codec checks it; its Avro payload takes the fast walk.
 
@@ -338,6 +374,10 @@ class FastMongoDBAvroCodec(FastAvroCodec, MongoDBAvroCodec):
     others must equal it byte for byte outside that string, and all the strings are decoded in one strict base64
     call (pybase64, SIMD) into a matrix of Avro payloads, read by template like Avro values.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._envelopes_seen: dict[int, Envelope] = {}  # by value length
 
     def _fast_columns(self, values: Sequence[bytes]) -> Columns:
         if len(values) < TEMPLATE_MIN_VALUES:
@@ -359,31 +399,44 @@ class FastMongoDBAvroCodec(FastAvroCodec, MongoDBAvroCodec):
         indices, labels, pixels = self._walker.columns([self._avro_payload(v) for v in values])
         return indices, labels, pixels.reshape(len(indices), -1)
 
-    def _payload_rows(self, values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-        """The Avro payloads of envelopes of one length as the rows of one byte matrix, each followed by as many
-        zero bytes as its Data string has ``=`` padding, and that padding (0 to 2) per row.
-
-        The first envelope's ``Data`` string must be the one the stock codec reads: replaced by another string of
-        its length, the parsed ``binary_data.Data`` must be that string (a duplicate key or a look-alike elsewhere
-        fails this). Every other envelope equals the first outside that string, so it parses to the same document
-        but for ``Data``, whose string then holds only base64 characters (no quote or escape can hide there). The
-        padding is replaced by ``A``, so the strings one after another are one unpadded base64 text, decoded by
-        one strict call.
-        """
-        first = values[0]
-        self._avro_payload(first)
-        start = first.find(b'"Data":"') + len(b'"Data":"')
-        stop = first.find(b'"', start)
-        probe = (b"B" if first[start:start + 1] == b"A" else b"A") * (stop - start)
+    def _envelope(self, value: bytes) -> Envelope:
+        """``value`` checked as the stock codec checks it, and where its ``Data`` string lies; kept for its length's
+        next matrix (a few lengths at most, as for Avro templates)."""
+        self._avro_payload(value)
+        start = value.find(b'"Data":"') + len(b'"Data":"')
+        stop = value.find(b'"', start)
+        probe = (b"B" if value[start:start + 1] == b"A" else b"A") * (stop - start)
         try:
-            found = orjson.loads(first[:start] + probe + first[stop:])["binary_data"]["Data"]
+            found = orjson.loads(value[:start] + probe + value[stop:])["binary_data"]["Data"]
         except (ValueError, LookupError, TypeError) as exc:
             raise Defer(f"the first Data string found is not binary_data.Data: {exc!r}") from exc
         if found != probe.decode():
             raise Defer("the first Data string found is not binary_data.Data")
-        rows = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), len(first))
-        if (rows[:, :start] != rows[0, :start]).any() or (rows[:, stop:] != rows[0, stop:]).any():
-            raise Defer("an envelope differs from the first outside its Data string")
+        row = np.frombuffer(value, dtype=np.uint8)
+        envelope = Envelope(start, stop, row[:start], row[stop:])
+        if len(self._envelopes_seen) >= MAX_TEMPLATES:
+            self._envelopes_seen = {}
+        self._envelopes_seen[len(value)] = envelope
+        return envelope
+
+    def _payload_rows(self, values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """The Avro payloads of envelopes of one length as the rows of one byte matrix, each followed by as many
+        zero bytes as its Data string has ``=`` padding, and that padding (0 to 2) per row.
+
+        A checked envelope (the last matrix's of this length, else the first row, see ``_envelope``) is the
+        template: its ``Data`` string is the one the stock codec reads (replaced by another string of its length,
+        the parsed ``binary_data.Data`` must be that string: a duplicate key or a look-alike elsewhere fails this).
+        Every envelope equals it outside that string, so it parses to the same document but for ``Data``, whose
+        string then holds only base64 characters (no quote or escape can hide there). The padding is replaced by
+        ``A``, so the strings one after another are one unpadded base64 text, decoded by one strict call.
+        """
+        rows = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), len(values[0]))
+        envelope = self._envelopes_seen.get(rows.shape[1])
+        if envelope is None or not envelope.matches(rows):
+            envelope = self._envelope(values[0])
+            if not envelope.matches(rows):
+                raise Defer("an envelope differs from the first outside its Data string")
+        start, stop = envelope.start, envelope.stop
         texts = rows[:, start:stop].copy()
         pads = texts[:, -2:] == ord("=")
         if (pads[:, 0] & ~pads[:, 1]).any():

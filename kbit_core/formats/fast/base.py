@@ -10,7 +10,7 @@ stock error, so bad values are named exactly as before. Only results pass throug
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,21 @@ def read_varint(buf: bytes, pos: int, max_bytes: int) -> tuple[int, int]:
         shift += 7
         if shift >= limit:
             raise Defer(f"varint longer than {max_bytes} bytes")
+
+
+def key_groups(keys: np.ndarray) -> Iterator[tuple[int, slice | np.ndarray]]:
+    """``(key, rows holding it)`` for each distinct key; a single key (the usual block) yields ``slice(None)``,
+    so its rows are taken as views, not copied."""
+    if keys.size and (keys == keys[0]).all():
+        yield int(keys[0]), slice(None)
+        return
+    for key in np.unique(keys):
+        yield int(key), np.flatnonzero(keys == key)
+
+
+def byte_matrix(values: Sequence[bytes]) -> np.ndarray:
+    """Values of one length as the rows of a uint8 matrix."""
+    return np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), len(values[0]))
 
 
 Columns = tuple[np.ndarray, np.ndarray, np.ndarray]  # indices, labels, pixels
