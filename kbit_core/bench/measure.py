@@ -7,8 +7,8 @@ it into tensor batches; the clock stops when all three splits are ready (the ori
 time"). Stages, each timed where it happens:
 
 * ``connect``: creating the rank's one consumer and checking every split's planned ranges against the
-  broker's offsets through it in one bounds query (metadata, and one fetch at each partition's last planned
-  offset, which also connects the consumer to the partition leaders).
+  broker's offsets through it in one bounds query (metadata, and one fetch where each partition's planned
+  offsets end, which also connects the consumer to the partition leaders).
 * ``fetch``: polling the planned offset ranges (client decompression included), as the reader counts it.
 * ``decode``: codec decode of the message values into arrays.
 * ``collate``: permuting, cutting and converting the decoded arrays into the loaders' torch batches.

@@ -82,20 +82,20 @@ class RangeReader:
         """Fail fast unless every range lies inside what the broker stores (topic, partition, offsets).
 
         The bounds of partitions not asked yet come from one fetch with the reader's consumer (see
-        ``ConsumerBackend.offset_bounds``) at the last offset the ranges read in each: the fetch that returns least.
+        ``ConsumerBackend.offset_bounds``) where the ranges end in each: usually the log end, which returns nothing.
 
         Raises:
             TopicError: the topic or a partition does not exist.
             OffsetRangeError: a range starts below the earliest stored offset or ends past the log end.
         """
-        last_offsets: dict[int, int] = {}
+        ends: dict[int, int] = {}
         for r in ranges:
             if len(r) and r.partition not in self._bounds:
-                last_offsets[r.partition] = max(r.stop - 1, last_offsets.get(r.partition, r.stop - 1))
-        if last_offsets:
+                ends[r.partition] = max(r.stop, ends.get(r.partition, r.stop))
+        if ends:
             with self._lock:
                 consumer = self._open()
-                self._bounds.update(consumer.offset_bounds(self.topic, last_offsets))
+                self._bounds.update(consumer.offset_bounds(self.topic, ends))
                 self._position, self._carry = None, []  # the probe moved the consumer
                 self.stats.kafka_clients += consumer.bounds_opens_client
         for r in ranges:

@@ -23,10 +23,11 @@ from kbit_core.kafka.settings import kafka_python_options, mask
 log = logging.getLogger(__name__)
 
 FETCH_WAIT_MS = 10
-# The bounds check's probe leaves the confluent consumer fetching at the log end, and its next assign waits for
-# that fetch to come back (measured: the first range read after the check took 13-16 ms with 10 ms, 3-5 ms without
-# the probe); at 2 ms an idle consumer costs the broker ~9 % of a core instead of ~4 %, only while it sits there.
-LOG_END_WAIT_MS = 2
+# The bounds check's probe fetch is answered after this wait when the plan reads to the log end, and leaves the
+# confluent consumer fetching there, so its next assign waits for that fetch to come back (measured: the first
+# range read after the check took 13-16 ms with 10 ms, 3-5 ms with 1 ms); an idle consumer at a log end then
+# costs the broker ~11 % of a core instead of ~4 %, only while it sits there.
+LOG_END_WAIT_MS = 1
 
 
 class RawRecord(NamedTuple):
@@ -76,9 +77,10 @@ class ConsumerBackend(ABC):
         """partition -> (earliest stored offset, exact log end) of each partition in ``probes``; the consumer holds
         no assignment afterwards.
 
-        ``probes`` maps each partition to an offset expected to be stored; the last one the caller will read is
-        cheapest, as the broker answers a Fetch with at least the whole batch holding it (Tansu: everything from
-        there on up to ``fetch.max.bytes``, whatever the partition's byte limit).
+        ``probes`` maps each partition to an offset expected to be at most its log end. The end of what the caller
+        will read is cheapest: at the log end the broker answers with no records (after the consumer's fetch wait),
+        anywhere else with at least the whole batch holding the offset (Tansu: everything from there on up to
+        ``fetch.max.bytes``, whatever the partition's byte limit).
 
         Raises:
             TopicError: the topic or one of the partitions does not exist.
