@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -100,6 +101,19 @@ def steps_per_epoch(cfg: KbitConfig, loader_length: int) -> int:
     return math.ceil(batches_per_epoch(cfg, loader_length) / cfg.train.grad_accum_steps)
 
 
+class RankConsole(Console):
+    """A rank's progress console. When whoever read its output is gone (a cancelled or killed driver), the rank
+    must still reach its final checkpoint, so it goes quiet instead of exiting as rich does on a broken pipe."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:  # later writes and the interpreter's final flush of this stream go nowhere instead of failing
+            os.dup2(devnull, self.file.fileno())
+        finally:
+            os.close(devnull)
+
+
 class Trainer:
     """Runs one rank's share of training; every collective is reached by all ranks in the same order."""
 
@@ -109,7 +123,7 @@ class Trainer:
         self.checkpointer = checkpointer  # rank 0 only
         self.state = TrainState()
         self.spikes = SpikeDetector(cfg.train.loss_spike_factor)
-        self.console = Console(stderr=False)
+        self.console = RankConsole(stderr=False)
         self.last_checkpoint: str | None = None
 
     # ---- checkpoints -------------------------------------------------------------------------------------
