@@ -231,11 +231,16 @@ def stop_spark() -> None:
     """Stop the process's SparkSession (and its JVM) if one runs; safe to call twice."""
     global _session, _session_dir
     with _lock:
+        from pyspark import SparkContext
         from pyspark.sql import SparkSession
 
-        session = _session or SparkSession.getActiveSession()
+        # without a gateway (never started, or stopped before) pyspark cannot even ask for the active session
+        session = _session or (SparkSession.getActiveSession() if SparkContext._jvm is not None else None)
         if session is not None:
-            session.stop()
+            try:
+                session.stop()
+            except ConnectionError:  # the JVM is already gone (e.g. killed with a cancelled run's process group)
+                log.info("Spark's JVM had already exited; nothing to stop")
         _shutdown_jvm()
         if _session_dir is not None:
             shutil.rmtree(_session_dir / "worker-tmp", ignore_errors=True)
