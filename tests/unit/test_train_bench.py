@@ -76,3 +76,13 @@ def test_every_streamed_wire_format_gets_its_ratio_and_verdict_against_the_one_m
     console.print(results_table(doc))
     text = console.export_text()
     assert "samples/s kafka stream, avro_list_none" in text and "0.600x" in text
+
+
+def test_bench_train_names_a_variant_it_cannot_parse_before_anything_starts():
+    from typer.testing import CliRunner
+
+    from kbit_core.cli import app
+
+    refused = CliRunner().invoke(app, ["bench-train", "-v", "avro_list_lz4", "-v", "nope_list_lz4"])
+    assert refused.exit_code == 1
+    assert "variant 'nope_list_lz4' does not start with a format" in refused.output
