@@ -2,8 +2,9 @@
 
 Tansu 0.6.0 answers ListOffsets(LATEST) with "base offset of the last batch + 1", which is short whenever
 the last batch holds more than one record. The high watermark carried by every Fetch response is right,
-so :func:`exact_end_offsets` fetches once near the end of each partition and reads the watermark that came back,
-as a reader's own consumer does in ``ConsumerBackend.offset_bounds``. Keep every end-offset lookup behind those two.
+so :func:`fetch_bounds` fetches once near the end of each partition and reads the watermarks that came back, for
+:func:`exact_end_offsets` and for a reader's own consumer (``ConsumerBackend.offset_bounds``). Keep every end-offset
+lookup behind it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,11 @@ DELETE_WAIT_S = 15.0
 # request of a new client then waited ~52 ms in a third of the attempts (measured: 8 of 24 metadata calls on
 # loopback; 0 of 24 with eager connections). Short-lived clients that need the broker at once connect eagerly.
 EAGER_CONNECT = {"enable.sparse.connections": False}
+# How long one poll waits for a bounds probe's answer: a fetch answered with nothing raises no event to return on.
+PROBE_POLL_S = 0.001
+OUT_OF_RANGE = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
+UNKNOWN_PARTITION = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
+                               KafkaError._UNKNOWN_TOPIC})
 
 
 class _DemotedLog(logging.LoggerAdapter):
@@ -155,7 +161,7 @@ def _offset_consumer(kcfg: KafkaConfig) -> Consumer:
         # never joins the group (assign only) and never commits; the id is required by librdkafka
         "group.id": f"kbit-offsets-{uuid.uuid4().hex[:8]}",
         "enable.auto.commit": False,
-        # an empty partition answers a fetch with an EOF event at once: waiting on a poll would take its timeout
+        "auto.offset.reset": "error",  # a probe outside the log is answered as such, never moved silently
         "enable.partition.eof": True,
         "fetch.wait.max.ms": 10,
         "fetch.max.bytes": 1024 * 1024,
@@ -176,21 +182,12 @@ def require_partitions(topic: str, partitions: Iterable[int], present: list[int]
     return wanted
 
 
-def _query_watermarks(consumer: Consumer, kcfg: KafkaConfig, topic: str, partition: int) -> tuple[int, int]:
-    """(low, approximate high) from ListOffsets: low is right, high may be short on Tansu."""
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                              timeout=min(METADATA_TIMEOUT_S, kcfg.request_timeout_s), cached=False)
-    except KafkaException as exc:
-        raise unreachable(kcfg, f"listing offsets of {topic}[{partition}]: {exc.args[0].str()}") from None
-
-
 def earliest_offsets(kcfg: KafkaConfig, topic: str, partitions: Iterable[int] | None = None) -> dict[int, int]:
     """partition -> first offset still stored (ListOffsets(EARLIEST) is correct on every broker)."""
     parts = _checked_partitions(kcfg, topic, partitions if partitions is not None else topic_partitions(kcfg, topic))
     consumer = _offset_consumer(kcfg)
     try:
-        return {p: _query_watermarks(consumer, kcfg, topic, p)[0] for p in parts}
+        return {p: low for p, (low, _) in list_offsets(consumer, kcfg, topic, parts).items()}
     finally:
         consumer.close()
 
@@ -200,39 +197,91 @@ def exact_end_offsets(kcfg: KafkaConfig, topic: str, partitions: Iterable[int] |
     parts = _checked_partitions(kcfg, topic, partitions if partitions is not None else topic_partitions(kcfg, topic))
     consumer = _offset_consumer(kcfg)
     try:
-        return {p: end for p, (_, end) in _bounds(consumer, kcfg, topic, parts).items()}
+        # just below the approximate end: the response comes at once with the last batch, not after a fetch wait
+        probes = {p: max(low, high - 1) for p, (low, high) in list_offsets(consumer, kcfg, topic, parts).items()}
+        return {p: end for p, (_, end) in fetch_bounds(consumer, kcfg, topic, probes).items()}
     finally:
         consumer.close()
 
 
-def _bounds(consumer: Consumer, kcfg: KafkaConfig, topic: str, parts: list[int]) -> dict[int, tuple[int, int]]:
-    """partition -> (low watermark, exact end): fetch from just below the approximate end and keep the high
-    watermark that the Fetch response carried."""
-    lows, starts = {}, {}
-    for p in parts:
-        lows[p], approx_high = _query_watermarks(consumer, kcfg, topic, p)
-        starts[p] = max(lows[p], approx_high - 1)
-    consumer.assign([TopicPartition(topic, p, starts[p]) for p in parts])
-    marks = _await_watermarks(consumer, kcfg, topic, parts)
-    return {p: (lows[p], marks[p][1]) for p in parts}
+def list_offsets(consumer: Consumer, kcfg: KafkaConfig, topic: str, partitions: Iterable[int]
+                 ) -> dict[int, tuple[int, int]]:
+    """partition -> (ListOffsets(EARLIEST), ListOffsets(LATEST)); Tansu may answer the latter short."""
+    timeout = min(METADATA_TIMEOUT_S, kcfg.request_timeout_s)
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
+                for p in partitions}
+    except KafkaException as exc:
+        raise unreachable(kcfg, f"listing offsets of {topic}: {exc.args[0].str()}") from None
 
 
-def _await_watermarks(consumer: Consumer, kcfg: KafkaConfig, topic: str, parts: list[int]) -> dict[int, tuple[int, int]]:
-    """The (low, high) watermarks cached from the first Fetch response of each assigned partition (low is negative
-    when the response had none). Polls return at the first message, EOF or error, so nothing waits a fixed time."""
-    deadline = time.monotonic() + kcfg.request_timeout_s
+def fetch_bounds(consumer: Consumer, kcfg: KafkaConfig, topic: str, probes: Mapping[int, int],
+                 meanwhile: Callable[[], object] | None = None,
+                 client_error: Callable[[], str | None] = lambda: None) -> dict[int, tuple[int, int]]:
+    """partition -> (earliest stored offset, exact log end) from one Fetch at ``probes`` (a partition -> offset
+    expected to be at most its log end): the response carries the log start offset and the high watermark, which
+    is exact where ListOffsets(LATEST) is not (Tansu). ``consumer`` holds no assignment afterwards.
+
+    The fetch is assigned before the metadata request that checks the partitions, so both round trips overlap (and
+    ``meanwhile``, run right after the assignment, with them: librdkafka works on threads of its own). A probe the
+    broker answers as out of range (Apache Kafka; Tansu answers with the bounds regardless) is asked with
+    ListOffsets, then probed again just below the approximate end. ``client_error`` gives the latest client-level
+    error for the timeout message.
+
+    Raises:
+        TopicError: the topic or one of the partitions does not exist.
+    """
+    consumer.assign([TopicPartition(topic, p, o) for p, o in probes.items()])
+    try:
+        if meanwhile is not None:
+            meanwhile()
+        require_partitions(topic, probes, consumer_partitions(consumer, kcfg, topic))
+        bounds = _await_watermarks(consumer, kcfg, topic, probes, client_error)
+        outside = [p for p in probes if p not in bounds]
+        if outside:
+            listed = list_offsets(consumer, kcfg, topic, outside)
+            below_end = {p: max(low, high - 1) for p, (low, high) in listed.items()}
+            consumer.assign([TopicPartition(topic, p, o) for p, o in below_end.items()])
+            again = _await_watermarks(consumer, kcfg, topic, below_end, client_error)
+            if len(again) < len(outside):
+                raise unreachable(kcfg, f"{topic} partition(s) {sorted(set(outside) - set(again))} answer a fetch "
+                                        f"below their listed end offset as out of range")
+            bounds.update({p: (listed[p][0], again[p][1]) for p in outside})
+        unknown_start = [p for p, (low, _) in bounds.items() if low < 0]
+        if unknown_start:  # the Fetch response had no log start offset (before Fetch v5)
+            listed = list_offsets(consumer, kcfg, topic, unknown_start)
+            bounds.update({p: (listed[p][0], bounds[p][1]) for p in unknown_start})
+        return bounds
+    finally:
+        consumer.assign([])
+
+
+def _await_watermarks(consumer: Consumer, kcfg: KafkaConfig, topic: str, partitions: Mapping[int, int],
+                      client_error: Callable[[], str | None]) -> dict[int, tuple[int, int]]:
+    """partition -> (log start offset or -1, high watermark) from the first Fetch response of each assigned
+    partition, leaving out those answered as out of range. A poll returns at the first record or error, and a
+    fetch answered with nothing at the log end raises no event, so the polls are short rather than waiting."""
+    deadline, outside, last_error = time.monotonic() + kcfg.request_timeout_s, set(), None
     while True:
-        marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True) for p in parts}
+        marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+                 for p in partitions if p not in outside}
         if all(high >= 0 for _, high in marks.values()):
             return marks
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise unreachable(kcfg, f"no fetch response for {topic} partition(s) "
-                                    f"{sorted(p for p, (_, high) in marks.items() if high < 0)} within "
-                                    f"{kcfg.request_timeout_s:.0f}s")
-        msg = consumer.poll(min(left, 0.1))
-        if msg is not None and msg.error() is not None and msg.error().code() != KafkaError._PARTITION_EOF:
-            raise TopicError(f"fetching {topic}[{msg.partition()}] failed: {msg.error().str()}")
+        if time.monotonic() > deadline:
+            waiting = sorted(p for p, (_, high) in marks.items() if high < 0)
+            raise unreachable(kcfg, f"no fetch response for {topic} partition(s) {waiting} within "
+                                    f"{kcfg.request_timeout_s:g}s; last client error: "
+                                    f"{last_error or client_error() or 'none'}")
+        for msg in consumer.consume(1, PROBE_POLL_S):
+            err = msg.error()
+            if err is None or err.code() == KafkaError._PARTITION_EOF:
+                continue
+            if err.code() in OUT_OF_RANGE:
+                outside.update([msg.partition()] if msg.partition() in partitions else partitions)
+            elif err.code() in UNKNOWN_PARTITION:
+                raise TopicError(f"topic {topic!r} partition {msg.partition()}: {err.str()}")
+            else:  # transport trouble may heal before the deadline
+                last_error = err.str()
 
 
 @dataclass(frozen=True)

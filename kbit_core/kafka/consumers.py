@@ -8,7 +8,6 @@ committed, and an offset outside the log is an error rather than a silent reset 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -16,8 +15,7 @@ from typing import Any, NamedTuple
 
 from kbit_core.config import ClientName, KafkaConfig, ReaderConfig
 from kbit_core.errors import BrokerError, ConfigError, OffsetRangeError
-from kbit_core.kafka.admin import (EAGER_CONNECT, METADATA_TIMEOUT_S, client_options, consumer_partitions,
-                                   require_partitions, unreachable)
+from kbit_core.kafka.admin import EAGER_CONNECT, OUT_OF_RANGE, UNKNOWN_PARTITION, client_options, fetch_bounds
 from kbit_core.kafka.settings import kafka_python_options, mask
 
 log = logging.getLogger(__name__)
@@ -157,9 +155,9 @@ class ConfluentConsumer(ConsumerBackend):
             code, where = err.code(), {"topic": msg.topic() or self.topic, "partition": msg.partition()}
             if code == KafkaError._PARTITION_EOF:
                 continue
-            if code == KafkaError.OFFSET_OUT_OF_RANGE or code == KafkaError._AUTO_OFFSET_RESET:
+            if code in OUT_OF_RANGE:
                 raise OffsetRangeError(f"offset out of range: {err.str()}", offset=msg.offset(), **where)
-            if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC):
+            if code in UNKNOWN_PARTITION:
                 raise OffsetRangeError(f"unknown topic or partition: {err.str()}", **where)
             # Anything else (transport, leadership, timeouts) may heal: the reader retries until its deadline.
             raise BrokerError(f"consumer error on topic {where['topic']!r} partition {where['partition']}: "
@@ -174,69 +172,9 @@ class ConfluentConsumer(ConsumerBackend):
 
     def offset_bounds(self, topic: str, probes: Mapping[int, int],
                       meanwhile: Callable[[], object] | None = None) -> dict[int, tuple[int, int]]:
-        """One Fetch at the probes answers both bounds: its response carries the log start offset and the high
-        watermark, which is exact where ListOffsets(LATEST) is not (Tansu). The fetch is assigned before the
-        metadata request, so both round trips overlap (and ``meanwhile``, run right after the assignment, with
-        them: librdkafka works on threads of its own). A probe the broker answers as out of range is asked with
-        ListOffsets, then probed again just below the approximate end."""
-        self.assign(topic, dict(probes))
-        try:
-            if meanwhile is not None:
-                meanwhile()
-            require_partitions(topic, probes, consumer_partitions(self._consumer, self.kafka_cfg, topic))
-            bounds = self._await_watermarks(topic, probes)
-            outside = [p for p in probes if p not in bounds]
-            if outside:
-                listed = self._list_offsets(topic, outside)
-                below_end = {p: max(low, high - 1) for p, (low, high) in listed.items()}
-                self.assign(topic, below_end)
-                again = self._await_watermarks(topic, below_end)
-                if len(again) < len(outside):
-                    raise unreachable(self.kafka_cfg, f"{topic} partition(s) {sorted(set(outside) - set(again))} "
-                                                      f"answer a fetch below their listed end offset as out of range")
-                bounds.update({p: (listed[p][0], again[p][1]) for p in outside})
-            unknown_start = [p for p, (low, _) in bounds.items() if low < 0]
-            if unknown_start:  # the Fetch response had no log start offset (before Fetch v5)
-                listed = self._list_offsets(topic, unknown_start)
-                bounds.update({p: (listed[p][0], bounds[p][1]) for p in unknown_start})
-            return bounds
-        finally:
-            self.assign(topic, {})
-
-    def _await_watermarks(self, topic: str, partitions: Mapping[int, int]) -> dict[int, tuple[int, int]]:
-        """partition -> (log start offset or -1, high watermark) from the first Fetch response of each assigned
-        partition, leaving out those answered as out of range. Polls return at the first record or error, so
-        nothing waits a fixed time (an empty partition's fetch is answered after fetch.wait.max.ms)."""
-        from confluent_kafka import TopicPartition
-
-        deadline, outside, last_error = time.monotonic() + self.kafka_cfg.request_timeout_s, set(), None
-        while True:
-            marks = {p: self._consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
-                     for p in partitions if p not in outside}
-            if all(high >= 0 for _, high in marks.values()):
-                return marks
-            if time.monotonic() > deadline:
-                waiting = sorted(p for p, (_, high) in marks.items() if high < 0)
-                raise unreachable(self.kafka_cfg, f"no fetch response for {topic} partition(s) {waiting} within "
-                                                  f"{self.kafka_cfg.request_timeout_s:g}s; last client error: "
-                                                  f"{last_error or self.last_error or 'none'}")
-            try:
-                self.poll(1, LOG_END_WAIT_MS / 1000)
-            except OffsetRangeError as exc:
-                outside.update([exc.partition] if exc.partition in partitions else partitions)
-            except BrokerError as exc:  # transport trouble may heal before the deadline
-                last_error = str(exc)
-
-    def _list_offsets(self, topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
-        """partition -> (ListOffsets(EARLIEST), ListOffsets(LATEST)); Tansu may answer the latter short."""
-        from confluent_kafka import KafkaException, TopicPartition
-
-        timeout = min(METADATA_TIMEOUT_S, self.kafka_cfg.request_timeout_s)
-        try:
-            return {p: self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
-                    for p in partitions}
-        except KafkaException as exc:
-            raise unreachable(self.kafka_cfg, f"listing offsets of {topic}: {exc.args[0].str()}") from None
+        """See :func:`kbit_core.kafka.admin.fetch_bounds` (``meanwhile`` overlaps its round trips)."""
+        self.topic = topic
+        return fetch_bounds(self._consumer, self.kafka_cfg, topic, probes, meanwhile, lambda: self.last_error)
 
     def close(self) -> None:
         self._consumer.close()

@@ -93,9 +93,9 @@ def test_offset_bounds_come_from_one_probe_fetch(make_config: Callable[..., Kbit
     # The topic was sent in multi-record batches, which Tansu's ListOffsets(LATEST) answers short: the exact ends
     # come from the probe's Fetch response alone, with no ListOffsets round trip.
     listed: list[list[int]] = []
-    list_offsets = ConfluentConsumer._list_offsets
-    monkeypatch.setattr(ConfluentConsumer, "_list_offsets",
-                        lambda self, t, parts: listed.append(parts) or list_offsets(self, t, parts))
+    list_offsets = admin.list_offsets
+    monkeypatch.setattr(admin, "list_offsets",
+                        lambda c, k, t, parts: listed.append(list(parts)) or list_offsets(c, k, t, parts))
     cfg = make_config()
     with make_consumer(cfg.kafka, cfg.reader, client) as consumer:
         assert consumer.bounds_opens_client is (client == "kafka-python")
@@ -116,14 +116,14 @@ def test_offset_bounds_list_offsets_where_a_probe_is_answered_out_of_range(make_
     # Apache Kafka answers a probe outside the log as out of range (Tansu answers it with the bounds regardless):
     # the partition is asked with ListOffsets, then probed again below its approximate (on Tansu: short) end.
     probed: list[dict[int, int]] = []
-    await_watermarks = ConfluentConsumer._await_watermarks
+    await_watermarks = admin._await_watermarks
 
-    def first_probe_out_of_range(self, t, partitions):
+    def first_probe_out_of_range(consumer, kcfg, t, partitions, client_error):
         probed.append(dict(partitions))
-        marks = await_watermarks(self, t, partitions)
+        marks = await_watermarks(consumer, kcfg, t, partitions, client_error)
         return {} if len(probed) == 1 else marks
 
-    monkeypatch.setattr(ConfluentConsumer, "_await_watermarks", first_probe_out_of_range)
+    monkeypatch.setattr(admin, "_await_watermarks", first_probe_out_of_range)
     cfg = make_config()
     with make_consumer(cfg.kafka, cfg.reader, "confluent") as consumer:
         assert consumer.offset_bounds(topic, {0: 5, 1: 7}) == {0: (0, PER_PARTITION), 1: (0, PER_PARTITION)}
