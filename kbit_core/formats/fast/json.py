@@ -99,13 +99,29 @@ class FastJsonCodec(FastPath, JsonCodec):
         # GROUP_BYTES of doubles at a time into the float32 rows: a whole block's (25 MB for 4,096 records, then
         # joined) took fresh memory pages, which cost more than the conversion
         step = max(1, GROUP_BYTES // (8 * size * self.records_per_message))
+        take = self._take if self.records_per_message > 1 else self._take_one
         for first in range(0, len(values), step):
             pieces: list[Any] = []
             done = len(indices)
             for value in values[first:first + step]:
-                self._take(parser, value, indices, labels, pieces)
+                take(parser, value, indices, labels, pieces)
             pixels[done:len(indices)] = np.frombuffer(b"".join(pieces), dtype=np.float64).reshape(-1, size)
         return np.array(indices, dtype=np.int64), np.array(labels, dtype=np.int64), pixels[:len(indices)]
+
+    def _take_one(self, parser: simdjson.Parser, value: bytes, indices: list[int], labels: list[int],
+                  pieces: list[Any]) -> None:
+        """:meth:`_take` for a value of one record, without its search for more (measured: 8.4 against 9.3 µs a
+        784-float record, of which simdjson's parse is 5.9)."""
+        close = value.rfind(b'],"label":')
+        tail = self._list_tail.fullmatch(value, close)
+        if tail is None or not value.startswith(b'{"data":[') or value.find(b"[", 9, close) >= 0:
+            raise Defer("the record's text is not kbit's (or its array nests one, which as_buffer would flatten)")
+        buffer = parser.parse(value)["data"].as_buffer(of_type="d")
+        if buffer.size != 8 * self.record_size:
+            raise Defer("data is not an array of C*H*W numbers")
+        pieces.append(buffer)
+        labels.append(int(tail[1]))
+        indices.append(int(tail[2]))
 
     def _take(self, parser: simdjson.Parser, value: bytes, indices: list[int], labels: list[int],
               pieces: list[Any]) -> None:
