@@ -188,6 +188,10 @@ class ReaderConfig(Section):
                               "the rank (they share its GIL with the training loop); process: a child process per "
                               "loader (kept across epochs, with a consumer of its own), handing finished batches "
                               "over in shared memory.")
+    decode_processes: int = Field(
+        0, ge=0, description="Worker processes that decode each block beside the loader's own thread (0: the thread "
+                             "decodes alone). For decoders that hold the GIL (JSON lists, the stock libraries) on "
+                             "hosts with cores to spare; the ranks' training steps compete for the same cores.")
     fetch_ahead_blocks: int = Field(
         2, ge=0, description="Stream mode: blocks of raw records fetched ahead of decoding on a thread of their "
                              "own, so fetch and decode overlap (0: fetch on the decoding thread).")
@@ -195,6 +199,13 @@ class ReaderConfig(Section):
     deadline_s: float = Field(60.0, gt=0, description="Give up when a range makes no progress for this long.")
     max_poll_records: int = Field(4096, ge=1)
     fetch_max_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+
+    @model_validator(mode="after")
+    def _decode_processes_need_threads(self) -> ReaderConfig:
+        if self.decode_processes and self.workers == "process":
+            raise ValueError("reader.decode_processes needs reader.workers: thread (a loader's worker process, "
+                             "a daemon, may not start processes of its own)")
+        return self
 
 
 class ModelConfig(Section):

@@ -10,6 +10,7 @@ subprocesses that stream a small and a large topic: peak RSS should not grow wit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -87,6 +88,7 @@ class DataPlaneRow:
     speedup: float  # read+decode, fast over stock
     decode_only_speedup: float  # the decode step alone, fast over stock
     fast_decoder: bool  # whether a fast decoder exists for the variant (else both columns are the stock library)
+    decode_processes: int  # reader.decode_processes: worker processes beside the decoding thread (fast column, loader)
     connect_ms: float  # median connect stage: the consumer and one bounds check of the planned ranges
 
 
@@ -114,17 +116,23 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
     """Time fetch, then decode with the fast and with the stock decoder, block by block over the whole topic, then
     the loader (``reader.decoder`` of ``cfg``), ``repeats`` times after a warm-up; medians. Fetch and both decodes
     alternate per block, so load that drifts on a shared machine hits all three."""
+    from kbit_core.data.decode_pool import DecodePool
     from kbit_core.data.loader import make_split_loader, manifest_codec
     from kbit_core.data.reader import RangeReader
 
     ranges = _whole_topic_blocks(cfg, manifest)
     stock = manifest_codec(manifest, "stock")
     fast = select_codec(stock, "fast")
-    # without a fast decoder both columns are the stock library, timed once
-    codecs = {"stock": stock} if fast is stock else {"stock": stock, "fast": fast}
+    processes = cfg.reader.decode_processes
+    # without a fast decoder (and no pool) both columns are the stock library, timed once
+    pool = DecodePool(fast, processes) if processes else None
+    codecs: dict[str, Any] = {"stock": stock}
+    if fast is not stock or pool:
+        codecs["fast"] = pool or fast
     fetch_s, decode_s, loader_s = [], {d: [] for d in codecs}, []
     with make_split_loader(cfg, manifest, "train", 0, 1, client=client) as loader, \
-            RangeReader(cfg.kafka, cfg.reader, manifest.topic, codecs["stock"], client) as reader:
+            RangeReader(cfg.kafka, cfg.reader.model_copy(update={"decode_processes": 0}), manifest.topic, stock,
+                        client) as reader, pool or contextlib.nullcontext():
         # one untimed pass of each: connections, metadata and offset checks stay outside the timed region
         sum(1 for _ in reader.read_raw(ranges))
         sum(1 for _ in loader)
@@ -165,7 +173,7 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
         stock_decode_records_per_s=_rate(n, f + stock_t), loader_records_per_s=_rate(loaded, ld),
         decode_ratio=f / (f + fast_t), stock_decode_ratio=f / (f + stock_t), loader_ratio=f / ld,
         speedup=(f + stock_t) / (f + fast_t), decode_only_speedup=_rate(stock_t, fast_t),
-        fast_decoder=fast is not stock, connect_ms=1e3 * statistics.median(_connect_seconds(cfg, manifest, client)),
+        fast_decoder=fast is not stock, decode_processes=processes, connect_ms=1e3 * statistics.median(_connect_seconds(cfg, manifest, client)),
     )
 
 
@@ -303,6 +311,7 @@ def run_data_plane(cfg: KbitConfig, *, records: int | None = None, variants: Seq
             "cpus": os.cpu_count(), "python": platform.python_version(), "dataset": bench_cfg.dataset.name,
             "records": bench_cfg.dataset.num_records, "partitions": bench_cfg.produce.partitions,
             "repeats": repeats, "block_records": bench_cfg.shard.block_records,
+            "decode_processes": bench_cfg.reader.decode_processes,
             "per_rank_batch": bench_cfg.train.global_batch_size,
             "broker": admin.describe_broker(bench_cfg.kafka),
         },
@@ -335,7 +344,9 @@ _COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
 
 
 def results_table(results: dict[str, Any]) -> Table:
-    table = Table(title="data plane: read+decode against the raw fetch of the same topic (one rank)")
+    processes = results["meta"].get("decode_processes", 0)
+    pool = f"; fast decode and loader with {processes} decode process(es) beside the thread" if processes else ""
+    table = Table(title=f"data plane: read+decode against the raw fetch of the same topic (one rank{pool})")
     for _, header, _ in _COLUMNS:
         table.add_column(header, justify="left" if header in ("variant", "client") else "right")
     for row in results["rows"]:

@@ -88,7 +88,7 @@ class ChildProcess(Generic[R, T]):
     """
 
     def __init__(self, source: Callable[[R], Iterator[T]], maxsize: int, *, pin_memory: bool = False) -> None:
-        context = _child_context()
+        context = child_context()
         self._requests: multiprocessing.Queue[R] = context.Queue()
         # torch's DataLoader with one persistent worker supplies the lifecycle: the bounded queue of requested
         # items, the parent's check that the worker is alive, and the shutdown.
@@ -114,7 +114,7 @@ class ChildProcess(Generic[R, T]):
         self._requests.close()
 
 
-def _child_context() -> multiprocessing.context.BaseContext:
+def child_context() -> multiprocessing.context.BaseContext:
     """forkserver: the server is a fresh interpreter (never CUDA, no threads) that imports the loader once; each
     child forks from it in milliseconds. fork from a rank would copy its CUDA context and locks held by its other
     threads (NCCL, the Kafka clients'); spawn would import torch again for every split and epoch."""
@@ -149,10 +149,10 @@ class _ChildItems(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             yield from self.source(self.requests.get())
         except Exception as exc:  # handed to the parent, which re-raises it
             exc.add_note(f"raised in the worker process {os.getpid()}:\n{traceback.format_exc()}")
-            yield _Failure(_picklable(exc))
+            yield _Failure(picklable(exc))
 
 
-def _picklable(exc: Exception) -> Exception:
+def picklable(exc: Exception) -> Exception:
     """``exc`` if it survives the trip to the parent; otherwise a KbitError with its type, message and notes (an
     item that does not pickle would be dropped by the queue's feeder thread, leaving the parent waiting)."""
     try:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kbit_core.config import ClientName, KafkaConfig, ReaderConfig
+from kbit_core.data.decode_pool import DecodePool
 from kbit_core.errors import BrokerError, CorruptRecordError, OffsetRangeError, ReadTimeoutError
 from kbit_core.kafka.consumers import ConsumerBackend, RawRecord, make_consumer
 from kbit_core.sharding import OffsetRange
@@ -61,6 +62,7 @@ class RangeReader:
         self._carry: list[RawRecord] = []  # records polled past the last range's stop
         self._bounds: dict[int, tuple[int, int]] = {}  # partition -> (earliest, end) on the broker
         self._lock = threading.Lock()
+        self._decoder: Any = DecodePool(codec, reader_cfg.decode_processes) if reader_cfg.decode_processes else codec
 
     def connect(self, ranges: Sequence[OffsetRange] = ()) -> None:
         """Check ``ranges`` through the consumer and have it connected, so the reads that follow make no set-up
@@ -213,7 +215,7 @@ class RangeReader:
         """Decode ``records`` together; if that fails, one by one to find the culprits (fail or skip them)."""
         t0 = time.perf_counter()
         try:
-            batch = self.codec.decode([r.value for r in records])
+            batch = self._decoder.decode([r.value for r in records])
         except Exception:  # any codec failure means a bad value somewhere; localise it below
             good = self._good_records(records)
             batch = self.codec.decode([r.value for r in good]) if good else None
@@ -241,6 +243,8 @@ class RangeReader:
         return good
 
     def close(self) -> None:
+        if isinstance(self._decoder, DecodePool):
+            self._decoder.close()
         with self._lock:
             if self._consumer is not None:
                 self._consumer.close()

@@ -89,6 +89,12 @@ class Codec(ABC):
         base = f"{self.format}/{self.layout}"
         return base if self.records_per_message == 1 else f"{base}/x{self.records_per_message}"
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as the arguments that build it again (for decode worker processes): a fast codec holds code it
+        generated from the schema, which does not pickle."""
+        return _rebuild, (self.format, self.layout, self.image_shape, self.records_per_message, self.num_classes,
+                          getattr(self, "decoder", "stock"))
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name}, image_shape={self.image_shape}, num_classes={self.num_classes})"
 
@@ -252,6 +258,13 @@ class RecordCodec(Codec):
             pixels = np.fromiter(chain.from_iterable(columns.pixels), dtype=np.float32, count=n * size)
         return self._finish(np.array(columns.indices, dtype=np.int64), np.array(columns.labels, dtype=np.int64),
                            pixels.reshape(n, *self.image_shape))
+
+
+def _rebuild(format: str, layout: str, image_shape: tuple[int, int, int], records_per_message: int,
+             num_classes: int | None, decoder: str) -> Codec:
+    from kbit_core.formats import get_codec  # the registry imports this module
+
+    return get_codec(format, layout, image_shape, records_per_message, num_classes=num_classes, decoder=decoder)
 
 
 def canonical_json(obj: Any) -> str:

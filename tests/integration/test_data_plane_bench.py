@@ -87,3 +87,19 @@ def test_bench_data_reports_fast_and_stock_decoders_and_their_targets(make_confi
     assert targets == {"avro_list_none (kafka-python) decode >= 0.5x fetch",
                        "avro_list_none (kafka-python) connect stage <= 5 ms",
                        "avro_list_none (kafka-python) fast read+decode >= 20x stock"}
+
+
+def test_bench_data_times_kbits_decode_with_the_configured_decode_processes(make_config, tmp_path):
+    cfg = make_config()
+    out = tmp_path / "results.json"
+    result = CliRunner().invoke(app, [
+        "bench-data", "--set", f"kafka.embedded.port={cfg.kafka.embedded.port}", "--set", f"workdir={cfg.workdir}",
+        "--set", "reader.decode_processes=1", "--records", "600", "-v", "json_list_none", "--clients", "confluent",
+        "--repeats", "1", "--no-rss", "--out", str(out), "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    results = json.loads(out.read_text())
+    (row,) = results["rows"]
+    # measure_variant raises unless the pooled decode, the stock decode and the loader each return all 600 records
+    assert results["meta"]["decode_processes"] == row["decode_processes"] == 1
+    assert row["records"] == 600 and row["decode_records_per_s"] > 0 and row["loader_records_per_s"] > 0
