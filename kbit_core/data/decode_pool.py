@@ -119,12 +119,16 @@ class _Worker:
 
     def send(self, values: Sequence[bytes]) -> None:
         """Start decoding ``values`` (answered by :meth:`receive`)."""
-        joined = b"".join(values)
-        grown = None
-        if len(joined) > len(self._inbox):
-            self._inbox = grown = torch.empty(2 * len(joined), dtype=torch.uint8).share_memory_()
-        self._inbox.numpy()[:len(joined)] = np.frombuffer(joined, dtype=np.uint8)
         lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+        total = int(lengths.sum())
+        grown = None
+        if total > len(self._inbox):
+            self._inbox = grown = torch.empty(2 * total, dtype=torch.uint8).share_memory_()
+        # value by value into the buffer: a joined copy first would be a fresh block-sized allocation every time
+        inbox, at = memoryview(self._inbox.numpy()), 0
+        for value in values:
+            inbox[at:at + len(value)] = value
+            at += len(value)
         self._call(lambda: self._conn.send((lengths, grown)))
 
     def receive(self) -> DecodedBatch | None:
@@ -161,7 +165,7 @@ class _Worker:
 def _serve(conn: Any, codec: Codec) -> None:
     """A worker's loop: decode the values each request names in the inbox, answer with the columns and the rows
     written to the outbox, until the parent closes the pipe."""
-    inbox: np.ndarray = np.empty(0, dtype=np.uint8)
+    inbox = memoryview(b"")
     outbox = torch.empty(0, dtype=torch.uint8)
     while True:
         try:
@@ -169,10 +173,10 @@ def _serve(conn: Any, codec: Codec) -> None:
         except EOFError:
             return
         if grown is not None:
-            inbox = grown.numpy()
+            inbox = memoryview(grown.numpy())
+        # one copy a value, from the buffer (one block-sized copy to slice would take fresh pages every time)
         ends = np.cumsum(lengths).tolist()
-        blob = inbox[:ends[-1] if ends else 0].tobytes()
-        values = [blob[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+        values = [inbox[start:end].tobytes() for start, end in zip([0, *ends[:-1]], ends)]
         deferred = getattr(codec, "deferred_batches", 0)
         try:
             batch = codec.decode(values)
