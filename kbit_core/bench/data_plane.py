@@ -133,8 +133,11 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
     with make_split_loader(cfg, manifest, "train", 0, 1, client=client) as loader, \
             RangeReader(cfg.kafka, cfg.reader.model_copy(update={"decode_processes": 0}), manifest.topic, stock,
                         client) as reader, pool or contextlib.nullcontext():
-        # one untimed pass of each: connections, metadata and offset checks stay outside the timed region
-        sum(1 for _ in reader.read_raw(ranges))
+        # one untimed pass of each: connections, metadata and offset checks stay outside the timed region; the
+        # first block also shows that every timed decoder returns the stock library's batch
+        for i, (_, records) in enumerate(reader.read_raw(ranges)):
+            if i == 0:
+                _require_same_batches(codecs, [r.value for r in records], manifest.topic)
         sum(1 for _ in loader)
         for _ in range(repeats):
             fetched, decoded = 0, dict.fromkeys(codecs, 0)
@@ -175,6 +178,18 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
         speedup=(f + stock_t) / (f + fast_t), decode_only_speedup=_rate(stock_t, fast_t),
         fast_decoder=fast is not stock, decode_processes=processes, connect_ms=1e3 * statistics.median(_connect_seconds(cfg, manifest, client)),
     )
+
+
+def _require_same_batches(codecs: dict[str, Any], values: list[bytes], topic: str) -> None:
+    """KbitError unless every decoder in ``codecs`` returns the stock decoder's batch of ``values``, bit for bit."""
+    batches = {name: codec.decode(values) for name, codec in codecs.items()}
+    expected = batches["stock"]
+    for name, batch in batches.items():
+        for field in ("indices", "labels", "pixels"):
+            got, want = getattr(batch, field), getattr(expected, field)
+            if got.dtype != want.dtype or got.shape != want.shape or got.tobytes() != want.tobytes():
+                raise KbitError(f"{topic}: the {name} decoder's {field} differ from the stock library's on the "
+                                f"first block ({len(values)} values); not timing it")
 
 
 def _connect_seconds(cfg: KbitConfig, manifest: Manifest, client: ClientName, repeats: int = 7) -> list[float]:

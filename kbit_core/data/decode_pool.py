@@ -41,34 +41,45 @@ class DecodePool:
         self.codec, self.processes = codec, processes
         self._workers: list[_Worker] = []
         self._deaths = 0  # worker sets that died; after MAX_DEATHS the calling thread decodes alone
+        self._closed = False  # after close() the calling thread decodes alone
         self._lock = threading.Lock()
 
     def decode(self, values: Sequence[bytes]) -> DecodedBatch:
         runs = min(self.processes + 1, len(values) // MIN_RUN_VALUES)
-        if runs < 2 or self._deaths >= MAX_DEATHS:
-            return self.codec.decode(values)
+        if runs < 2 or self._closed or self._deaths >= MAX_DEATHS or not all(isinstance(v, bytes) for v in values):
+            return self.codec.decode(values)  # (a value that is not bytes gets the codec's own error)
         cuts = np.linspace(0, len(values), runs + 1).astype(int).tolist()
         with self._lock:
-            if not self._workers:
-                self._workers = [_Worker(self.codec) for _ in range(self.processes)]
-            workers = self._workers[:runs - 1]
-            parts: list[DecodedBatch | None] = []
             try:
+                workers = self._started()[:runs - 1]
                 for worker, start, stop in zip(workers, cuts[1:], cuts[2:]):
                     worker.send(values[start:stop])
-                parts.append(self._decode_here(values[:cuts[1]]))
-                parts += [worker.receive() for worker in workers]
+                parts = [self._decode_here(values[:cuts[1]])] + [worker.receive() for worker in workers]
                 self._count_deferred(workers)
             except _WorkerDied as exc:
                 self._deaths += 1
                 then = "starting the workers again" if self._deaths < MAX_DEATHS else "from now on without workers"
                 log.warning("%s; decoding this block on the calling thread, %s", exc, then)
                 self._stop_workers()
-                parts.append(None)
+                parts = [None]
+            except BaseException:
+                # a worker sent a run but not asked for its answer would answer the next block with this one's
+                self._stop_workers()
+                raise
             if all(part is not None for part in parts):  # joined here: the workers' pixels view their outboxes
                 return DecodedBatch(*(np.concatenate([getattr(p, name) for p in parts])  # type: ignore[union-attr]
                                       for name in ("indices", "labels", "pixels")))
         return self.codec.decode(values)
+
+    def _started(self) -> list[_Worker]:
+        """The workers, started now if they are not running; a start that fails counts as a death."""
+        if not self._workers:
+            try:
+                for _ in range(self.processes):
+                    self._workers.append(_Worker(self.codec))
+            except Exception as exc:  # noqa: BLE001 - a host that cannot start processes decodes on the thread
+                raise _WorkerDied(f"a decode worker process did not start: {exc!r}") from exc
+        return self._workers
 
     def _decode_here(self, values: Sequence[bytes]) -> DecodedBatch | None:
         try:
@@ -86,6 +97,7 @@ class DecodePool:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._stop_workers()
 
     def _stop_workers(self) -> None:

@@ -8,6 +8,7 @@ packed uint8 pixels. Decoding is all-or-nothing: any malformed value raises Corr
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from abc import ABC, abstractmethod
@@ -90,10 +91,10 @@ class Codec(ABC):
         return base if self.records_per_message == 1 else f"{base}/x{self.records_per_message}"
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        """Pickled as the arguments that build it again (for decode worker processes): a fast codec holds code it
-        generated from the schema, which does not pickle."""
-        return _rebuild, (self.format, self.layout, self.image_shape, self.records_per_message, self.num_classes,
-                          getattr(self, "decoder", "stock"))
+        """Pickled as its class and the arguments that build it again (for decode worker processes): a fast codec
+        holds code it generated from the schema, which does not pickle."""
+        return functools.partial(type(self), num_classes=self.num_classes), (self.layout, self.image_shape,
+                                                                            self.records_per_message)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name}, image_shape={self.image_shape}, num_classes={self.num_classes})"
@@ -169,9 +170,9 @@ class Codec(ABC):
                 return self._corrupt(position, len(values), value, exc)
         return CorruptRecordError(f"{self.name}: cannot decode {len(values)} values: {batch_error}")
 
-    def _corrupt(self, position: int, total: int, value: bytes, reason: object) -> CorruptRecordError:
-        return CorruptRecordError(f"{self.name}: cannot decode value {position} of {total} "
-                                  f"({len(value)} bytes): {reason}")
+    def _corrupt(self, position: int, total: int, value: bytes | None, reason: object) -> CorruptRecordError:
+        size = "null" if value is None else f"{len(value)} bytes"
+        return CorruptRecordError(f"{self.name}: cannot decode value {position} of {total} ({size}): {reason}")
 
     def _check_shape(self, shape: Sequence[int]) -> None:
         if list(shape) != list(self.image_shape):
@@ -258,13 +259,6 @@ class RecordCodec(Codec):
             pixels = np.fromiter(chain.from_iterable(columns.pixels), dtype=np.float32, count=n * size)
         return self._finish(np.array(columns.indices, dtype=np.int64), np.array(columns.labels, dtype=np.int64),
                            pixels.reshape(n, *self.image_shape))
-
-
-def _rebuild(format: str, layout: str, image_shape: tuple[int, int, int], records_per_message: int,
-             num_classes: int | None, decoder: str) -> Codec:
-    from kbit_core.formats import get_codec  # the registry imports this module
-
-    return get_codec(format, layout, image_shape, records_per_message, num_classes=num_classes, decoder=decoder)
 
 
 def canonical_json(obj: Any) -> str:

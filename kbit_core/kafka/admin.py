@@ -35,8 +35,11 @@ DELETE_WAIT_S = 15.0
 # request of a new client then waited ~52 ms in a third of the attempts (measured: 8 of 24 metadata calls on
 # loopback; 0 of 24 with eager connections). Short-lived clients that need the broker at once connect eagerly.
 EAGER_CONNECT = {"enable.sparse.connections": False}
-# How long one poll waits for a bounds probe's answer: a fetch answered with nothing raises no event to return on.
+# How long one poll waits for a bounds probe's answer (a fetch answered with nothing raises no event to return on):
+# briefly while an answer is due, then longer, so a broker that is down is not asked a thousand times a second.
 PROBE_POLL_S = 0.001
+PROBE_DUE_S = 0.05
+SLOW_PROBE_POLL_S = 0.05
 OUT_OF_RANGE = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 UNKNOWN_PARTITION = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
                                KafkaError._UNKNOWN_TOPIC})
@@ -261,7 +264,8 @@ def _await_watermarks(consumer: Consumer, kcfg: KafkaConfig, topic: str, partiti
     """partition -> (log start offset or -1, high watermark) from the first Fetch response of each assigned
     partition, leaving out those answered as out of range. A poll returns at the first record or error, and a
     fetch answered with nothing at the log end raises no event, so the polls are short rather than waiting."""
-    deadline, outside, last_error = time.monotonic() + kcfg.request_timeout_s, set(), None
+    started = time.monotonic()
+    deadline, outside, last_error = started + kcfg.request_timeout_s, set(), None
     while True:
         marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
                  for p in partitions if p not in outside}
@@ -272,7 +276,8 @@ def _await_watermarks(consumer: Consumer, kcfg: KafkaConfig, topic: str, partiti
             raise unreachable(kcfg, f"no fetch response for {topic} partition(s) {waiting} within "
                                     f"{kcfg.request_timeout_s:g}s; last client error: "
                                     f"{last_error or client_error() or 'none'}")
-        for msg in consumer.consume(1, PROBE_POLL_S):
+        due = time.monotonic() - started < PROBE_DUE_S
+        for msg in consumer.consume(1, PROBE_POLL_S if due else SLOW_PROBE_POLL_S):
             err = msg.error()
             if err is None or err.code() == KafkaError._PARTITION_EOF:
                 continue

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kbit_core.bench.data_plane import parse_variant
+from kbit_core.bench.data_plane import _require_same_batches, parse_variant
 from kbit_core.cli import app
 from kbit_core.config import DataVariant
-from kbit_core.errors import ConfigError
+from kbit_core.errors import ConfigError, KbitError
+from kbit_core.formats import get_codec
+from kbit_core.formats.base import DecodedBatch
 from kbit_core.kafka import admin
 
 
@@ -103,3 +106,19 @@ def test_bench_data_times_kbits_decode_with_the_configured_decode_processes(make
     # measure_variant raises unless the pooled decode, the stock decode and the loader each return all 600 records
     assert results["meta"]["decode_processes"] == row["decode_processes"] == 1
     assert row["records"] == 600 and row["decode_records_per_s"] > 0 and row["loader_records_per_s"] > 0
+
+
+def test_bench_data_refuses_to_time_a_decoder_that_differs_from_the_stock_library():
+    stock = get_codec("json", "list", (1, 2, 2), decoder="stock")
+    values = stock.encode(np.arange(3), np.full((3, 1, 2, 2), 128, dtype=np.uint8), np.array([1, 2, 3]))
+
+    class OneUlpOff:
+        def decode(self, values):
+            batch = stock.decode(values)
+            pixels = batch.pixels.copy()
+            pixels.view(np.uint32)[0, 0, 0, 0] += 1
+            return DecodedBatch(batch.indices, batch.labels, pixels)
+
+    _require_same_batches({"stock": stock, "fast": get_codec("json", "list", (1, 2, 2), decoder="fast")}, values, "t")
+    with pytest.raises(KbitError, match="t: the fast decoder's pixels differ from the stock library's"):
+        _require_same_batches({"stock": stock, "fast": OneUlpOff()}, values, "t")

@@ -40,12 +40,13 @@ def test_the_pool_decodes_bit_for_bit_what_the_codec_decodes(format: str, layout
     codec = get_codec(format, layout, SHAPE, num_classes=10, decoder=decoder)
     values = _block(codec)
     with DecodePool(codec, 2) as pool:
-        batch = pool.decode(values)
+        # small, then large (the shared buffers grow), then small again (they are reused)
+        for block in (values[:N // 2], values, values[:N // 2]):
+            assert _equal(pool.decode(block), codec.decode(block))
         assert len(pool._workers) == 2 and all(w.process.is_alive() for w in pool._workers)
-        assert _equal(batch, codec.decode(values))
-        assert _equal(pool.decode(values[:N // 2]), codec.decode(values[:N // 2]))  # the buffers are reused
         workers = [w.process for w in pool._workers]
     assert not any(p.is_alive() for p in workers)  # close ends them
+    assert _equal(pool.decode(values), codec.decode(values)) and pool._workers == []  # after close: the thread
 
 
 def test_a_small_block_is_decoded_on_the_calling_thread():
@@ -62,9 +63,59 @@ def test_a_corrupt_value_in_a_workers_run_raises_the_codecs_own_error():
     values[N - 3] = values[N - 3][:-9]  # truncated, in the last worker's run
     with pytest.raises(CorruptRecordError) as expected:
         codec.decode(values)
-    with DecodePool(codec, 2) as pool, pytest.raises(CorruptRecordError) as raised:
-        pool.decode(values)
+    with DecodePool(codec, 2) as pool:
+        with pytest.raises(CorruptRecordError) as raised:
+            pool.decode(values)
+        assert len(pool._workers) == 2  # the workers decoded, and stay for the next block
     assert str(raised.value) == str(expected.value) and f"value {N - 3} of {N}" in str(raised.value)
+
+
+def test_a_block_that_fails_before_its_answers_are_read_leaves_no_worker_behind(monkeypatch: pytest.MonkeyPatch):
+    # A run sent to one worker, then an error before its answer is read: that answer must not become the next
+    # block's (one block behind, for the life of the pool).
+    codec = get_codec("json", "list", SHAPE, decoder="fast")
+    values = _block(codec)
+    with DecodePool(codec, 2) as pool:
+        pool.decode(values)
+        send, sent = decode_pool._Worker.send, []
+
+        def second_send_fails(worker, run):
+            sent.append(len(run))
+            if len(sent) == 2:
+                raise MemoryError("no room for the second run")
+            send(worker, run)
+
+        monkeypatch.setattr(decode_pool._Worker, "send", second_send_fails)
+        with pytest.raises(MemoryError):
+            pool.decode(values)
+        monkeypatch.setattr(decode_pool._Worker, "send", send)
+        assert pool._workers == []
+        other = values[::-1]
+        assert _equal(pool.decode(other), codec.decode(other)) and len(pool._workers) == 2
+        # a value that is not bytes (a tombstone) gets the codec's own error, and the workers stay in step
+        with pytest.raises(CorruptRecordError) as raised:
+            pool.decode([*values[:-1], None])
+        assert f"cannot decode value {N - 1} of {N} (null)" in str(raised.value)
+        assert _equal(pool.decode(values), codec.decode(values))
+
+
+def test_workers_that_cannot_start_leave_the_block_to_the_thread(monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture):
+    codec = get_codec("json", "list", SHAPE, decoder="fast")
+    values = _block(codec)
+    init, started = decode_pool._Worker.__init__, []
+
+    def second_fails(worker, *args):
+        if started:
+            raise OSError(24, "Too many open files")
+        init(worker, *args)
+        started.append(worker.process)
+
+    monkeypatch.setattr(decode_pool._Worker, "__init__", second_fails)
+    with DecodePool(codec, 2) as pool, caplog.at_level(logging.WARNING, logger=decode_pool.__name__):
+        assert _equal(pool.decode(values), codec.decode(values))
+        assert "a decode worker process did not start: OSError(24, 'Too many open files')" in caplog.text
+        assert pool._workers == [] and not started[0].is_alive()  # the one that started was stopped
 
 
 def test_a_workers_deferrals_are_counted_on_the_codec():
