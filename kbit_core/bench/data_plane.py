@@ -176,7 +176,8 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
         stock_decode_records_per_s=_rate(n, f + stock_t), loader_records_per_s=_rate(loaded, ld),
         decode_ratio=f / (f + fast_t), stock_decode_ratio=f / (f + stock_t), loader_ratio=f / ld,
         speedup=(f + stock_t) / (f + fast_t), decode_only_speedup=_rate(stock_t, fast_t),
-        fast_decoder=fast is not stock, decode_processes=processes, connect_ms=1e3 * statistics.median(_connect_seconds(cfg, manifest, client)),
+        fast_decoder=fast is not stock, decode_processes=processes,
+        connect_ms=1e3 * statistics.median(_connect_seconds(cfg, manifest, client)),
     )
 
 
