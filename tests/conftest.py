@@ -4,8 +4,12 @@ Ray head per test session."""
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import socket
+import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,6 +47,49 @@ def loader_workers(root: Any = None) -> list[Any]:
         except psutil.NoSuchProcess:
             continue
     return found
+
+
+class Background(threading.Thread):
+    """``target(*args, **kwargs)`` on a daemon thread, so one that hangs cannot keep pytest from exiting;
+    ``result(timeout_s)`` returns what it returned, or raises what it raised or that it is still running."""
+
+    def __init__(self, target: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        super().__init__(daemon=True, name=f"background {getattr(target, '__qualname__', target)}")
+        self._call = (target, args, kwargs)
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        target, args, kwargs = self._call
+        try:
+            self._value = target(*args, **kwargs)
+        except BaseException as exc:  # handed to result(), in the test's own thread
+            self._error = exc
+
+    def result(self, timeout_s: float) -> Any:
+        self.join(timeout_s)
+        if self.is_alive():
+            raise AssertionError(f"{self.name} is still running after {timeout_s:g}s")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+# A thread left running keeps the interpreter from exiting, and CI would wait for it until its own limit.
+EXIT_WATCHDOG_S = 120
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    def exit_if_still_alive() -> None:
+        sys.stderr.write(f"kbit tests: the interpreter has not exited {EXIT_WATCHDOG_S}s after the session; "
+                         "every thread's stack:\n")
+        faulthandler.dump_traceback(all_threads=True)
+        os._exit(int(exitstatus) or 1)
+
+    watchdog = threading.Timer(EXIT_WATCHDOG_S, exit_if_still_alive)
+    watchdog.daemon = True
+    watchdog.start()
 
 
 def free_port() -> int:

@@ -24,7 +24,6 @@ the plan repeats or drops to even the ranks out, records the loader repeated to 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 

@@ -83,12 +83,18 @@ class ProducerBackend(ABC):
 
 
 class ConfluentProducer(ProducerBackend):
+    """confluent-kafka's producer. Delivery reports are only queued inside librdkafka's callbacks and handed to
+    the caller's callbacks once the client call returned: after a fatal error (an idempotent producer whose
+    broker restarted empty is answered UNKNOWN_PRODUCER_ID) confluent-kafka goes on running the failed messages'
+    callbacks with that error still raised, and a lock taken there would stay locked, hanging the next one."""
+
     name = "confluent"
 
     def __init__(self, kcfg: KafkaConfig, pcfg: ProduceConfig, compression: Compression) -> None:
         self._batch_bytes = 0
         self._stats_seen = 0
         self._stats_cover_all = False
+        self._reports: list[tuple[DeliveryCallback, int, Any, Any]] = []
         self._producer = Producer({
             **admin.client_options(kcfg),
             "acks": "all",
@@ -108,23 +114,42 @@ class ConfluentProducer(ProducerBackend):
         self._batch_bytes += sum(t.get("batchsize", {}).get("sum", 0) for t in stats.get("topics", {}).values())
         self._stats_seen += 1
 
+    def _serve(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)`` on the client, then the delivery reports it served. A client error becomes a
+        BrokerError, also one raised under the SystemError of a callback that ran after it."""
+        try:
+            return call(*args)
+        except Exception as exc:
+            cause: BaseException | None = exc
+            while cause is not None and not isinstance(cause, KafkaException):
+                cause = cause.__cause__ or cause.__context__
+            if cause is None:
+                raise
+            error = cause.args[0]
+            raise BrokerError(("fatal producer error (only a new producer can go on): " if error.fatal() else "")
+                              + error.str()) from None
+        finally:
+            reports, self._reports = self._reports, []
+            for on_delivery, partition, err, msg in reports:
+                on_delivery(partition, msg.offset() if err is None else -1, None if err is None else err.str())
+
     def send(self, topic: str, partition: int, key: bytes, value: bytes, on_delivery: DeliveryCallback) -> None:
         def report(err: Any, msg: Any) -> None:
-            on_delivery(partition, msg.offset() if err is None else -1, None if err is None else err.str())
+            self._reports.append((on_delivery, partition, err, msg))
 
         while True:
             try:
                 self._producer.produce(topic, value=value, key=key, partition=partition, on_delivery=report)
                 break
             except BufferError:
-                self._producer.poll(0.05)
+                self._serve(self._producer.poll, 0.05)
             except KafkaException as exc:
                 raise BrokerError(f"cannot produce a {len(value)}-byte message to {topic}[{partition}]: "
                                   f"{exc.args[0].str()}") from None
-        self._producer.poll(0)
+        self._serve(self._producer.poll, 0)
 
     def flush(self, timeout_s: float, *, count_wire_bytes: bool = True) -> None:
-        left = self._producer.flush(timeout_s)
+        left = self._serve(self._producer.flush, timeout_s)
         if left:
             raise BrokerError(f"{left} message(s) still undelivered after {timeout_s:.0f}s")
         if not count_wire_bytes:
@@ -132,16 +157,18 @@ class ConfluentProducer(ProducerBackend):
         # one more statistics emission after the last batch went out, so wire_bytes covers it
         seen, deadline = self._stats_seen, time.monotonic() + 5 * STATS_INTERVAL_MS / 1000
         while self._stats_seen == seen and time.monotonic() < deadline:
-            self._producer.poll(STATS_INTERVAL_MS / 1000)
+            self._serve(self._producer.poll, STATS_INTERVAL_MS / 1000)
         self._stats_cover_all = self._stats_seen > seen
 
     def wire_bytes(self) -> int | None:
         return self._batch_bytes if self._stats_cover_all else None
 
     def close(self) -> None:
-        # after a failure, drop what is still queued instead of waiting out the delivery timeout
-        self._producer.purge()
-        self._producer.close()
+        # After a failure, drop what is still queued instead of waiting out the delivery timeout. An error the
+        # client raises while closing was already raised by the call that met it.
+        for call in (self._producer.purge, self._producer.close):
+            with contextlib.suppress(BrokerError):
+                self._serve(call)
 
 
 class KafkaPythonProducer(ProducerBackend):

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kbit_core.config import CheckpointConfig, KbitConfig
+from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError
 
 log = logging.getLogger(__name__)

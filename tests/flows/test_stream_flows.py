@@ -31,6 +31,7 @@ from kbit_core.stream.trainer import stop_file_path
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.api import train
 from tasks.config import load_run_config
+from tests.conftest import Background
 from tests.flows.helpers import delete_topics, flow_overrides, topic_prefix
 
 pytestmark = pytest.mark.kafka
@@ -126,9 +127,7 @@ def test_a_cancelled_train_stream_run_stops_its_ranks_with_a_final_checkpoint_th
     cfg = load_run_config("train-stream", overrides)
     lineage_dir = cfg.run_dir / "ckpt"
     stop_producing = threading.Event()
-    producer = threading.Thread(target=LiveProducer(cfg).run,
-                                kwargs={"rate": 100, "duration_s": 600, "should_stop": stop_producing.is_set})
-    producer.start()
+    producer = Background(LiveProducer(cfg).run, rate=100, duration_s=600, should_stop=stop_producing.is_set)
     try:
         with get_client(sync_client=True) as client:
             deployment = client.create_deployment(
@@ -147,7 +146,7 @@ def test_a_cancelled_train_stream_run_stops_its_ranks_with_a_final_checkpoint_th
             state = client.read_flow_run(flow_run.id).state
     finally:
         stop_producing.set()
-        producer.join()
+        producer.result(60)
     worker_log = (tmp_path / "worker.log").read_text()
     assert state.type == StateType.CANCELLED, worker_log[-6000:]
     # torchrun starts the ranks in sessions of their own: the worker's group kill leaves them to finish their

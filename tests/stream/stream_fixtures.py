@@ -22,6 +22,12 @@ def stream_config(tmp_path: Path, broker: EmbeddedBroker, overrides: dict[str, A
     return KbitConfig.from_dict(deep_merge(base, overrides or {}))
 
 
+def freeze(broker: EmbeddedBroker) -> None:
+    """SIGSTOP the broker: what clients send from now on is in flight, sent but unanswered, until it goes on or
+    ``crash_and_restart`` kills it."""
+    os.kill(broker.status().pid, signal.SIGSTOP)
+
+
 def crash_and_restart(broker: EmbeddedBroker) -> None:
     """SIGKILL the broker (a graceful stop waits for its clients) and start an empty one on the same port."""
     os.kill(broker.status().pid, signal.SIGKILL)

@@ -3,7 +3,6 @@ rank, a whole-job restart, world sizes 2 -> 1 -> 3 and a broker that crashes and
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from kbit_core.stream.live_producer import LiveProducer
 from kbit_core.stream.manifest import StreamLog
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.api import train
+from tests.conftest import Background
 from tests.stream.stream_fixtures import crash_and_restart, stream_config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
@@ -42,7 +42,7 @@ def run(cfg: KbitConfig, **changes: Any) -> dict[str, Any]:
     return train(cfg.override(changes), progress=False)
 
 
-def crash_when_training(cfg: KbitConfig, broker: EmbeddedBroker, after_step: int, records: int) -> threading.Thread:
+def crash_when_training(cfg: KbitConfig, broker: EmbeddedBroker, after_step: int, records: int) -> Background:
     """Once the job writes a checkpoint past ``after_step``, crash the broker and bring it back empty; a few seconds
     later (the trainer finds its offsets gone meanwhile) run the live producer again: it refills what the broker
     lost from its manifest and goes on to ``records``."""
@@ -60,9 +60,7 @@ def crash_when_training(cfg: KbitConfig, broker: EmbeddedBroker, after_step: int
         time.sleep(3)
         LiveProducer(cfg).run(rate=400, records=records)
 
-    thread = threading.Thread(target=crash_then_produce)
-    thread.start()
-    return thread
+    return Background(crash_then_produce)
 
 
 def test_exactly_once_across_a_killed_rank_a_restarted_job_world_sizes_2_1_3_and_a_broker_crash(
@@ -91,7 +89,7 @@ def test_exactly_once_across_a_killed_rank_a_restarted_job_world_sizes_2_1_3_and
     # the producer refills it and appends up to 960
     crasher = crash_when_training(cfg, own_broker, second["steps"] + 4, records=960)
     third = run(cfg, **{"stream.stop_after_records": 960, "launch.num_processes": 3, "checkpoint.every_steps": 1})
-    crasher.join(timeout=60)
+    crasher.result(60)
     assert (third["world_size"], third["records"], third["stop_reason"]) == (3, 960, "records")
     assert third["resets"] >= 1  # the trainer saw the broker's log fall short of its offsets, and said so
 
@@ -110,8 +108,7 @@ def test_the_stop_file_stops_every_rank_at_one_step_with_a_final_checkpoint(tmp_
                                                  "model": {"name": "mlp"}},
         "stream": {"eval_every_steps": 1000, "eval_records": 100, "idle_timeout_s": 60},
         "checkpoint": {"dir": "ckpt"}})
-    producer = threading.Thread(target=LiveProducer(cfg).run, kwargs={"rate": 100, "duration_s": 40})
-    producer.start()
+    producer = Background(LiveProducer(cfg).run, rate=100, duration_s=40)
     stop_file = cfg.run_dir / "streams" / f"{cfg.stream.topic}.stop"
 
     def stop_once_training() -> None:  # rank 0 opens its lineage as it starts; a few seconds later it trains
@@ -121,11 +118,10 @@ def test_the_stop_file_stops_every_rank_at_one_step_with_a_final_checkpoint(tmp_
         time.sleep(5)
         stop_file.write_text("stop\n")
 
-    stopper = threading.Thread(target=stop_once_training)
-    stopper.start()
+    stopper = Background(stop_once_training)
     result = train(cfg, progress=False)
-    stopper.join()
-    producer.join()
+    stopper.result(120)
+    producer.result(60)
     assert result["stop_reason"] == "stop file" and result["records"] > 0
     final = Path(result["checkpoint"])
     assert final.name == ckpt.checkpoint_name(result["steps"]) + ".pt"  # the last step, checkpointed at the stop

@@ -1,8 +1,10 @@
-"""The live producer against a real embedded broker: rate-paced appends, an exact manifest, broker restarts."""
+"""The live producer against a real embedded broker: rate-paced appends, an exact manifest, broker restarts, and
+either producer client meeting a broker crash with sends in flight."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -10,12 +12,15 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from kbit_core.config import KbitConfig
-from kbit_core.errors import ManifestMismatchError, TopicError
+from kbit_core.errors import BrokerError, ManifestMismatchError, TopicError
 from kbit_core.kafka import admin
 from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.kafka.manifest import PartitionManifest
+from kbit_core.kafka.producer import BACKENDS, DeliveryLedger, make_producer
 from kbit_core.stream.live_producer import LiveProducer
 from kbit_core.stream.manifest import StreamLog
-from tests.stream.stream_fixtures import crash_and_restart, stream_config
+from tests.conftest import Background
+from tests.stream.stream_fixtures import crash_and_restart, freeze, stream_config
 
 pytestmark = pytest.mark.kafka
 
@@ -74,21 +79,52 @@ def test_a_broker_that_lost_the_topic_gets_it_back_at_the_same_offsets(tmp_path:
 
 
 def test_a_running_producer_survives_a_broker_restart(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
-    import threading
-
     cfg = stream_config(tmp_path, own_broker)
     producer = LiveProducer(cfg)
-    result = []
-    thread = threading.Thread(target=lambda: result.append(producer.run(rate=100, records=600)))
-    thread.start()
+    stop = threading.Event()
+    running = Background(producer.run, rate=100, records=600, should_stop=stop.is_set)
     deadline = time.monotonic() + 30
     while producer.log.next_index() < 200 and time.monotonic() < deadline:
         time.sleep(0.05)
+    # With records in flight at the crash, the restarted broker answers their retry UNKNOWN_PRODUCER_ID, which
+    # is fatal to an idempotent producer: it must be replaced, and the records must not be lost.
+    freeze(own_broker)
+    time.sleep(0.5)
     crash_and_restart(own_broker)
-    thread.join(timeout=120)
-    (run,) = result
+    try:
+        run = running.result(120)
+    finally:
+        stop.set()
     assert run.reconnects >= 1 and run.refilled > 0
     assert [index for _, _, index, _ in read_all(cfg, run.topic)] == sorted(range(600), key=lambda i: (i % 3, i))
+
+
+@pytest.mark.parametrize("client", sorted(BACKENDS))
+def test_sends_in_flight_at_a_broker_crash_fail_with_a_broker_error(tmp_path: Path, own_broker: EmbeddedBroker,
+                                                                    client: str) -> None:
+    cfg = stream_config(tmp_path, own_broker)
+    admin.create_topic(cfg.kafka, "in-flight", 1)
+    backend = make_producer(cfg.kafka, cfg.produce, "none", client)
+
+    def deliver(count: int) -> list[PartitionManifest]:
+        ledger = DeliveryLedger("in-flight", 1)
+        for _ in range(count):
+            backend.send("in-flight", 0, b"key", b"value", ledger.callback(1, 5))
+        backend.flush(20, count_wire_bytes=False)
+        return ledger.partitions()
+
+    try:
+        assert [p.num_messages for p in deliver(5)] == [5]
+        freeze(own_broker)
+        sending = Background(deliver, 5)
+        time.sleep(0.5)  # the client sends them meanwhile
+        crash_and_restart(own_broker)
+        # confluent-kafka raises this fatal error inside flush and then runs the failed messages' callbacks with
+        # it still raised: before kbit queued the reports, the ledger's lock was left locked and flush hung
+        with pytest.raises(BrokerError, match=r"(?i)unknown ?producer ?id"):
+            sending.result(60)
+    finally:
+        backend.close()
 
 
 def test_another_stream_config_does_not_continue_the_manifest(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
