@@ -94,7 +94,7 @@ class ConfluentProducer(ProducerBackend):
         self._batch_bytes = 0
         self._stats_seen = 0
         self._stats_cover_all = False
-        self._reports: list[tuple[DeliveryCallback, int, Any, Any]] = []
+        self._reports: list[tuple[DeliveryCallback, int, Any, int]] = []
         self._producer = Producer({
             **admin.client_options(kcfg),
             "acks": "all",
@@ -130,12 +130,12 @@ class ConfluentProducer(ProducerBackend):
                               + error.str()) from None
         finally:
             reports, self._reports = self._reports, []
-            for on_delivery, partition, err, msg in reports:
-                on_delivery(partition, msg.offset() if err is None else -1, None if err is None else err.str())
+            for on_delivery, partition, err, offset in reports:
+                on_delivery(partition, offset, None if err is None else err.str())
 
     def send(self, topic: str, partition: int, key: bytes, value: bytes, on_delivery: DeliveryCallback) -> None:
-        def report(err: Any, msg: Any) -> None:
-            self._reports.append((on_delivery, partition, err, msg))
+        def report(err: Any, msg: Any) -> None:  # the message (a copy of its value) is not kept
+            self._reports.append((on_delivery, partition, err, msg.offset() if err is None else -1))
 
         while True:
             try:
