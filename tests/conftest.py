@@ -78,14 +78,23 @@ class Background(threading.Thread):
 
 # A thread left running keeps the interpreter from exiting, and CI would wait for it until its own limit.
 EXIT_WATCHDOG_S = 120
+_exit_status = pytest.StashKey[int]()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_exit_status] = int(exitstatus)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """After everything pytest does (session fixtures torn down, summary printed): end the process if it has not
+    exited by itself within EXIT_WATCHDOG_S, printing every thread's stack, with the session's exit status or 1."""
+    status = config.stash.get(_exit_status, 1)
+
     def exit_if_still_alive() -> None:
         sys.stderr.write(f"kbit tests: the interpreter has not exited {EXIT_WATCHDOG_S}s after the session; "
                          "every thread's stack:\n")
         faulthandler.dump_traceback(all_threads=True)
-        os._exit(int(exitstatus) or 1)
+        os._exit(status or 1)
 
     watchdog = threading.Timer(EXIT_WATCHDOG_S, exit_if_still_alive)
     watchdog.daemon = True

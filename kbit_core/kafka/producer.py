@@ -27,7 +27,7 @@ from typing import IO, Any, ClassVar
 import crc32c  # noqa: F401  # kafka-python checksums in pure Python without it, 10x slower
 import kafka
 import kafka.errors
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from kafka.metrics.stats import Total
 from tqdm import tqdm
 
@@ -85,8 +85,8 @@ class ProducerBackend(ABC):
 class ConfluentProducer(ProducerBackend):
     """confluent-kafka's producer. Delivery reports are only queued inside librdkafka's callbacks and handed to
     the caller's callbacks once the client call returned: after a fatal error (an idempotent producer whose
-    broker restarted empty is answered UNKNOWN_PRODUCER_ID) confluent-kafka goes on running the failed messages'
-    callbacks with that error still raised, and a lock taken there would stay locked, hanging the next one."""
+    broker restarted empty is answered UNKNOWN_PRODUCER_ID) confluent-kafka calls the next delivery callback with
+    that error still raised, and a lock taken there would stay locked, hanging the callback after it."""
 
     name = "confluent"
 
@@ -129,13 +129,16 @@ class ConfluentProducer(ProducerBackend):
             raise BrokerError(("fatal producer error (only a new producer can go on): " if error.fatal() else "")
                               + error.str()) from None
         finally:
-            reports, self._reports = self._reports, []
+            reports = self._reports[:]
+            self._reports.clear()
             for on_delivery, partition, err, offset in reports:
                 on_delivery(partition, offset, None if err is None else err.str())
 
     def send(self, topic: str, partition: int, key: bytes, value: bytes, on_delivery: DeliveryCallback) -> None:
+        reports = self._reports  # not self: librdkafka holds the callback where the garbage collector cannot see it
+
         def report(err: Any, msg: Any) -> None:  # the message (a copy of its value) is not kept
-            self._reports.append((on_delivery, partition, err, msg.offset() if err is None else -1))
+            reports.append((on_delivery, partition, err, msg.offset() if err is None else -1))
 
         while True:
             try:
@@ -144,6 +147,8 @@ class ConfluentProducer(ProducerBackend):
             except BufferError:
                 self._serve(self._producer.poll, 0.05)
             except KafkaException as exc:
+                if exc.args[0].code() == KafkaError._FATAL:
+                    self._serve(self._producer.poll, 0)  # raises the fatal error itself, by name
                 raise BrokerError(f"cannot produce a {len(value)}-byte message to {topic}[{partition}]: "
                                   f"{exc.args[0].str()}") from None
         self._serve(self._producer.poll, 0)
@@ -164,11 +169,13 @@ class ConfluentProducer(ProducerBackend):
         return self._batch_bytes if self._stats_cover_all else None
 
     def close(self) -> None:
-        # After a failure, drop what is still queued instead of waiting out the delivery timeout. An error the
-        # client raises while closing was already raised by the call that met it.
+        # After a failure, drop what is still queued instead of waiting out the delivery timeout; closing goes on
+        # after an error (a fatal one may surface only now).
         for call in (self._producer.purge, self._producer.close):
-            with contextlib.suppress(BrokerError):
+            try:
                 self._serve(call)
+            except BrokerError as exc:
+                log.info("closing the producer: %s", exc)
 
 
 class KafkaPythonProducer(ProducerBackend):
