@@ -236,16 +236,37 @@ def stop_spark() -> None:
 
         # without a gateway (never started, or stopped before) pyspark cannot even ask for the active session
         session = _session or (SparkSession.getActiveSession() if SparkContext._jvm is not None else None)
-        if session is not None:
+        if session is not None and _jvm_exited():  # not asked to stop: py4j would log the dead link as an ERROR
+            _forget_dead_session()
+        elif session is not None:
             try:
                 session.stop()
-            except ConnectionError:  # the JVM is already gone (e.g. killed with a cancelled run's process group)
-                log.info("Spark's JVM had already exited; nothing to stop")
+            except ConnectionError:  # the JVM went while stopping
+                _forget_dead_session()
         _shutdown_jvm()
         if _session_dir is not None:
             shutil.rmtree(_session_dir / "worker-tmp", ignore_errors=True)
             shutil.rmtree(_session_dir / "local", ignore_errors=True)
         _session, _session_dir = None, None
+
+
+def _forget_dead_session() -> None:
+    """Drop pyspark's references to a session whose JVM has exited (e.g. killed with a cancelled run's process
+    group), so a later session starts afresh."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    log.info("Spark's JVM had already exited; nothing to stop")
+    SparkContext._active_spark_context = None
+    SparkSession._instantiatedSession = SparkSession._activeSession = None
+
+
+def _jvm_exited() -> bool:
+    """Whether this process started Spark's JVM and it has exited since."""
+    from pyspark import SparkContext
+
+    proc = getattr(SparkContext._gateway, "proc", None)
+    return proc is not None and proc.poll() is not None
 
 
 def _shutdown_jvm() -> None:
