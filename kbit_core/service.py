@@ -17,6 +17,9 @@ from kbit_core.errors import KbitError
 
 log = logging.getLogger(__name__)
 
+# How long a started service may take to finish exec'ing its program.
+EXEC_WAIT_S = 5.0
+
 
 class ServiceError(KbitError):
     """A service cannot start, is unhealthy, or its port is taken by something else."""
@@ -132,6 +135,11 @@ class Service:
         with open(self.log_path, "ab") as logf:
             proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env={**os.environ, **self.env}, start_new_session=True)
+        # /proc/<pid>/cmdline reads empty until the child's exec is done (1 start in 7 here), and pid() looks for
+        # the marker there: without this wait, a service just started could count as exited
+        deadline = time.monotonic() + EXEC_WAIT_S
+        while not _cmdline(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
         self.pid_path.write_text(str(proc.pid))
         log.info("%s started (pid %d), log %s", self.name, proc.pid, self.log_path)
         self._wait_healthy(timeout_s, proc)
