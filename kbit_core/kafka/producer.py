@@ -129,10 +129,11 @@ class ConfluentProducer(ProducerBackend):
             raise BrokerError(("fatal producer error (only a new producer can go on): " if error.fatal() else "")
                               + error.str()) from None
         finally:
-            reports = self._reports[:]
-            self._reports.clear()
-            for on_delivery, partition, err, offset in reports:
-                on_delivery(partition, offset, None if err is None else err.str())
+            if self._reports:  # most calls serve none
+                reports = self._reports[:]
+                self._reports.clear()
+                for on_delivery, partition, err, offset in reports:
+                    on_delivery(partition, offset, None if err is None else err.str())
 
     def send(self, topic: str, partition: int, key: bytes, value: bytes, on_delivery: DeliveryCallback) -> None:
         reports = self._reports  # not self: librdkafka holds the callback where the garbage collector cannot see it
