@@ -4,6 +4,7 @@ continuous training's lag/freshness artifact, and a cancelled `train_stream` run
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -106,6 +107,21 @@ def rank_processes(workdir: Path) -> list[psutil.Process]:
     return ranks
 
 
+def stuck_report(processes: list[psutil.Process]) -> str:
+    """Each process's state and its threads' native stacks (gdb), to tell where a process that should have exited
+    waits."""
+    lines = []
+    for process in processes:
+        with process.oneshot():
+            lines.append(f"pid {process.pid} ppid {process.ppid()} {process.status()} {process.cpu_times()} "
+                         f"threads {process.num_threads()}: {' '.join(process.cmdline())}")
+        if shutil.which("gdb"):
+            gdb = subprocess.run(["gdb", "-p", str(process.pid), "-batch", "-ex", "thread apply all bt 25"],
+                                 capture_output=True, text=True, timeout=60, check=False)
+            lines.append(gdb.stdout[-12000:])
+    return "\n".join(lines)
+
+
 def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -151,7 +167,15 @@ def test_a_cancelled_train_stream_run_stops_its_ranks_with_a_final_checkpoint_th
     assert state.type == StateType.CANCELLED, worker_log[-6000:]
     # torchrun starts the ranks in sessions of their own: the worker's group kill leaves them to finish their
     # final checkpoint and exit by themselves, which they must (not wait on their killed agent)
-    wait_for(lambda: not rank_processes(cfg.workdir), 60, "exit of the cancelled run's ranks")
+    try:
+        wait_for(lambda: not rank_processes(cfg.workdir), 60, "exit of the cancelled run's ranks")
+    except TimeoutError as exc:
+        stop_file = stop_file_path(cfg)
+        report = (f"{exc}; stop file {stop_file} {'exists' if stop_file.exists() else 'missing'}\n"
+                  f"{stuck_report(rank_processes(cfg.workdir))}\nworker log:\n{worker_log[-4000:]}")
+        for rank in rank_processes(cfg.workdir):
+            rank.kill()
+        raise AssertionError(report) from None
     # The cancellation reached the driver as an exception (the worker SIGTERMs the flow run's process group): it
     # dropped the stop file for the ranks before re-raising.
     assert stop_file_path(cfg).read_text() == "the driver was interrupted\n"
