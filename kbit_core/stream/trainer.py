@@ -3,14 +3,15 @@
 Each iteration every rank fills its batch from its partitions (waiting at most ``stream.fill_timeout_s``), then
 the ranks exchange how many records each has and whether any must stop. If any rank has none, nobody steps (the
 others keep theirs buffered), so DDP/DeepSpeed always see equal step counts. A stop (duration, records, the stop
-file, SIGTERM/SIGINT, or ``stream.idle_timeout_s`` without data) is agreed the same way and ends with a final
-evaluation and checkpoint. Checkpoints carry every partition's next offset and trained index runs with the
-model, so a resume under any world size continues exactly there.
+file, SIGTERM/SIGINT, the launcher's exit, or ``stream.idle_timeout_s`` without data) is agreed the same way and
+ends with a final evaluation and checkpoint. Checkpoints carry every partition's next offset and trained index
+runs with the model, so a resume under any world size continues exactly there.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from kbit_core.train.loop import SplitLoaders, Trainer
 
 log = logging.getLogger(__name__)
 
-STOP_REASONS = ("", "duration", "records", "stop file", "signal", "idle")
+STOP_REASONS = ("", "duration", "records", "stop file", "signal", "launcher exited", "idle")
 
 
 def stop_file_path(cfg: KbitConfig) -> Path:
@@ -79,6 +80,9 @@ class StreamTrainer(Trainer):
         self.stream = StreamState()
         self.resumed = False
         self._signal: int | None = None
+        # The process that started this rank (torchrun's agent): once it is gone (killed with the job, so that
+        # neither a stop file nor its SIGTERM may come), this rank is an orphan that would train on forever.
+        self._launcher = os.getppid()
         self._freshness: list[float] = []  # rank 0: every trained record's freshness in this run
         self._lag_totals: list[float] = []
         self.lag_warnings: list[str] = []
@@ -168,7 +172,8 @@ class StreamTrainer(Trainer):
         stream, now = self.cfg.stream, time.monotonic()
         checks = (stream.stop_after_s is not None and now - started >= stream.stop_after_s,
                   stream.stop_after_records is not None and self.stream.records >= stream.stop_after_records,
-                  stop_file.exists(), self._signal is not None, now - last_step >= stream.idle_timeout_s)
+                  stop_file.exists(), self._signal is not None, os.getppid() != self._launcher,
+                  now - last_step >= stream.idle_timeout_s)
         return next((code for code, hit in enumerate(checks, start=1) if hit), 0)
 
     @contextmanager

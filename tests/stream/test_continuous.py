@@ -1,21 +1,28 @@
 """Continuous training on a live stream, end to end on the real broker and Spark: exactly-once across a killed
-rank, a whole-job restart, world sizes 2 -> 1 -> 3 and a broker that crashes and comes back empty."""
+rank, a whole-job restart, world sizes 2 -> 1 -> 3, a broker that crashes and comes back empty, and ranks whose
+launcher was killed."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from kbit_core.config import KbitConfig
+from kbit_core.errors import DistributedError
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.stream.ledger import audit
 from kbit_core.stream.live_producer import LiveProducer
 from kbit_core.stream.manifest import StreamLog
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.api import train
+from kbit_core.train.worker import RESULT_FILE
 from tests.conftest import Background
 from tests.stream.stream_fixtures import crash_and_restart, stream_config
 
@@ -126,3 +133,43 @@ def test_the_stop_file_stops_every_rank_at_one_step_with_a_final_checkpoint(tmp_
     final = Path(result["checkpoint"])
     assert final.name == ckpt.checkpoint_name(result["steps"]) + ".pt"  # the last step, checkpointed at the stop
     assert sum(result["offsets"]) == result["records"]  # positions and counts agree: nothing trained twice
+
+
+def test_ranks_whose_launcher_is_killed_stop_at_one_step_with_a_final_checkpoint(tmp_path: Path,
+                                                                                  own_broker: EmbeddedBroker) -> None:
+    """torchrun's agent SIGKILLed with the job (its SIGTERM to the ranks and the driver's stop file never come):
+    the orphaned ranks stop together, checkpoint and exit, rather than train on for as long as the stream flows."""
+    cfg = stream_config(tmp_path, own_broker, {
+        "produce": {"partitions": 2}, "launch": {"engine": "torchrun", "num_processes": 2},
+        "train": {"mode": "continuous", "global_batch_size": BATCH, "model": {"name": "mlp"}},
+        "stream": {"eval_every_steps": 1000, "eval_records": 100, "idle_timeout_s": 600},
+        "checkpoint": {"dir": "ckpt"}})
+    stop_producing = threading.Event()
+    producer = Background(LiveProducer(cfg).run, rate=100, duration_s=300, should_stop=stop_producing.is_set)
+    job = Background(train, cfg, progress=False)
+    ranks: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120  # rank 0 opens its lineage as it starts; a few seconds later it trains
+        while not list((cfg.run_dir / "ckpt").glob("*/lineage.json")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(5)
+        (agent,) = [p for p in psutil.Process().children() if "torch.distributed.run" in " ".join(p.cmdline())]
+        ranks = agent.children()
+        assert len(ranks) == 2
+        agent.kill()
+        with pytest.raises(DistributedError):
+            job.result(60)
+        _, alive = psutil.wait_procs(ranks, timeout=60)
+        assert not alive, f"ranks {[p.pid for p in alive]} still running a minute after their launcher died"
+    finally:
+        stop_producing.set()
+        producer.result(60)
+        for rank in ranks:  # an orphan that did not stop would train on until the next tests' load ends
+            with contextlib.suppress(psutil.NoSuchProcess):
+                rank.kill()
+    result = json.loads((cfg.run_dir / RESULT_FILE).read_text())
+    assert result["stop_reason"] == "launcher exited" and result["records"] > 0
+    (lineage,) = ckpt.list_lineages(cfg.run_dir / "ckpt")
+    (final,) = ckpt.list_checkpoints(lineage)  # no periodic checkpoints: the stop's
+    assert final.name == ckpt.checkpoint_name(result["steps"]) + ".pt"
+    assert sum(result["offsets"]) == result["records"]
