@@ -212,9 +212,10 @@ class LiveProducer:
 
     def _refill(self, backend: ProducerBackend, ends: dict[int, int] | None) -> None:
         """Produce the manifest again when the broker lost part of it (the memory-only broker loses everything on
-        restart). The topic is recreated first: what is left of it may be records in the wrong places (a
-        restarted broker auto-creates the topic, with its default partition count, on the first produce), and a
-        reader must not take them for the stream. ``ends`` is None when the partition count is wrong."""
+        restart). A topic that is not empty is recreated first: what is left of it may be records in the wrong
+        places (a restarted broker auto-creates the topic, with its default partition count, on the first
+        produce), and a reader must not take them for the stream. ``ends`` is None when the partition count is
+        wrong."""
         wanted = self.log.end_offsets()
         if ends is not None:
             ahead = {p: (ends[p], wanted[p]) for p in wanted if ends[p] > wanted[p]}
@@ -223,11 +224,13 @@ class LiveProducer:
                                  f"know (partition: broker end, manifest end): {ahead}; another producer wrote to it")
             if ends == wanted:
                 return
-        log.warning("stream %s: the %s lost records (broker ends %s, manifest ends %s); recreating the topic and "
-                    "producing them again from %s", self.topic, admin.describe_broker(self.cfg.kafka), ends, wanted,
-                    self.log.path)
-        admin.delete_topic(self.cfg.kafka, self.topic)
-        admin.create_topic(self.cfg.kafka, self.topic, self.partitions)
+        empty = ends is not None and not any(ends.values())
+        log.warning("stream %s: the %s lost records (broker ends %s, manifest ends %s); %sproducing them again from "
+                    "%s", self.topic, admin.describe_broker(self.cfg.kafka), ends, wanted,
+                    "" if empty else "recreating the topic and ", self.log.path)
+        if not empty:  # an empty topic holds nothing misplaced, and recreating one crashes its readers (librdkafka)
+            admin.delete_topic(self.cfg.kafka, self.topic)
+            admin.create_topic(self.cfg.kafka, self.topic, self.partitions)
         stop = self.log.next_index()
         for start in range(0, stop, MAX_CHUNK):
             indices = np.arange(start, min(start + MAX_CHUNK, stop), dtype=np.int64)

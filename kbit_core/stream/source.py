@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 # While starved, how often to ask the broker whether its log still reaches this rank's offsets.
 END_CHECK_S = 5.0
+# After finding it does not, how often to ask whether it does again.
+REFILL_CHECK_S = 0.5
 # Codes meaning "this partition's log no longer reaches our offset": the broker lost data or was replaced.
 _RESET_CODES = (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET, KafkaError.UNKNOWN_TOPIC_OR_PART,
                 KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC)
@@ -138,6 +140,11 @@ class StreamSource:
     def poll(self, timeout_s: float) -> int:
         """Fetch what arrives within ``timeout_s`` into the buffers; the number of records received."""
         if self._consumer is None:
+            if self._short:
+                if not self._log_reaches_offsets():
+                    time.sleep(timeout_s)
+                    return 0
+                self._short = False  # the episode is over: the log reaches this rank's offsets again
             self._consumer = self._connect()
         received = 0
         for msg in self._consumer.consume(num_messages=self.cfg.reader.max_poll_records, timeout=timeout_s):
@@ -156,7 +163,6 @@ class StreamSource:
                 self.positions[partition].offset = msg.offset() + 1  # before the start time: not part of this run
                 continue
             self._queues[partition].append(_Pending(msg.offset(), int(msg.key() or b"-1"), produced_ms, msg.value()))
-            self._short = False
             received += 1
         for p in self.partitions:
             _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
@@ -176,10 +182,22 @@ class StreamSource:
         for queue in self._queues.values():
             queue.clear()
         self._high.clear()
-        # A fresh consumer for the topic that comes back: librdkafka crashed (SIGSEGV) when one consumer saw its
-        # topic vanish, reappear auto-created with other partitions, and be recreated.
+        self._ends_checked = time.monotonic()  # the next look at the log ends is due in REFILL_CHECK_S
         self.close()
-        time.sleep(0.5)
+
+    def _log_reaches_offsets(self) -> bool:
+        """After a reset: does every partition's log reach where this rank continues again (the producer refilled
+        it)? Until then this rank holds no consumer, since librdkafka 2.16 crashes the process (SIGSEGV) when a
+        topic is deleted and created again under a consumer assigned to it, as the live producer does to refill a
+        topic the broker lost. Asked at most every REFILL_CHECK_S."""
+        if time.monotonic() - self._ends_checked < REFILL_CHECK_S:
+            return False
+        self._ends_checked = time.monotonic()
+        try:
+            ends = admin.exact_end_offsets(self.cfg.kafka, self.topic, self.partitions)
+        except (BrokerError, TopicError):
+            return False
+        return all(ends[p] >= self._fetch_offset(p) for p in self.partitions)
 
     def _check_log_ends(self) -> None:
         """Starved: does the broker's log still reach where this rank reads? librdkafka stays silent about a topic

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from kbit_core.config import KbitConfig
 from kbit_core.errors import BrokerError, ManifestMismatchError, TopicError
@@ -76,6 +77,25 @@ def test_a_broker_that_lost_the_topic_gets_it_back_at_the_same_offsets(tmp_path:
     assert (run.refilled, run.produced, run.next_index) == (45, 15, 60)
     after = read_all(cfg, run.topic)
     assert [r[:3] for r in after if r[2] < 45] == [r[:3] for r in before]
+
+
+def topic_id(cfg: KbitConfig, topic: str) -> str:
+    client = AdminClient({"bootstrap.servers": cfg.kafka.resolved_bootstrap()})
+    return str(client.describe_topics(TopicCollection([topic]))[topic].result(10).topic_id)
+
+
+def test_an_empty_topic_is_refilled_in_place_not_recreated(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
+    """Recreating a topic crashes the readers assigned to it (librdkafka 2.16: SIGSEGV, every trainer rank at
+    once), and an empty one with the stream's partitions holds nothing misplaced."""
+    cfg = stream_config(tmp_path, own_broker)
+    first = LiveProducer(cfg).run(rate=5000, records=45)
+    crash_and_restart(own_broker)
+    admin.create_topic(cfg.kafka, first.topic, 3)  # by whoever came first after the restart
+    created = topic_id(cfg, first.topic)
+    run = LiveProducer(cfg).run(rate=5000, records=60)
+    assert (run.refilled, run.produced, run.next_index) == (45, 15, 60)
+    assert topic_id(cfg, first.topic) == created
+    assert [index for _, _, index, _ in read_all(cfg, run.topic)] == sorted(range(60), key=lambda i: (i % 3, i))
 
 
 def test_a_running_producer_survives_a_broker_restart(tmp_path: Path, own_broker: EmbeddedBroker) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
@@ -11,10 +14,11 @@ from confluent_kafka import Producer
 from kbit_core.config import KbitConfig
 from kbit_core.datasets import open_source
 from kbit_core.formats import get_codec
+from kbit_core.kafka import admin
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.stream.live_producer import LiveProducer
 from kbit_core.stream.source import StreamGapError, StreamSource
-from tests.stream.stream_fixtures import stream_config
+from tests.stream.stream_fixtures import crash_and_restart, stream_config
 
 pytestmark = pytest.mark.kafka
 
@@ -79,3 +83,43 @@ def test_a_record_out_of_sequence_is_an_error_naming_where(tmp_path: Path, own_b
                                              r"train is offset 2, index 6"):
         source.take(3)
     source.close()
+
+
+def read_across_a_lost_and_recreated_topic(cfg: KbitConfig, broker: EmbeddedBroker) -> dict[int, list[list[int]]]:
+    """Read the stream's 40 records; lose them with the broker; while the reader waits, the topic is created empty
+    and recreated three times (as producers refilling it may); once the live producer has refilled it and appended
+    20, read on. Each partition's trained index runs."""
+    LiveProducer(cfg).run(rate=5000, records=40)
+    source = make_source(cfg, (0, 1))
+    source.start_fresh()
+    assert source.fill(40, timeout_s=10) == 40
+    source.take(40)
+    crash_and_restart(broker)
+    deadline = time.monotonic() + 30
+    while source.resets == 0 and time.monotonic() < deadline:
+        source.fill(1, timeout_s=0.5)
+    assert source.resets == 1
+    admin.create_topic(cfg.kafka, cfg.stream.topic, 2)
+    for _ in range(3):
+        source.fill(1, timeout_s=1.5)
+        admin.delete_topic(cfg.kafka, cfg.stream.topic)
+        admin.create_topic(cfg.kafka, cfg.stream.topic, 2)
+    LiveProducer(cfg).run(rate=5000, records=60)
+    assert source.fill(20, timeout_s=20) == 20
+    source.take(20)
+    source.close()
+    return {p: pos.trained for p, pos in source.positions.items()}
+
+
+def test_a_reader_whose_topic_was_lost_reads_on_once_refilled_and_survives_its_recreation(
+        tmp_path: Path, own_broker: EmbeddedBroker) -> None:
+    """librdkafka 2.16 crashes the process (SIGSEGV) when a topic is deleted and created again under a consumer
+    assigned to it: the reader holds none until the log reaches its offsets again. In a process of its own, so
+    that a crash fails this test alone."""
+    cfg = stream_config(tmp_path, own_broker, {"produce": {"partitions": 2}})
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            trained = pool.submit(read_across_a_lost_and_recreated_topic, cfg, own_broker).result(timeout=180)
+        except BrokenProcessPool:
+            pytest.fail("the reader's process died while its topic was recreated")
+    assert trained == {0: [[0, 58]], 1: [[1, 59]]}
