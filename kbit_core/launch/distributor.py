@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
@@ -38,6 +39,8 @@ from kbit_core.launch.spark import check_barrier_slots, clean_worker_tmp, get_sp
 log = logging.getLogger(__name__)
 
 _RESULT_KEY = "kbit/rank0-result"
+# How long one wait on the torchrun agent's store may last before the rank looks whether the agent still lives.
+AGENT_STORE_WAIT_S = 5.0
 _MAX_SECONDARY_LINES = 8
 
 # One TorchDistributor run at a time per process: runs share the session's worker TMPDIR and errors dir.
@@ -132,8 +135,11 @@ def describe(cfg: KbitConfig) -> str:
 
 def run_rank(entry: RankEntry, config_json: str, args_json: str, error_dir: str) -> str:
     """Per-rank wrapper: build the config, run ``entry``, record a failure's traceback; rank 0's result as JSON."""
+    from kbit_core.train.distributed import LAUNCHER_PID_ENV
+
     rank = int(os.environ.get("RANK", "0"))
     agent = os.getppid()  # the torchrun agent (or other launcher process) that started this rank
+    os.environ[LAUNCHER_PID_ENV] = str(agent)
     try:
         cfg = KbitConfig.from_json(config_json)
         result = entry(cfg, *wire.loads(args_json))
@@ -163,9 +169,10 @@ def _rank0_result(text: str, rank: int, timeout_s: float, agent: int) -> str:
     In local_mode=True every rank writes its return value to the same output file and the last
     writer wins, so ranks must agree. The process group may already be destroyed by the entry; the
     torchrun agent's store (which outlives the workers) carries the text then. A rank whose agent
-    (``agent``, its parent at start) is gone returns its own text at once: the agent's store went with it,
-    and nobody is left to read a result (a cancelled job's agent is killed while its ranks, in sessions
-    of their own, finish their final checkpoint); connecting would keep the rank alive for ``timeout_s``.
+    (``agent``, its parent at start) is gone returns its own text: the agent's store went with it, and
+    nobody is left to read a result (a cancelled job's agent is killed while its ranks, in sessions of
+    their own, finish their final checkpoint). The agent may die while a rank talks to its store, so each
+    wait is short and the agent is looked at again after it, for at most ``timeout_s`` in all.
     """
     import torch.distributed as dist
 
@@ -176,15 +183,26 @@ def _rank0_result(text: str, rank: int, timeout_s: float, agent: int) -> str:
         return text
     if dist.is_available() and dist.is_initialized():
         return broadcast_from_main(text)
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or os.getppid() != agent:
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return text
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world_size,
-                          is_master=False, timeout=timedelta(seconds=timeout_s))
-    if rank == 0:
-        store.set(_RESULT_KEY, text)
-        return text
-    # The agent store is private to this torchrun job: only rank 0 of this job wrote the value.
-    return store.get(_RESULT_KEY).decode()
+    deadline = time.monotonic() + timeout_s
+    store = None
+    while os.getppid() == agent:
+        try:
+            if store is None:
+                store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                      world_size=world_size, is_master=False,
+                                      timeout=timedelta(seconds=min(AGENT_STORE_WAIT_S, timeout_s)))
+            if rank == 0:
+                store.set(_RESULT_KEY, text)
+                return text
+            # The agent store is private to this torchrun job: only rank 0 of this job wrote the value.
+            return store.get(_RESULT_KEY).decode()
+        except RuntimeError:  # refused, reset or timed out (DistStoreError is one): the agent may be gone
+            if time.monotonic() > deadline:
+                raise
+            store = None  # a connection the agent's death reset does not heal; a new one is refused or waits
+    return text
 
 
 def worker_failure(exc: Exception, errors: Path, cfg: KbitConfig, output: str) -> DistributedError:

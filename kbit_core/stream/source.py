@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 
 # While starved, how often to ask the broker whether its log still reaches this rank's offsets.
 END_CHECK_S = 5.0
-# After finding it does not, how often to ask whether it does again.
+# After finding it does not, how often to ask whether it does again, and how long one answer may take.
 REFILL_CHECK_S = 0.5
+REFILL_PROBE_TIMEOUT_S = 2.0
 # Codes meaning "this partition's log no longer reaches our offset": the broker lost data or was replaced.
 _RESET_CODES = (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET, KafkaError.UNKNOWN_TOPIC_OR_PART,
                 KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC)
@@ -186,15 +187,20 @@ class StreamSource:
         self.close()
 
     def _log_reaches_offsets(self) -> bool:
-        """After a reset: does every partition's log reach where this rank continues again (the producer refilled
-        it)? Until then this rank holds no consumer, since librdkafka 2.16 crashes the process (SIGSEGV) when a
-        topic is deleted and created again under a consumer assigned to it, as the live producer does to refill a
-        topic the broker lost. Asked at most every REFILL_CHECK_S."""
+        """After a reset: does the topic have the stream's partitions again, and every partition's log reach where
+        this rank continues (the producer refilled it)? Until then this rank holds no consumer, only a probe for a
+        few milliseconds every REFILL_CHECK_S: librdkafka 2.16 crashes the process (SIGSEGV) when a topic is
+        deleted and created again under a consumer assigned to it, as the live producer does to a topic that holds
+        records in the wrong places. A broker slow to answer delays the probe's verdict, not the stop checks."""
         if time.monotonic() - self._ends_checked < REFILL_CHECK_S:
             return False
         self._ends_checked = time.monotonic()
+        kcfg = self.cfg.kafka.model_copy(update={"request_timeout_s": min(REFILL_PROBE_TIMEOUT_S,
+                                                                         self.cfg.kafka.request_timeout_s)})
         try:
-            ends = admin.exact_end_offsets(self.cfg.kafka, self.topic, self.partitions)
+            if len(admin.topic_partitions(kcfg, self.topic)) != self.num_partitions:
+                return False  # not the stream's topic (yet): the producer recreates one with the wrong partitions
+            ends = admin.exact_end_offsets(kcfg, self.topic, self.partitions)
         except (BrokerError, TopicError):
             return False
         return all(ends[p] >= self._fetch_offset(p) for p in self.partitions)

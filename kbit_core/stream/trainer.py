@@ -26,7 +26,7 @@ from kbit_core.errors import ConfigError, TrainingDivergedError
 from kbit_core.stream.ledger import IndexRuns, lag_grows, percentiles
 from kbit_core.stream.source import StreamSource
 from kbit_core.train import checkpoint as ckpt
-from kbit_core.train.distributed import DistEnv, all_gather, broadcast_from_main, gather_to_main
+from kbit_core.train.distributed import DistEnv, all_gather, broadcast_from_main, gather_to_main, launcher_pid
 from kbit_core.train.engine import Engine
 from kbit_core.train.loop import SplitLoaders, Trainer
 
@@ -80,9 +80,9 @@ class StreamTrainer(Trainer):
         self.stream = StreamState()
         self.resumed = False
         self._signal: int | None = None
-        # The process that started this rank (torchrun's agent): once it is gone (killed with the job, so that
-        # neither a stop file nor its SIGTERM may come), this rank is an orphan that would train on forever.
-        self._launcher = os.getppid()
+        # Once the process that started this rank is gone (killed with the job, so that neither a stop file nor
+        # torchrun's SIGTERM may come), this rank is an orphan that would train on for as long as the stream flows.
+        self._launcher = launcher_pid()
         self._freshness: list[float] = []  # rank 0: every trained record's freshness in this run
         self._lag_totals: list[float] = []
         self.lag_warnings: list[str] = []

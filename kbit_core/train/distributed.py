@@ -23,6 +23,15 @@ from kbit_core.errors import DistributedError
 log = logging.getLogger(__name__)
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+# The pid of the process that started this rank (torchrun's agent), as the rank wrapper saw it on entry.
+LAUNCHER_PID_ENV = "KBIT_LAUNCHER_PID"
+
+
+def launcher_pid() -> int:
+    """The process that started this rank: recorded by the rank wrapper as the rank began (a launcher that dies
+    during set-up is still told apart from the process that inherits the rank), else this process's parent now
+    (Ray's worker processes, whose parent is the raylet)."""
+    return int(os.environ.get(LAUNCHER_PID_ENV) or os.getppid())
 
 
 @dataclass(frozen=True)

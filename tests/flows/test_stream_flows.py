@@ -3,6 +3,7 @@ continuous training's lag/freshness artifact, and a cancelled `train_stream` run
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -112,13 +113,21 @@ def stuck_report(processes: list[psutil.Process]) -> str:
     waits."""
     lines = []
     for process in processes:
-        with process.oneshot():
-            lines.append(f"pid {process.pid} ppid {process.ppid()} {process.status()} {process.cpu_times()} "
-                         f"threads {process.num_threads()}: {' '.join(process.cmdline())}")
+        try:
+            with process.oneshot():
+                lines.append(f"pid {process.pid} ppid {process.ppid()} {process.status()} {process.cpu_times()} "
+                             f"threads {process.num_threads()}: {' '.join(process.cmdline())}")
+        except psutil.Error as exc:
+            lines.append(f"pid {process.pid}: {exc!r}")
+            continue
         if shutil.which("gdb"):
-            gdb = subprocess.run(["gdb", "-p", str(process.pid), "-batch", "-ex", "thread apply all bt 25"],
-                                 capture_output=True, text=True, timeout=60, check=False)
-            lines.append(gdb.stdout[-12000:])
+            try:
+                gdb = subprocess.run(["gdb", "-p", str(process.pid), "-batch", "-ex", "thread apply all bt 25"],
+                                     capture_output=True, text=True, timeout=60, check=False)
+            except subprocess.TimeoutExpired:
+                lines.append("gdb: no answer within 60 s")
+            else:
+                lines.append(gdb.stdout[-12000:] + gdb.stderr[-2000:])
     return "\n".join(lines)
 
 
@@ -171,10 +180,13 @@ def test_a_cancelled_train_stream_run_stops_its_ranks_with_a_final_checkpoint_th
         wait_for(lambda: not rank_processes(cfg.workdir), 60, "exit of the cancelled run's ranks")
     except TimeoutError as exc:
         stop_file = stop_file_path(cfg)
-        report = (f"{exc}; stop file {stop_file} {'exists' if stop_file.exists() else 'missing'}\n"
-                  f"{stuck_report(rank_processes(cfg.workdir))}\nworker log:\n{worker_log[-4000:]}")
-        for rank in rank_processes(cfg.workdir):
-            rank.kill()
+        try:
+            report = (f"{exc}; stop file {stop_file} {'exists' if stop_file.exists() else 'missing'}\n"
+                      f"{stuck_report(rank_processes(cfg.workdir))}\nworker log:\n{worker_log[-4000:]}")
+        finally:
+            for rank in rank_processes(cfg.workdir):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    rank.kill()
         raise AssertionError(report) from None
     # The cancellation reached the driver as an exception (the worker SIGTERMs the flow run's process group): it
     # dropped the stop file for the ranks before re-raising.

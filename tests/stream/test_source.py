@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
@@ -85,10 +84,10 @@ def test_a_record_out_of_sequence_is_an_error_naming_where(tmp_path: Path, own_b
     source.close()
 
 
-def read_across_a_lost_and_recreated_topic(cfg: KbitConfig, broker: EmbeddedBroker) -> dict[int, list[list[int]]]:
+def read_across_a_lost_and_recreated_topic(cfg: KbitConfig, broker: EmbeddedBroker, out: Path) -> None:
     """Read the stream's 40 records; lose them with the broker; while the reader waits, the topic is created empty
     and recreated three times (as producers refilling it may); once the live producer has refilled it and appended
-    20, read on. Each partition's trained index runs."""
+    20, read on. Each partition's trained index runs, as JSON in ``out``."""
     LiveProducer(cfg).run(rate=5000, records=40)
     source = make_source(cfg, (0, 1))
     source.start_fresh()
@@ -108,7 +107,7 @@ def read_across_a_lost_and_recreated_topic(cfg: KbitConfig, broker: EmbeddedBrok
     assert source.fill(20, timeout_s=20) == 20
     source.take(20)
     source.close()
-    return {p: pos.trained for p, pos in source.positions.items()}
+    out.write_text(json.dumps({p: pos.trained for p, pos in source.positions.items()}))
 
 
 def test_a_reader_whose_topic_was_lost_reads_on_once_refilled_and_survives_its_recreation(
@@ -117,9 +116,13 @@ def test_a_reader_whose_topic_was_lost_reads_on_once_refilled_and_survives_its_r
     assigned to it: the reader holds none until the log reaches its offsets again. In a process of its own, so
     that a crash fails this test alone."""
     cfg = stream_config(tmp_path, own_broker, {"produce": {"partitions": 2}})
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        try:
-            trained = pool.submit(read_across_a_lost_and_recreated_topic, cfg, own_broker).result(timeout=180)
-        except BrokenProcessPool:
-            pytest.fail("the reader's process died while its topic was recreated")
-    assert trained == {0: [[0, 58]], 1: [[1, 59]]}
+    out = tmp_path / "trained.json"
+    reader = multiprocessing.get_context("spawn").Process(target=read_across_a_lost_and_recreated_topic,
+                                                          args=(cfg, own_broker, out))
+    reader.start()
+    reader.join(180)
+    if reader.is_alive():
+        reader.kill()
+        pytest.fail("the reader did not finish within 180 s")
+    assert reader.exitcode == 0, f"the reader's process ended with {reader.exitcode} (negative: killed by that signal)"
+    assert json.loads(out.read_text()) == {"0": [[0, 58]], "1": [[1, 59]]}

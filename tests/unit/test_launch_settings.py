@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from kbit_core.config import KbitConfig, LaunchConfig
@@ -122,3 +125,42 @@ def test_a_rank_whose_agent_is_gone_keeps_its_result_instead_of_waiting_on_the_a
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))  # the killed agent's store: nothing listens any more
     assert _rank0_result("result", rank=1, timeout_s=5, agent=os.getppid() + 1) == "result"
+
+
+RANK_WAITING_ON_ITS_AGENT = """
+import os, pathlib, sys
+from kbit_core.launch.distributor import _rank0_result
+out = pathlib.Path(sys.argv[1])
+agent = os.getppid()
+(out.parent / "ready").touch()
+out.write_text(_rank0_result("mine", 1, 300.0, agent))
+"""
+
+AGENT_DYING_WITHOUT_ITS_STORE = """
+import pathlib, subprocess, sys, time
+out = pathlib.Path(sys.argv[1])
+rank = subprocess.Popen([sys.executable, "-c", sys.argv[2], str(out)], stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL)
+print(rank.pid, flush=True)
+deadline = time.monotonic() + 60
+while not (out.parent / "ready").exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(1)  # the rank is waiting on the store by now
+"""
+
+
+def test_a_rank_whose_agent_dies_while_it_waits_on_the_agents_store_keeps_its_result(tmp_path: Path) -> None:
+    """Alive when the rank looked, the agent dies (its store with it) before the store answered: the rank no
+    longer waits out its whole timeout (300 s here, 15 minutes by default) but looks at the agent again."""
+    out = tmp_path / "result.txt"
+    env = {**os.environ, "WORLD_SIZE": "2", "TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}  # nothing listens: the agent's store never answers
+    agent = subprocess.run([sys.executable, "-c", AGENT_DYING_WITHOUT_ITS_STORE, str(out), RANK_WAITING_ON_ITS_AGENT],
+                           env=env, capture_output=True, text=True, timeout=120, check=True)
+    rank = psutil.Process(int(agent.stdout.split()[0]))
+    try:
+        rank.wait(60)
+    except psutil.TimeoutExpired:
+        rank.kill()
+        pytest.fail("the orphaned rank still waited on its dead agent's store a minute later")
+    assert out.read_text() == "mine"
