@@ -198,12 +198,11 @@ class StreamSource:
         kcfg = self.cfg.kafka.model_copy(update={"request_timeout_s": min(REFILL_PROBE_TIMEOUT_S,
                                                                          self.cfg.kafka.request_timeout_s)})
         try:
-            if len(admin.topic_partitions(kcfg, self.topic)) != self.num_partitions:
-                return False  # not the stream's topic (yet): the producer recreates one with the wrong partitions
-            ends = admin.exact_end_offsets(kcfg, self.topic, self.partitions)
+            ends = admin.exact_end_offsets(kcfg, self.topic)  # every partition: the count tells the stream's topic
         except (BrokerError, TopicError):
             return False
-        return all(ends[p] >= self._fetch_offset(p) for p in self.partitions)
+        # a topic with other partitions is not the stream's (yet): the producer recreates it
+        return len(ends) == self.num_partitions and all(ends[p] >= self._fetch_offset(p) for p in self.partitions)
 
     def _check_log_ends(self) -> None:
         """Starved: does the broker's log still reach where this rank reads? librdkafka stays silent about a topic
