@@ -6,12 +6,12 @@ from typing import Any, Literal
 
 from prefect import flow
 
-from kbit_core.sweep import DEFAULT_SPACE, best_trial, expand_space
+from kbit_core.trials import DEFAULT_SPACE, best_trial, expand_space
 from tasks.config import load_run_config
 from tasks.produce import ensure_dataset_topics
+from tasks.report import publish_sweep_table
 from tasks.train import train_model
 from tasks.tune import tune_trials
-from tasks.report import publish_sweep_table
 
 
 @flow(name="sweep", log_prints=True)
@@ -28,7 +28,7 @@ def sweep(profile: str = "train", overrides: dict[str, Any] | None = None,
       5. Choose the best trial by ``metric`` (``mode`` max or min) and publish the trial table.
 
     With ``sweep.backend=ray-tune`` the same points run as Ray Tune trials instead, ASHA stopping weak ones
-    after ``sweep.grace_epochs``, each trial a child of one MLflow parent run (:mod:`kbit_core.tune`).
+    after ``sweep.grace_epochs``, each trial a child of one MLflow parent run (:mod:`kbit_core.jobs.sweep`).
     """
     base = load_run_config(profile, overrides)
     if base.sweep.backend == "ray-tune":

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -606,6 +608,18 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if parent:
         data = deep_merge(_read_yaml(path.parent / parent, seen + (path,)), data)
     return data
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Dotted keys to string values; lists stay JSON so a param shows the whole list."""
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, f"{dotted}."))
+        else:
+            out[dotted] = value if isinstance(value, str) else json.dumps(value, default=str)
+    return out
 
 
 def nest_dotted(dotted: dict[str, Any]) -> dict[str, Any]:

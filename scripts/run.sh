@@ -70,6 +70,11 @@ case "${1:-}" in
     # Everything temporary (torchelastic, TorchDistributor, pytest) lands in one per-run dir.
     TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/kbit-test.XXXXXX"); export TMPDIR
     trap 'rm -rf "$TMPDIR"' EXIT
+    # The architecture and style gates first: a wrong import (docs/architecture.md's layer map), a lint finding or
+    # an unformatted file fails the run before any test starts.
+    "$VENV/bin/lint-imports" --no-cache
+    "$VENV/bin/ruff" check .
+    "$VENV/bin/ruff" format --check .
     set +e
     "$VENV/bin/python" -m pytest "${@:2}"
     rc=$?

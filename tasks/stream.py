@@ -9,10 +9,10 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from kbit_core.config import KbitConfig
+from kbit_core.jobs.train import train
 from kbit_core.stream.live_producer import LiveProducer
 from kbit_core.stream.report import summary_markdown
 from kbit_core.tracking import final_metrics
-from kbit_core.train.api import train
 
 
 @task(name="produce-stream", retries=0, timeout_seconds=7 * 24 * 3600)

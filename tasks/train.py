@@ -8,8 +8,8 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from kbit_core.config import KbitConfig
+from kbit_core.jobs.train import train
 from kbit_core.tracking import final_metrics
-from kbit_core.train.api import train
 from tasks.policy import BACKOFF_S, is_transient, show_progress
 
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from prefect import get_run_logger, task
 
 from kbit_core.config import KbitConfig
-from kbit_core.tune import tune_sweep
+from kbit_core.jobs.sweep import tune_sweep
 
 
 @task(name="ray-tune-sweep", timeout_seconds=24 * 3600)

@@ -20,17 +20,22 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.progress import Progress
 from rich.table import Table
 
+from kbit_core.bench.ray_data_peer import compare
 from kbit_core.config import COMPRESSIONS, FORMATS, ClientName, DataVariant, KbitConfig
+from kbit_core.data.decode_pool import DecodePool
+from kbit_core.data.loader import make_split_loader, make_split_loaders, manifest_codec
+from kbit_core.data.reader import RangeReader
 from kbit_core.errors import ConfigError, KbitError
 from kbit_core.formats.fast import select_codec
 from kbit_core.kafka import admin
 from kbit_core.kafka.manifest import Manifest, manifest_path
+from kbit_core.kafka.producer import produce_dataset
 from kbit_core.sharding import OffsetRange, block_order, plan
 
 # Targets the results are reported against (see docs/data_plane_benchmark.md).
@@ -116,10 +121,6 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
     """Time fetch, then decode with the fast and with the stock decoder, block by block over the whole topic, then
     the loader (``reader.decoder`` of ``cfg``), ``repeats`` times after a warm-up; medians. Fetch and both decodes
     alternate per block, so load that drifts on a shared machine hits all three."""
-    from kbit_core.data.decode_pool import DecodePool
-    from kbit_core.data.loader import make_split_loader, manifest_codec
-    from kbit_core.data.reader import RangeReader
-
     ranges = _whole_topic_blocks(cfg, manifest)
     stock = manifest_codec(manifest, "stock")
     fast = select_codec(stock, "fast")
@@ -196,8 +197,6 @@ def _require_same_batches(codecs: dict[str, Any], values: list[bytes], topic: st
 def _connect_seconds(cfg: KbitConfig, manifest: Manifest, client: ClientName, repeats: int = 7) -> list[float]:
     """Seconds of ``SplitLoaderSet.connect()`` (the benchmark's connect stage: the rank's consumer, and one bounds
     check of every split's ranges), each with fresh clients, after one untimed warm-up."""
-    from kbit_core.data.loader import make_split_loaders
-
     seconds = []
     for _ in range(repeats + 1):
         with make_split_loaders(cfg, manifest, 0, 1, client=client) as loaders:
@@ -209,9 +208,7 @@ def _connect_seconds(cfg: KbitConfig, manifest: Manifest, client: ClientName, re
 
 def _produce(cfg: KbitConfig, variant: DataVariant, progress: bool) -> tuple[Manifest, bool]:
     """(manifest, created by this call): an existing matching topic is reused and left in place."""
-    from kbit_core.kafka.producer import produce_dataset
-
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     manifest = produce_dataset(cfg, variant, progress=progress)
     return manifest, manifest.created_at >= started
 
@@ -314,8 +311,6 @@ def run_data_plane(cfg: KbitConfig, *, records: int | None = None, variants: Seq
                     rows.append(measure_variant(bench_cfg, manifest, client, repeats))
                     bar.advance(task)
                 if ray_peer:
-                    from kbit_core.bench.ray_data_peer import compare
-
                     peers.append(compare(bench_cfg, manifest, [asdict(r) for r in rows[-len(clients):]], repeats))
             finally:
                 if created and not keep_topics:
@@ -323,7 +318,7 @@ def run_data_plane(cfg: KbitConfig, *, records: int | None = None, variants: Seq
     rss = measure_stream_rss(cfg, rss_sizes, keep_topics, progress) if rss_sizes else None
     return {
         "meta": {
-            "created_at": datetime.now(timezone.utc).isoformat(), "host": platform.node(),
+            "created_at": datetime.now(UTC).isoformat(), "host": platform.node(),
             "cpus": os.cpu_count(), "python": platform.python_version(), "dataset": bench_cfg.dataset.name,
             "records": bench_cfg.dataset.num_records, "partitions": bench_cfg.produce.partitions,
             "repeats": repeats, "block_records": bench_cfg.shard.block_records,

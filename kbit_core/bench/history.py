@@ -202,13 +202,3 @@ def write_history(history: History, out_dir: Path) -> dict[str, Path]:
     files["table"].write_text(f"# kbit benchmark history\n\n{history.verdict()}\n\n{history_markdown(history)}")
     files["data"].write_text(json.dumps(history.to_dict(), indent=2, allow_nan=False))
     return files
-
-
-def history_report(cfg: Any, out_dir: Path, last: int | None = None) -> tuple[History, dict[str, Path], list[str]]:
-    """The history of ``cfg``'s profile from its MLflow experiment (the newest run's identity, override-free
-    runs only, at most ``last`` nights), written to ``out_dir``; also what was left out and why."""
-    from kbit_core.tracking import benchmark_nights
-
-    nights, left_out = benchmark_nights(cfg, last)
-    history = analyze_history(nights, cfg.bench.regression_threshold)
-    return history, write_history(history, out_dir), left_out

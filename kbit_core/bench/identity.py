@@ -15,9 +15,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from kbit_core.config import KbitConfig
+from kbit_core.config import KbitConfig, flatten
 from kbit_core.errors import StatisticsError
-from kbit_core.tracking import flatten
 
 # Overrides under these dotted prefixes move a run elsewhere without changing what it measures.
 OPERATIONAL_OVERRIDES = ("workdir", "tracking.", "stack.", "produce.topic_prefix", "bench.output_dir",

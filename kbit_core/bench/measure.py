@@ -27,6 +27,13 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from kbit_core.kafka.manifest import Manifest
+from kbit_core.train.distributed import all_gather, init_process_group, read_env, teardown
+from kbit_core.train.engine import build_engine
+from kbit_core.train.loop import SplitLoaders, Trainer, steps_per_epoch
+from kbit_core.train.models import build_model
+from kbit_core.train.rank_data import rank_loaders
+
 if TYPE_CHECKING:
     from kbit_core.config import KbitConfig
     from kbit_core.train.loop import SplitLoaders
@@ -82,7 +89,7 @@ SAMPLE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Sample))
 
 @dataclass(frozen=True)
 class Task:
-    """One configuration as the driver hands it to the workers (as a plain dict: it crosses the wire)."""
+    """One configuration as the driver hands it to the workers (as a plain dict: it is handed off to other processes)."""
 
     config: str
     client: str
@@ -108,8 +115,6 @@ def measure_iteration(cfg: KbitConfig, tasks: list[dict[str, Any]], iteration: i
         warmup: Whether the rows are warm-up rows, excluded from the statistics.
         train_epoch: Also time one DDP training epoch over each configuration's train split.
     """
-    from kbit_core.train.distributed import all_gather, init_process_group, read_env, teardown
-
     env = read_env(cfg.launch.use_gpu)
     init_process_group(env, cfg.launch.timeout_s)
     rows: list[dict[str, Any]] = []
@@ -129,8 +134,6 @@ def _measure_task(base: KbitConfig, task: Task, env: Any, train_epoch: bool) -> 
     import gc
 
     import torch.distributed as dist
-
-    from kbit_core.kafka.manifest import Manifest
 
     cfg = cell_config(base, task)
     manifest = Manifest.model_validate_json(task.manifest_json)
@@ -157,8 +160,6 @@ def _measure_task(base: KbitConfig, task: Task, env: Any, train_epoch: bool) -> 
 def time_loading(cfg: KbitConfig, manifest: Any, rank: int, world_size: int) -> tuple[dict[str, Any], SplitLoaders]:
     """The timed region of one configuration on one rank: stage seconds, ``load_s``, records, bytes and
     counters, and the loaded (still open) loaders, sharing one reader, for the caller to use and close."""
-    from kbit_core.train.rank_data import rank_loaders
-
     started_unix_s, start = time.time(), time.perf_counter()
     loaders = rank_loaders(cfg, manifest, rank, world_size, share_reader=True)
     try:
@@ -195,10 +196,6 @@ def _train_one_epoch(cfg: Any, env: Any, manifest: Any, train_loader: Any) -> tu
     """Seconds and global samples/s of one DDP epoch over the already loaded train split."""
     import torch
     import torch.distributed as dist
-
-    from kbit_core.train.engine import build_engine
-    from kbit_core.train.loop import SplitLoaders, Trainer, steps_per_epoch
-    from kbit_core.train.models import build_model
 
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.train.model, tuple(manifest.dataset.image_shape), manifest.dataset.num_classes)

@@ -18,9 +18,13 @@ from typing import Any
 
 from rich.table import Table
 
-from kbit_core.bench.train_bench import bench_config, launch_first_step, fmt, median, ratio
+from kbit_core.bench.train_bench import bench_config, fmt, launch_first_step, median, ratio
 from kbit_core.config import KbitConfig
+from kbit_core.kafka.broker import embedded_broker
+from kbit_core.kafka.producer import produce_dataset
 from kbit_core.launch import launch
+from kbit_core.launch.spark import get_spark, stop_spark, wait_for_executors
+from kbit_core.train.worker import train_main
 
 RESULTS_FILE = "placement_bench.json"
 
@@ -34,11 +38,6 @@ def local_placement(cfg: KbitConfig) -> KbitConfig:
 
 def run_placement_bench(cfg: KbitConfig, *, repeats: int = 1, output: Path | None = None) -> dict[str, Any]:
     """Measure both placements ``repeats`` times and write the JSON (``bench.output_dir/placement_bench.json``)."""
-    from kbit_core.kafka.broker import embedded_broker
-    from kbit_core.kafka.producer import produce_dataset
-    from kbit_core.launch.spark import get_spark, stop_spark, wait_for_executors
-    from kbit_core.train.worker import train_main
-
     placements = {"cluster": bench_config(cfg), "local": local_placement(bench_config(cfg))}
     session_start: dict[str, list[float]] = {name: [] for name in placements}
     first_step: dict[str, list[float]] = {name: [] for name in placements}

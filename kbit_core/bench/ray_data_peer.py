@@ -18,14 +18,15 @@ import numpy as np
 from rich.table import Table
 
 from kbit_core.config import KbitConfig
+from kbit_core.data.loader import manifest_codec
+from kbit_core.formats.fast import select_codec
 from kbit_core.kafka.manifest import Manifest
+from kbit_core.launch.ray_train import ensure_ray
 
 
 def measure_read_kafka(cfg: KbitConfig, manifest: Manifest, repeats: int = 3) -> list[dict[str, Any]]:
     """One row per Ray setting: median records/s over ``repeats`` reads after one untimed warm-up, the records
     Ray returned and those it left out (Ray caps each end offset at the broker's reported high watermark)."""
-    from kbit_core.launch.ray_train import ensure_ray
-
     started = time.perf_counter()
     ensure_ray(cfg)  # first: Ray reads its environment at import
     init_s = time.perf_counter() - started
@@ -68,9 +69,6 @@ def _decode(batch: dict[str, np.ndarray], manifest_json: str) -> dict[str, np.nd
 
 @functools.lru_cache(maxsize=8)
 def _codec(manifest_json: str) -> Any:
-    from kbit_core.data.loader import manifest_codec
-    from kbit_core.formats.fast import select_codec
-
     return select_codec(manifest_codec(Manifest.model_validate_json(manifest_json), "stock"), "fast")
 
 

@@ -139,7 +139,7 @@ def configuration_fields(rows: pd.DataFrame) -> dict[str, Any]:
 
 
 def throughput(rows: pd.DataFrame, spans: pd.DataFrame, name: str) -> dict[str, float]:
-    """Median per-rank and per-run (all ranks over the makespan) rates, and the wire size of a record."""
+    """Median per-rank and per-run (all ranks over the makespan) rates, and the serialized size of a record."""
     records = float(rows["records"].sum())
     return {
         "records_per_s_median": rate_median(rows["records"], rows["load_s"], name=name),

@@ -2,7 +2,7 @@
 
 * Kafka-streamed vs in-memory (eager) training samples/s: same model, batch, world size and data;
   the last epoch of each run counts (eager has its shard in memory by then). Target: >= 0.9x, for the
-  config's wire format and every other one asked for (``variants``: the same dataset, a topic each).
+  config's variant and every other one asked for (``variants``: the same dataset, a topic each).
 * Per launcher installed here (plain ``torchrun --standalone``; TorchDistributor with local_mode=True and
   local_mode=False; Ray Train's TorchTrainer): call -> first completed collective step, and Kafka-streamed
   training samples/s on the same model and topic, each against plain torchrun.
@@ -26,7 +26,13 @@ from rich.table import Table
 
 from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.errors import ConfigError, DistributedError
+from kbit_core.kafka.broker import embedded_broker
+from kbit_core.kafka.producer import produce_dataset
 from kbit_core.launch import launch
+from kbit_core.launch.ray_train import ensure_ray
+from kbit_core.launch.spark import get_spark
+from kbit_core.train.distributed import init_process_group, read_env, teardown
+from kbit_core.train.worker import train_main
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +44,6 @@ def first_step_probe(cfg: KbitConfig, called_at: float) -> float:
     """Rank entry: join the process group, complete one all-reduce step, return seconds since ``called_at``."""
     import torch
     import torch.distributed as dist
-
-    from kbit_core.train.distributed import init_process_group, read_env, teardown
 
     env = read_env(cfg.launch.use_gpu)
     init_process_group(env, cfg.launch.timeout_s)
@@ -53,10 +57,6 @@ def first_step_probe(cfg: KbitConfig, called_at: float) -> float:
 def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int = 1,
                     variants: Sequence[DataVariant] = ()) -> dict[str, Any]:
     """Measure everything in the module docstring ``repeats`` times (in shuffled order) and write the JSON."""
-    from kbit_core.kafka.broker import embedded_broker
-    from kbit_core.kafka.producer import produce_dataset
-    from kbit_core.train.worker import train_main
-
     base = bench_config(cfg)
     ds_name = f"deepspeed_zero{cfg.deepspeed.zero_stage}"
     stream = base.override({"train": {"data": "kafka"}, "reader": {"mode": "stream"}})
@@ -138,12 +138,8 @@ def launcher_name(cfg: KbitConfig) -> str:
 def _start_runtimes(cfg: KbitConfig, launchers: dict[str, dict[str, Any]]) -> None:
     """Start the SparkSession and Ray before measuring: a runtime's start is not a launch's overhead."""
     if any(name.startswith("distributor") for name in launchers):
-        from kbit_core.launch.spark import get_spark
-
         get_spark(cfg.override(launchers["distributor_local_mode"]))
     if "ray_train" in launchers:
-        from kbit_core.launch.ray_train import ensure_ray
-
         ensure_ray(cfg.override(launchers["ray_train"]))
 
 

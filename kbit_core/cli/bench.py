@@ -6,21 +6,27 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kbit_core.bench.compare import compare_runs
+from kbit_core.bench.history import history_markdown
+from kbit_core.bench.identity import check_comparable, comparability_problems
+from kbit_core.bench.report import RANKING_METRIC, load_stats, rebuild_report, significance_label
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, console, load_cli_config, print_json, run_guarded
+from kbit_core.config import BenchConfig, parse_overrides
+from kbit_core.jobs.benchmark import run_benchmark
+from kbit_core.jobs.history import history_report
+from kbit_core.tracking import record_overrides
 
 
 def results_table(stats: dict[str, Any]) -> Table:
     """Median makespan per iteration with its bootstrap CI and its Holm-corrected test against the fastest, the
     per-rank median and throughput, fastest first."""
-    from kbit_core.bench.report import RANKING_METRIC, significance_label
-
     table = Table(title=f"kbit benchmark {stats.get('metadata', {}).get('run_id', '')}".rstrip())
     for column in ("#", "configuration", "runs", "makespan s [95% CI]", "ratio", "vs fastest (p Holm)",
                    "per-rank median s", "records/s", "MB/s"):
@@ -59,10 +65,6 @@ def register(app: typer.Typer) -> None:
         """Benchmark loading every configured variant from Kafka across ranks (warm-up + N iterations).
 
         A run with --set overrides that change what is measured never becomes a nightly baseline."""
-        from kbit_core.bench.runner import run_benchmark
-        from kbit_core.config import parse_overrides
-        from kbit_core.tracking import record_overrides
-
         cfg = run_guarded(load_cli_config, config, sets)
         # With --json, stdout carries exactly one JSON document: worker output goes to stderr.
         redirect = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
@@ -80,8 +82,6 @@ def register(app: typer.Typer) -> None:
     def report(run_dir: Annotated[Path, typer.Argument(help="A benchmark report directory (holds raw_timings.csv).")],
                as_json: JsonOpt = False) -> None:
         """Rebuild every report file of RUN_DIR from its raw timings CSV."""
-        from kbit_core.bench.report import load_stats, rebuild_report
-
         files = run_guarded(rebuild_report, run_dir)
         stats = load_stats(files.stats_json)
         if as_json:
@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
     def compare(
         a: Annotated[Path, typer.Argument(help="Baseline: report directory or its stats.json.")],
         b: Annotated[Path, typer.Argument(help="Candidate: report directory or its stats.json.")],
-        threshold: Annotated[Optional[float], typer.Option(
+        threshold: Annotated[float | None, typer.Option(
             help="Relative median slowdown that counts as a regression (default bench.regression_threshold).")] = None,
         alpha: Annotated[float, typer.Option(help="Family-wise significance level (Mann–Whitney U, Holm).")] = 0.05,
         metric: Annotated[str, typer.Option(help="Per-iteration unit: 'makespan' (slowest rank) or 'rank_mean'.")
@@ -107,11 +107,6 @@ def register(app: typer.Typer) -> None:
 
         Runs of different identities (profile, dataset, variants, iterations, world size, engine, clients,
         broker, hardware) are refused with their differences named, unless --force."""
-        from kbit_core.bench.compare import compare_runs
-        from kbit_core.bench.identity import check_comparable, comparability_problems
-        from kbit_core.bench.report import load_stats
-        from kbit_core.config import BenchConfig
-
         limit = threshold if threshold is not None else BenchConfig().regression_threshold
         a_stats, b_stats = run_guarded(load_stats, a), run_guarded(load_stats, b)
         if not force:
@@ -134,20 +129,18 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def history(
-        profile: Annotated[Optional[str], typer.Option(
+        profile: Annotated[str | None, typer.Option(
             help="Benchmark profile whose runs to read (experiment kbit-<profile>); default: the config's, "
                  "or nightly without --config.")] = None,
-        last: Annotated[Optional[int], typer.Option(min=1, help="Only the newest N nights.")] = None,
-        tracking_uri: Annotated[Optional[str], typer.Option(
+        last: Annotated[int | None, typer.Option(min=1, help="Only the newest N nights.")] = None,
+        tracking_uri: Annotated[str | None, typer.Option(
             envvar="MLFLOW_TRACKING_URI", help="MLflow store (default: the config's, sqlite in its workdir).")] = None,
-        out: Annotated[Optional[Path], typer.Option(
+        out: Annotated[Path | None, typer.Option(
             help="Where history.png/.md/.json go (default: <bench.output_dir>/history).")] = None,
         config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = False,
     ) -> None:
         """Each configuration's nightly median makespan with its CI, change points (with the commits between)
         and unstable configurations, over the finished override-free runs of the newest run's identity."""
-        from kbit_core.bench.history import history_markdown, history_report
-
         cfg = run_guarded(load_cli_config, config, sets)
         chosen = {"profile": profile or (cfg.profile if config else "nightly")}
         if tracking_uri:

@@ -8,9 +8,9 @@ import logging
 import signal
 import sys
 import traceback
-from pathlib import Path
 from collections.abc import Callable
-from typing import Annotated, Any, Optional
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -21,8 +21,8 @@ from kbit_core.errors import KbitError
 
 console = Console(stderr=True, soft_wrap=True)  # soft wrap: an error message stays one greppable line
 
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML profile (see deployments/).")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override, e.g. train.epochs=3 (repeatable).")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML profile (see deployments/).")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override, e.g. train.epochs=3 (repeatable).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")]
 
 

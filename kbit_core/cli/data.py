@@ -3,37 +3,39 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kbit_core.checks import check_topic_name
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, print_json, run_guarded
+from kbit_core.cli.stream import produce_stream
 from kbit_core.config import COMPRESSIONS, FORMATS, KbitConfig, deep_merge, load_config, nest_dotted, parse_overrides
 from kbit_core.errors import TopicError
 from kbit_core.kafka import admin
 from kbit_core.kafka.admin import TopicCheck
 from kbit_core.kafka.manifest import Manifest, manifest_path
-from kbit_core.preflight import check_topic_name
+from kbit_core.kafka.producer import produce_dataset
 
 out = Console()
 
-FormatOpt = Annotated[Optional[str], typer.Option("--format", "-f", help="|".join(FORMATS))]
-LayoutOpt = Annotated[Optional[str], typer.Option("--layout", "-l", help="list (floats in [0,1]) | bytes (uint8)")]
-CompressionOpt = Annotated[Optional[str], typer.Option("--compression", help="|".join(COMPRESSIONS))]
-RecordsOpt = Annotated[Optional[int], typer.Option("--records", "-n", help="Records to produce.")]
-PartitionsOpt = Annotated[Optional[int], typer.Option("--partitions", "-p", help="Topic partitions.")]
-TopicOpt = Annotated[Optional[str], typer.Option("--topic", "-t", help="Topic name (derived when unset).")]
+FormatOpt = Annotated[str | None, typer.Option("--format", "-f", help="|".join(FORMATS))]
+LayoutOpt = Annotated[str | None, typer.Option("--layout", "-l", help="list (floats in [0,1]) | bytes (uint8)")]
+CompressionOpt = Annotated[str | None, typer.Option("--compression", help="|".join(COMPRESSIONS))]
+RecordsOpt = Annotated[int | None, typer.Option("--records", "-n", help="Records to produce.")]
+PartitionsOpt = Annotated[int | None, typer.Option("--partitions", "-p", help="Topic partitions.")]
+TopicOpt = Annotated[str | None, typer.Option("--topic", "-t", help="Topic name (derived when unset).")]
 RecreateOpt = Annotated[bool, typer.Option("--recreate", help="Delete the topic and produce it again.")]
-PerMessageOpt = Annotated[Optional[int], typer.Option("--records-per-message", "-k",
+PerMessageOpt = Annotated[int | None, typer.Option("--records-per-message", "-k",
                                                       help="Records grouped into one message.")]
-ClientOpt = Annotated[Optional[str], typer.Option("--client", help="confluent | kafka-python")]
+ClientOpt = Annotated[str | None, typer.Option("--client", help="confluent | kafka-python")]
 StreamOpt = Annotated[bool, typer.Option("--stream", help="Append to the stream topic at --rate instead (live "
                                                           "producer; --records then counts stream records).")]
-RateOpt = Annotated[Optional[float], typer.Option("--rate", help="--stream: records per second.")]
-DurationOpt = Annotated[Optional[float], typer.Option("--duration", help="--stream: seconds to produce.")]
+RateOpt = Annotated[float | None, typer.Option("--rate", help="--stream: records per second.")]
+DurationOpt = Annotated[float | None, typer.Option("--duration", help="--stream: seconds to produce.")]
 
 
 def _config_with_flags(config: Path | None, sets: list[str] | None, flags: dict[str, Any]) -> KbitConfig:
@@ -117,13 +119,9 @@ def register(app: typer.Typer) -> None:
             "produce.client": client, "stream.rate": rate, "stream.duration_s": duration,
         })
         if stream:
-            from kbit_core.cli.stream import produce_stream
-
             produce_stream(cfg, as_json)
             return
         # imported here so `kbit --help` does not load numpy, the dataset sources and every codec
-        from kbit_core.kafka.producer import produce_dataset
-
         manifest = run_guarded(produce_dataset, cfg, progress=not as_json)
         if as_json:
             print_json({"manifest_path": str(manifest_path(cfg.workdir, manifest.topic)),

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
+from kbit_core.bench import data_plane
+from kbit_core.bench.ray_data_peer import peer_table
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
 
 # wide tables: when piped (no terminal width), do not squeeze a dozen numeric columns into 80 characters
@@ -30,10 +32,10 @@ def register(app: typer.Typer) -> None:
     def bench_data(
         config: ConfigOpt = None,
         sets: SetOpt = None,
-        records: Annotated[Optional[int], typer.Option("--records", "-n", help="Records per topic.")] = None,
-        variants: Annotated[Optional[list[str]], typer.Option(
+        records: Annotated[int | None, typer.Option("--records", "-n", help="Records per topic.")] = None,
+        variants: Annotated[list[str] | None, typer.Option(
             "--variants", "-v", help="format_layout_compression[_xN], repeatable (default: bench.variants).")] = None,
-        clients: Annotated[Optional[list[str]], typer.Option(
+        clients: Annotated[list[str] | None, typer.Option(
             "--clients", help="confluent | kafka-python, repeatable (default: bench.clients).")] = None,
         repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, help="Timed reads per cell (median).")] = 3,
         rss: Annotated[bool, typer.Option("--rss/--no-rss", help="Measure streaming peak RSS on two topic sizes.")] = True,
@@ -42,14 +44,12 @@ def register(app: typer.Typer) -> None:
         keep_topics: Annotated[bool, typer.Option("--keep-topics", help="Keep the topics this run produced.")] = False,
         ray_peer: Annotated[bool, typer.Option("--ray-peer", help="Also read each topic with ray.data.read_kafka "
                                                                   "(the `ray` extra) and compare.")] = False,
-        output: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the results JSON here.")] = None,
-        markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Write the tables as markdown here.")]
+        output: Annotated[Path | None, typer.Option("--out", "-o", help="Write the results JSON here.")] = None,
+        markdown: Annotated[Path | None, typer.Option("--markdown", help="Write the tables as markdown here.")]
         = None,
         as_json: JsonOpt = False,
     ) -> None:
         """Benchmark the data plane: every rate next to the raw fetch rate of the same topic, measured in the same run."""
-        from kbit_core.bench import data_plane
-
         cfg = run_guarded(load_cli_config, config, sets)
         chosen = [run_guarded(data_plane.parse_variant, v) for v in variants] if variants else None
         for client in clients or []:
@@ -72,8 +72,6 @@ def register(app: typer.Typer) -> None:
         out.print(data_plane.results_table(results))
         out.print(data_plane.targets_table(results))
         if ray_peer:
-            from kbit_core.bench.ray_data_peer import peer_table
-
             out.print(peer_table(results["ray_read_kafka"]))
         if output:
             out.print(f"results: {output}")

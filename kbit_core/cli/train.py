@@ -8,15 +8,18 @@ import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kbit_core.cli.common import (ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, print_results,
-                                   run_guarded)
+from kbit_core.bench.data_plane import parse_variant
+from kbit_core.bench.placement_bench import placement_table, run_placement_bench
+from kbit_core.bench.train_bench import results_table, run_train_bench
+from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, print_results, run_guarded
+from kbit_core.jobs.train import train
 
 out = Console()
 
@@ -63,8 +66,6 @@ def _format(value: Any) -> str:
 
 def train_command(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Train once: produce or reuse the topic, launch DDP/DeepSpeed through TorchDistributor, print final metrics."""
-    from kbit_core.train.api import train
-
     cfg = run_guarded(load_cli_config, config, sets)
     # TorchDistributor copies the workers' output to stdout; with --json, stdout carries the JSON alone.
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
@@ -77,7 +78,7 @@ def train_command(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOp
             out.print(data_table(result["data"]))
 
 
-OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="JSON results file.")]
+OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="JSON results file.")]
 
 
 def bench_train_command(
@@ -85,14 +86,11 @@ def bench_train_command(
     sets: SetOpt = None,
     output: OutputOpt = None,
     repeats: Annotated[int, typer.Option(min=1, help="Launches per measured mode.")] = 1,
-    variants: Annotated[Optional[list[str]], typer.Option(
-        "--variants", "-v", help="Also stream these wire formats (format_layout_compression[_xN]), repeatable.")] = None,
+    variants: Annotated[list[str] | None, typer.Option(
+        "--variants", "-v", help="Also stream these variants (format_layout_compression[_xN]), repeatable.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Kafka-streamed vs in-memory training throughput, launch overheads, and DeepSpeed vs DDP step time."""
-    from kbit_core.bench.data_plane import parse_variant
-    from kbit_core.bench.train_bench import results_table, run_train_bench
-
     chosen = [run_guarded(parse_variant, v) for v in variants or ()]
     _run_bench(functools.partial(run_train_bench, variants=chosen), results_table, config, sets, output, repeats,
                as_json)
@@ -106,8 +104,6 @@ def bench_placement_command(
     as_json: JsonOpt = False,
 ) -> None:
     """A cluster launch (e.g. deployments/train-cluster.yaml on the test bed) vs the same training on this host alone."""
-    from kbit_core.bench.placement_bench import placement_table, run_placement_bench
-
     _run_bench(run_placement_bench, placement_table, config, sets, output, repeats, as_json)
 
 

@@ -8,11 +8,11 @@ from kbit_core.errors import ConfigError
 from kbit_core.formats.avro_codec import AvroCodec
 from kbit_core.formats.base import LAYOUTS, Codec, DecodedBatch
 from kbit_core.formats.bson_codec import BsonCodec
+from kbit_core.formats.fast import DECODERS, select_codec  # noqa: E402 - the fast codecs subclass the ones above
 from kbit_core.formats.json_codec import JsonCodec
 from kbit_core.formats.mongodb_avro_codec import MongoDBAvroCodec
 from kbit_core.formats.protobuf_codec import ProtobufCodec
 from kbit_core.formats.raw_codec import RawCodec
-from kbit_core.formats.fast import DECODERS, select_codec  # noqa: E402 - the fast codecs subclass the ones above
 
 __all__ = ["LAYOUTS", "Codec", "DecodedBatch", "codec_names", "get_codec", "supported"]
 

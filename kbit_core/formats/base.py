@@ -192,7 +192,7 @@ class Codec(ABC):
 
     @abstractmethod
     def _definition(self) -> str:
-        """Canonical text of the wire schema (Avro canonical form, protobuf descriptor, field spec...)."""
+        """Canonical text of the record schema (Avro canonical form, protobuf descriptor, field spec...)."""
 
     @cached_property
     def _fingerprint(self) -> str:
@@ -202,7 +202,7 @@ class Codec(ABC):
 
     def schema_fingerprint(self) -> str:
         """sha256 (hex) of the format, layout, grouping, image shape and canonical schema: equal fingerprints
-        mean the same wire contract."""
+        mean the same record contract."""
         return self._fingerprint
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -61,8 +62,8 @@ def decode_rates(image_shape: Sequence[int] = (1, 28, 28), n: int = 20_000, reco
             codec = get_codec(fmt, layout, image_shape, records_per_message, num_classes=10)
             values = codec.encode(indices, images, labels)
             codec.decode(values[:100])  # warm caches and lazy imports outside the timing
-            encode_s = _median_seconds(lambda: codec.encode(indices, images, labels), repeats)
-            decode_s = _median_seconds(lambda: codec.decode(values), repeats)
+            encode_s = _median_seconds(partial(codec.encode, indices, images, labels), repeats)
+            decode_s = _median_seconds(partial(codec.decode, values), repeats)
             codecs[f"{fmt}/{layout}"] = {"encode_rps": n / encode_s, "decode_rps": n / decode_s,
                                          "bytes_per_record": sum(map(len, values)) / n}
     base = codecs[BASELINE]["decode_rps"]
@@ -98,8 +99,8 @@ def fast_speedups(image_shape: Sequence[int] = (1, 28, 28), n: int = 4096, repea
                 values = stock.encode(indices, images, labels)
                 stock_s, fast_s = [], []
                 for _ in range(repeats):
-                    stock_s.append(_median_seconds(lambda: stock.decode(values), 1))
-                    fast_s.append(_median_seconds(lambda: fast.decode(values), 1))
+                    stock_s.append(_median_seconds(partial(stock.decode, values), 1))
+                    fast_s.append(_median_seconds(partial(fast.decode, values), 1))
                 rows.append({"codec": f"{fmt}/{layout}", "records_per_message": rpm,
                              "stock_us": 1e6 * min(stock_s) / n, "fast_us": 1e6 * min(fast_s) / n,
                              "speedup": min(stock_s) / min(fast_s)})

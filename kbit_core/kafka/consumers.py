@@ -59,7 +59,7 @@ class ConsumerBackend(ABC):
         """The next offset this consumer will deliver from ``partition`` of the assigned topic (past records it
         delivered and control records it skipped), or None before the first fetch."""
 
-    def open(self) -> None:
+    def open(self) -> None:  # noqa: B027 - a hook: only a client that connects lazily overrides it
         """Connect now, where the client would otherwise wait for its first use."""
 
     @abstractmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -90,7 +90,7 @@ class Manifest(_Frozen):
     dropped_records: int = Field(0, ge=0)
     produce_seconds: float = Field(ge=0)
     client: str
-    created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     kbit_version: str
 
     @model_validator(mode="after")

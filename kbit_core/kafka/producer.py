@@ -31,6 +31,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from kafka.metrics.stats import Total
 from tqdm import tqdm
 
+from kbit_core.checks import check_produce
 from kbit_core.config import ClientName, Compression, DataVariant, KafkaConfig, KbitConfig, ProduceConfig
 from kbit_core.datasets import DatasetSource, open_source
 from kbit_core.errors import BrokerError, ConfigError, ManifestMismatchError, TopicError
@@ -38,7 +39,6 @@ from kbit_core.formats import Codec, get_codec
 from kbit_core.kafka import admin
 from kbit_core.kafka.manifest import DataIdentity, DatasetInfo, Manifest, PartitionManifest, manifest_path
 from kbit_core.kafka.settings import kafka_python_options
-from kbit_core.preflight import check_produce
 
 log = logging.getLogger(__name__)
 

@@ -178,7 +178,7 @@ def check_security(cfg: KafkaConfig, timeout_s: float | None = None) -> None:
                                   f"kafka.ssl_certfile ({cfg.ssl_certfile}): {exc.reason}") from None
             raise BrokerError(f"TLS with the broker at {address} failed ({exc.reason}); check "
                               f"kafka.security_protocol={cfg.security_protocol} and kafka.ssl_*") from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise BrokerError(f"no answer from the broker at {address} within {timeout_s:.0f}s; check "
                               f"kafka.security_protocol={cfg.security_protocol} (a TLS listener?)") from None
         except OSError:

@@ -1,7 +1,7 @@
 """Run an entry function on every rank through Spark's TorchDistributor and bring failures back typed.
 
 The hand-off is data only: each rank gets the config as JSON once and builds its own ``KbitConfig``;
-arguments and rank 0's result travel as kbit wire JSON. TorchDistributor reports any worker failure as a
+arguments and rank 0's result travel as hand-off JSON. TorchDistributor reports any worker failure as a
 generic RuntimeError (local_mode=True) or Py4JJavaError (local_mode=False); here each rank runs inside
 :func:`run_rank`, which writes its own traceback to ``<run_dir>/errors/rank<r>.txt`` before re-raising,
 and the torchrun agents' failure summaries are read from the relayed output, so the driver raises one
@@ -29,12 +29,20 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from kbit_core import wire
+from kbit_core import handoff
 from kbit_core.config import KbitConfig
 from kbit_core.errors import DistributedError
-from kbit_core.launch.failures import (ExecutorLoss, OutputTail, RankExit, executor_loss, is_peer_failure,
-                                      rank_exits, rank_lines)
+from kbit_core.launch.failures import (
+    ExecutorLoss,
+    OutputTail,
+    RankExit,
+    executor_loss,
+    is_peer_failure,
+    rank_exits,
+    rank_lines,
+)
 from kbit_core.launch.spark import check_barrier_slots, clean_worker_tmp, get_spark, spark_dir, wait_for_executors
+from kbit_core.train.distributed import LAUNCHER_PID_ENV, broadcast_from_main
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +83,7 @@ class RankDiedError(WorkerFailedError):
         self.exit = exit_
 
 
-RankEntry = Callable[..., Any]  # entry(cfg: KbitConfig, *args) -> a wire-encodable result
+RankEntry = Callable[..., Any]  # entry(cfg: KbitConfig, *args) -> a hand-off-encodable result
 
 
 def errors_dir(run_dir: Path) -> Path:
@@ -86,7 +94,7 @@ def run_distributed(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: 
     """Run ``entry(cfg, *args)`` on ``cfg.launch.num_processes`` ranks; return rank 0's result.
 
     The hand-off is data only: the config crosses once as JSON and each rank validates it into its own
-    ``KbitConfig``; ``args`` and the result cross as kbit wire JSON (:mod:`kbit_core.wire`), never as
+    ``KbitConfig``; ``args`` and the result cross as hand-off JSON (:mod:`kbit_core.handoff`), never as
     pickles, and ``result_type`` (a type pydantic validates, e.g. ``list[Sample]``) types the result on
     the driver. ``entry`` must be a module-level function; one from a module the workers cannot import
     (a test file, a notebook helper) is shipped by value.
@@ -115,13 +123,13 @@ def run_distributed(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: 
             tail = OutputTail()
             try:
                 with tail.capturing():
-                    text = distributor.run(run_rank, entry, cfg.to_secret_json(), wire.dumps(list(args)),
+                    text = distributor.run(run_rank, entry, cfg.to_secret_json(), handoff.dumps(list(args)),
                                            str(errors))
             except Exception as exc:
                 raise worker_failure(exc, errors, cfg, tail.text()) from exc
             finally:
                 clean_worker_tmp()
-    result = wire.loads(text)
+    result = handoff.loads(text)
     return result if result_type is None else TypeAdapter(result_type).validate_python(result)
 
 
@@ -135,15 +143,13 @@ def describe(cfg: KbitConfig) -> str:
 
 def run_rank(entry: RankEntry, config_json: str, args_json: str, error_dir: str) -> str:
     """Per-rank wrapper: build the config, run ``entry``, record a failure's traceback; rank 0's result as JSON."""
-    from kbit_core.train.distributed import LAUNCHER_PID_ENV
-
     rank = int(os.environ.get("RANK", "0"))
     agent = os.getppid()  # the torchrun agent (or other launcher process) that started this rank
     os.environ[LAUNCHER_PID_ENV] = str(agent)
     try:
         cfg = KbitConfig.from_json(config_json)
-        result = entry(cfg, *wire.loads(args_json))
-        return _rank0_result(wire.dumps(result), rank, float(cfg.launch.timeout_s), agent)
+        result = entry(cfg, *handoff.loads(args_json))
+        return _rank0_result(handoff.dumps(result), rank, float(cfg.launch.timeout_s), agent)
     except BaseException:
         record_traceback(Path(error_dir), rank)
         raise
@@ -175,8 +181,6 @@ def _rank0_result(text: str, rank: int, timeout_s: float, agent: int) -> str:
     wait is short and the agent is looked at again after it, for at most ``timeout_s`` in all.
     """
     import torch.distributed as dist
-
-    from kbit_core.train.distributed import broadcast_from_main
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:

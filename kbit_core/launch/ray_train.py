@@ -1,8 +1,8 @@
 """Run an entry function on every rank through Ray Train's TorchTrainer, with run_distributed's contract.
 
 The hand-off is the one :func:`kbit_core.launch.distributor.run_distributed` uses: each rank gets the config as
-JSON once and builds its own ``KbitConfig``, arguments travel as kbit wire JSON, and rank 0 writes its result as
-wire JSON into the launch's directory under the run directory (which, as under Spark, every host must share), so
+JSON once and builds its own ``KbitConfig``, arguments travel as hand-off JSON, and rank 0 writes its result as
+hand-off JSON into the launch's directory under the run directory (which, as under Spark, every host must share), so
 the driver never unpickles a rank's result. Ray Train joins the torch process group before the entry runs
 (``train.distributed.init_process_group`` then uses it as it is). What Ray itself moves (the entry function and
 the loop config on the way in, a failed rank's exception on the way out) crosses Ray's own channel, pickled:
@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from kbit_core import wire
+from kbit_core import handoff
 from kbit_core.config import KbitConfig, is_loopback
 from kbit_core.errors import ConfigError, DistributedError
 from kbit_core.launch.distributor import RankDiedError, RankEntry, WorkerFailedError
@@ -144,7 +144,7 @@ def run_ray(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: Any = No
         resources.setdefault("GPU", 1.0)
     trainer = TorchTrainer(
         _run_rank,
-        train_loop_config={"entry": entry, "config_json": cfg.to_secret_json(), "args_json": wire.dumps(list(args)),
+        train_loop_config={"entry": entry, "config_json": cfg.to_secret_json(), "args_json": handoff.dumps(list(args)),
                            "launch_dir": str(launch_dir)},
         torch_config=TorchConfig(backend="nccl" if launch.use_gpu else "gloo", timeout_s=launch.timeout_s),
         scaling_config=ScalingConfig(num_workers=launch.num_processes, use_gpu=launch.use_gpu,
@@ -161,7 +161,7 @@ def run_ray(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: Any = No
         raise _worker_failure(exc, cfg) from exc
     finally:
         shutil.rmtree(launch_dir, ignore_errors=True)
-    result = wire.loads(text)
+    result = handoff.loads(text)
     return result if result_type is None else TypeAdapter(result_type).validate_python(result)
 
 
@@ -191,9 +191,9 @@ def _run_rank(loop_config: dict[str, Any]) -> None:
         log.warning("rank %d: Ray restarted the worker group; resuming from the latest checkpoint", rank)
         cfg = cfg.override({"checkpoint.resume": "latest"})
     started.touch()
-    result = loop_config["entry"](cfg, *wire.loads(loop_config["args_json"]))
+    result = loop_config["entry"](cfg, *handoff.loads(loop_config["args_json"]))
     if rank == 0:
-        (launch_dir / RESULT_FILE).write_text(wire.dumps(result))
+        (launch_dir / RESULT_FILE).write_text(handoff.dumps(result))
 
 
 def _worker_failure(exc: Exception, cfg: KbitConfig) -> DistributedError:

@@ -2,7 +2,7 @@
 
 For one machine (a GPU box, a laptop without a JVM) and as the baseline ``kbit bench-train`` measures the
 other launchers against. The contract is the distributor's: the config crosses once as JSON, arguments and
-rank 0's result as kbit wire JSON (in a private scratch directory, never pickled), every rank runs inside the
+rank 0's result as hand-off JSON (in a private scratch directory, never pickled), every rank runs inside the
 distributor's rank wrapper (so its traceback lands in ``<run_dir>/errors/``), and a failure is typed from
 those tracebacks and torchrun's own report exactly as under Spark.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from kbit_core import wire
+from kbit_core import handoff
 from kbit_core.config import KbitConfig
 from kbit_core.errors import DistributedError
 from kbit_core.launch.distributor import RankEntry, describe, errors_dir, record_traceback, run_rank, worker_failure
@@ -47,7 +47,7 @@ def run_torchrun(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: Any
     scratch = Path(tempfile.mkdtemp(prefix="kbit-torchrun-", dir=cfg.run_dir))  # 0700: the config holds secrets
     try:
         call = {"module": module, "qualname": qualname, "config": cfg.to_secret_json(),
-                "args": wire.dumps(list(args)), "errors": str(errors)}
+                "args": handoff.dumps(list(args)), "errors": str(errors)}
         call_file = scratch / _CALL_FILE
         call_file.touch(mode=0o600)
         call_file.write_text(json.dumps(call))
@@ -62,7 +62,7 @@ def run_torchrun(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: Any
         if returncode != 0 or not result_file.is_file():
             failure = DistributedError(f"torchrun exited with code {returncode}; its last output:\n{output[-3000:]}")
             raise worker_failure(failure, errors, cfg, output)
-        result = wire.loads(result_file.read_text())
+        result = handoff.loads(result_file.read_text())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return result if result_type is None else TypeAdapter(result_type).validate_python(result)

@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,9 @@ import numpy as np
 import torch
 
 from kbit_core.config import KbitConfig
+from kbit_core.datasets import open_source
 from kbit_core.errors import ConfigError
+from kbit_core.train.models import build_model
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +227,19 @@ def is_sharded(path: Path) -> bool:
 def read_file(path: Path) -> dict[str, Any]:
     """Load a single-file checkpoint onto the CPU without unpickling arbitrary objects."""
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_model(cfg: KbitConfig, path: Path) -> tuple[torch.nn.Module, tuple[int, ...]]:
+    """``cfg``'s model with the weights in ``path`` (a state dict, or a checkpoint holding one under 'model'), in
+    eval mode, and the image shape it takes."""
+    state = read_file(path)
+    if isinstance(state.get(MODEL), Mapping):
+        state = state[MODEL]
+    source = open_source(cfg.dataset)
+    model = build_model(cfg.train.model, source.image_shape, source.num_classes)
+    model.load_state_dict(state)
+    model.eval()
+    return model, tuple(source.image_shape)
 
 
 def read_side_file(path: Path) -> dict[str, Any]:

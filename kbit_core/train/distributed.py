@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from kbit_core import wire
+from kbit_core import handoff
 from kbit_core.errors import DistributedError
 
 log = logging.getLogger(__name__)
@@ -169,13 +169,13 @@ def broadcast_from_main(obj: Any) -> Any:
 
 
 def gather_to_main(obj: Any, env: DistEnv) -> list[Any] | None:
-    """Every rank's ``obj`` as a list on rank 0 (None elsewhere); small wire-encodable values only."""
+    """Every rank's ``obj`` as a list on rank 0 (None elsewhere); small hand-off-encodable values only."""
     gathered = all_gather(obj, env)
     return gathered if env.is_main else None
 
 
 def all_gather(obj: Any, env: DistEnv) -> list[Any]:
-    """Every rank's small ``obj`` on every rank, sent as kbit wire JSON (never pickled: it crosses sockets)."""
+    """Every rank's small ``obj`` on every rank, sent as hand-off JSON (never pickled: it crosses sockets)."""
     payload = _to_bytes(obj)
     lengths = [torch.zeros(1, dtype=torch.int64, device=payload.device) for _ in range(env.world_size)]
     dist.all_gather(lengths, torch.tensor([payload.numel()], dtype=torch.int64, device=payload.device))
@@ -195,11 +195,11 @@ def _collective_device() -> torch.device:
 
 
 def _to_bytes(obj: Any) -> torch.Tensor:
-    return torch.frombuffer(bytearray(wire.dumps(obj).encode()), dtype=torch.uint8).to(_collective_device())
+    return torch.frombuffer(bytearray(handoff.dumps(obj).encode()), dtype=torch.uint8).to(_collective_device())
 
 
 def _from_bytes(payload: torch.Tensor) -> Any:
-    return wire.loads(payload.cpu().numpy().tobytes().decode())
+    return handoff.loads(payload.cpu().numpy().tobytes().decode())
 
 
 def rank_identity(env: DistEnv) -> dict[str, Any]:

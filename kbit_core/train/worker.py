@@ -13,12 +13,20 @@ import torch
 from kbit_core.config import KbitConfig
 from kbit_core.kafka.manifest import Manifest
 from kbit_core.train import checkpoint as ckpt
-from kbit_core.train.distributed import (DistEnv, all_gather, import_deepspeed, init_process_group, rank_identity,
-                                         read_env, seed_everything, teardown)
+from kbit_core.train.distributed import (
+    DistEnv,
+    all_gather,
+    import_deepspeed,
+    init_process_group,
+    rank_identity,
+    read_env,
+    seed_everything,
+    teardown,
+)
 from kbit_core.train.engine import build_engine
 from kbit_core.train.loop import SplitLoaders, Trainer, steps_per_epoch
-from kbit_core.train.rank_data import rank_loaders
 from kbit_core.train.models import ImageShape, build_model
+from kbit_core.train.rank_data import rank_loaders
 
 RESULT_FILE = "train_result.json"
 

@@ -4,11 +4,11 @@ before any broker, topic or Spark is touched (these scenarios point kbit at a po
 from __future__ import annotations
 
 import gzip
+
 import pytest
 
 from tests.conftest import free_port
 from tests.faults.conftest import assert_failed_cleanly
-
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from kbit_core import preflight
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError
+from kbit_core.jobs import preflight
 
 
 def config(tmp_path, **sections) -> KbitConfig:

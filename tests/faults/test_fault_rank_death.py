@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from kbit_core.jobs.train import train
 from kbit_core.launch.distributor import RankDiedError
 from kbit_core.train import checkpoint as ckpt
-from kbit_core.train.api import train
 from tests.conftest import SMALL_TRAINING, processes_mentioning
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
@@ -35,7 +35,7 @@ def test_a_rank_killed_five_times_restarts_five_times_and_matches_an_uninterrupt
     killed_dir.mkdir()
     clean_dir.mkdir()
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="kbit_core.train.api"):
+    with caplog.at_level(logging.WARNING, logger="kbit_core.jobs.restarts"):
         killed = train(_config(make_config, topic_name, killed_dir, KILLS, restarts=KILLS).override(
             {"checkpoint.dir": "checkpoints-killed"}), progress=False)
     record_property("seconds", round(time.monotonic() - started, 2))

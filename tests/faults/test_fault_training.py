@@ -8,8 +8,8 @@ import time
 import pytest
 
 from kbit_core.errors import DistributedError
+from kbit_core.jobs.train import train
 from kbit_core.kafka.broker import EmbeddedBroker
-from kbit_core.train.api import train
 from tests.conftest import SMALL_TRAINING, free_port, processes_mentioning
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]

@@ -24,14 +24,14 @@ from prefect.states import State
 
 from flows.stream import produce_stream, train_stream
 from kbit_core.config import deep_merge
+from kbit_core.jobs.train import train
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.stack import PROJECT_ROOT
 from kbit_core.stream.ledger import audit
 from kbit_core.stream.live_producer import LiveProducer
 from kbit_core.stream.manifest import StreamLog, stream_log_path
-from kbit_core.stream.trainer import stop_file_path
 from kbit_core.train import checkpoint as ckpt
-from kbit_core.train.api import train
+from kbit_core.train.stream_trainer import stop_file_path
 from tasks.config import load_run_config
 from tests.conftest import Background
 from tests.flows.helpers import delete_topics, flow_overrides, topic_prefix

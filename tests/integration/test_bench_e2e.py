@@ -12,9 +12,9 @@ import yaml
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from kbit_core.bench.runner import matrix
 from kbit_core.cli import app
 from kbit_core.config import KbitConfig
+from kbit_core.jobs.benchmark import matrix
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 

@@ -8,9 +8,9 @@ import signal
 import pytest
 
 from kbit_core.errors import DistributedError
+from kbit_core.jobs.train import train
 from kbit_core.launch import launch
 from kbit_core.launch.distributor import RankDiedError, WorkerFailedError, errors_dir
-from kbit_core.train.api import train
 from tests.conftest import SMALL_TRAINING
 from tests.integration.test_launch import fail_on_rank, rank_report
 

@@ -154,7 +154,7 @@ def test_early_break_and_close_stop_the_prefetch_thread(produce_topic: Produce):
     cfg, manifest = produce_topic(RAW, 200, partitions=1, reader__prefetch_batches=1, shard__block_records=16,
                                   train__global_batch_size=2, shard__split_rates=[1.0])
     with make_split_loader(cfg, manifest, "train", 0, 1) as loader:
-        for i, (x, y) in enumerate(loader):
+        for i, (_x, _y) in enumerate(loader):
             if i == 3:
                 break
         assert not loader_threads(), "breaking out of the loop stops the worker thread"

@@ -68,7 +68,7 @@ def test_grouped_messages_round_trip_with_a_short_last_message(produce_topic: Pr
 
 @pytest.mark.parametrize("mode", ["stream", "eager"])
 def test_loader_turns_both_layouts_into_the_same_float_batches(produce_topic: Produce, mode):
-    """x is float32 in [0, 1] whatever the wire layout; uint8 / 255 equals the list layout's floats."""
+    """x is float32 in [0, 1] whatever the pixel layout; uint8 / 255 equals the list layout's floats."""
     batches = {}
     for layout in ("list", "bytes"):
         cfg, manifest = produce_topic({"format": "avro", "layout": layout, "compression": "lz4"}, 48,

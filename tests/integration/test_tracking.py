@@ -15,8 +15,14 @@ from kbit_core.bench.identity import identity_hash
 from kbit_core.bench.report import STATS_JSON, timings_frame, write_report
 from kbit_core.cli import app
 from kbit_core.config import KbitConfig
-from kbit_core.tracking import (MlflowTracker, NoopTracker, final_metrics, make_tracker, previous_benchmark,
-                                record_overrides)
+from kbit_core.tracking import (
+    MlflowTracker,
+    NoopTracker,
+    final_metrics,
+    make_tracker,
+    previous_benchmark,
+    record_overrides,
+)
 from kbit_core.train.models import build_model
 from tests.unit.test_identity import identity
 from tests.unit.test_report import CONFIGS, synthetic_rows

@@ -1,5 +1,5 @@
 """`kbit bench-train` end to end on the real broker and every launcher installed here: each measured mode
-reports, and every streamed wire format gets its own topic and its ratio against the one in-memory baseline."""
+reports, and every streamed variant gets its own topic and its ratio against the one in-memory baseline."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ import pytest
 
 from kbit_core.config import load_config
 from kbit_core.errors import DistributedError
+from kbit_core.jobs.train import train
 from kbit_core.launch.spark import worker_tmp_dir
-from kbit_core.train.api import train
 from tests.conftest import REPO, SMALL_TRAINING, processes_mentioning
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -57,7 +57,7 @@ def test_worker_failure_restarts_from_the_latest_checkpoint(spark, make_config, 
     cfg = make_config(SMALL_TRAINING, produce__topic=topic_name,
                       train__model={"name": "fault_models:crash_once", "kwargs": {"at_step": 15, "marker": str(marker)}},
                       checkpoint={"dir": "checkpoints", "every_steps": 10, "max_restarts": 1})
-    with caplog.at_level(logging.WARNING, logger="kbit_core.train.api"):
+    with caplog.at_level(logging.WARNING, logger="kbit_core.jobs.restarts"):
         result = train(cfg, progress=False)
     assert marker.exists(), "the fault never fired, so nothing was restarted"
     assert result["restarts"] == 1 and result["steps"] == 25

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from kbit_core.config import is_loopback
+from kbit_core.jobs.train import train
 from kbit_core.kafka.producer import produce_dataset
 from kbit_core.launch import launch
 from kbit_core.launch.distributor import RankDiedError, WorkerFailedError
 from kbit_core.train import checkpoint as ckpt
-from kbit_core.train.api import train
 from tests.conftest import REPO, SMALL_TRAINING
 from tests.ray.engine_entries import rank_sample_indices
 
@@ -80,7 +80,7 @@ def test_a_rank_killed_mid_epoch_under_ray_resumes_to_the_weights_of_an_uninterr
                           "kwargs": {"at_step": 10, "marker_dir": str(marker_dir), "times": times}},
             checkpoint={"dir": checkpoints, "every_steps": 4, "max_restarts": 1}), progress=False)
 
-    with caplog.at_level(logging.WARNING, logger="kbit_core.train.api"):
+    with caplog.at_level(logging.WARNING, logger="kbit_core.jobs.restarts"):
         killed = run(tmp_path / "kills", 1, "checkpoints-killed")
     assert len(list((tmp_path / "kills").glob("kill-*"))) == 1
     restarts = [r.getMessage() for r in caplog.records if "restart 1 of 1" in r.getMessage()]

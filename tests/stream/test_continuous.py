@@ -16,12 +16,12 @@ import pytest
 
 from kbit_core.config import KbitConfig
 from kbit_core.errors import DistributedError
+from kbit_core.jobs.train import train
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.stream.ledger import audit
 from kbit_core.stream.live_producer import LiveProducer
 from kbit_core.stream.manifest import StreamLog
 from kbit_core.train import checkpoint as ckpt
-from kbit_core.train.api import train
 from kbit_core.train.worker import RESULT_FILE
 from tests.conftest import Background
 from tests.stream.stream_fixtures import crash_and_restart, stream_config

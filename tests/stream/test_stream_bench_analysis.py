@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kbit_core.bench.stream_bench import _analyse
+from kbit_core.jobs.stream_bench import _analyse
 from kbit_core.stream.report import summary_markdown
 
 

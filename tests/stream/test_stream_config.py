@@ -6,7 +6,7 @@ import pytest
 
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError
-from kbit_core.stream.driver import check_continuous
+from kbit_core.jobs.continuous import check_continuous
 from kbit_core.train.checkpoint import lineage_settings
 
 CONTINUOUS = {"train": {"mode": "continuous"}, "stream": {"topic": "events"}}

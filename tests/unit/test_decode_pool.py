@@ -133,7 +133,7 @@ def test_a_dead_worker_is_logged_its_block_still_decoded_and_the_workers_started
     values = _block(codec)
     expected = codec.decode(values)
     with DecodePool(codec, 1) as pool, caplog.at_level(logging.WARNING, logger=decode_pool.__name__):
-        for death in range(1, decode_pool.MAX_DEATHS + 1):
+        for _death in range(1, decode_pool.MAX_DEATHS + 1):
             pool.decode(values)
             (worker,) = pool._workers
             os.kill(worker.process.pid, signal.SIGKILL)

@@ -111,7 +111,7 @@ def records(draw: st.DrawFn, fmt: str, layout: str, blocks: bool = False) -> tup
         pixels = rng.integers(0, 256, n * size).astype(np.float32) / np.float32(255)
     for at in draw(st.lists(st.integers(0, n * size - 1), max_size=12)):
         pixels[at] = draw(st.integers(0, 255) if layout == "bytes" else floats)
-    # _encode takes pixels as they are: out-of-range and non-finite floats reach the wire too
+    # _encode takes pixels as they are: out-of-range and non-finite floats reach the encoded value too
     values = stock._encode(indices, labels, pixels.reshape(n, size))
     return stock, fast, values
 
@@ -180,7 +180,7 @@ def test_json_and_protobuf_bytes_blocks_take_the_template_path(rpm: int) -> None
 
 def test_fast_speedups_compares_every_fast_decoder_with_its_stock_codec() -> None:
     result = fast_speedups((1, 4, 4), n=64, repeats=1, groupings=(1,))
-    assert {(r["codec"], r["records_per_message"]) for r in result["rows"]} == {(f"{f}/{l}", 1) for f, l in FAST}
+    assert {(r["codec"], r["records_per_message"]) for r in result["rows"]} == {(f"{f}/{layout}", 1) for f, layout in FAST}
     assert all(r["stock_us"] > 0 and r["fast_us"] > 0 and r["speedup"] > 0 for r in result["rows"])
 
 
@@ -550,7 +550,7 @@ def test_json_numbers_only_orjson_reads_go_to_orjson(field: str) -> None:
     good = stock.encode(np.arange(3), np.zeros((3, 1, 2, 2), np.uint8), np.array([1, 2, 3]))
     for number in ["00", "07", "-0", "-3", "+3", "1.0", "1e2", " 3", "3 ", "true", '"3"', "0x1", "9" * 19,
                    "\\u0033", "123456789012345678"]:
-        value = re.sub(f'"{field}":[0-9]+,'.encode(), lambda _: f'"{field}":{number},'.encode(), good[1])
+        value = re.sub(f'"{field}":[0-9]+,'.encode(), lambda _, number=number: f'"{field}":{number},'.encode(), good[1])
         assert value != good[1]
         assert_same(stock, fast, [good[0], value, good[2]])
 

@@ -8,8 +8,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kbit_core.bench.identity import (check_comparable, identity_differences, identity_hash, measurement_overrides,
-                                      run_identity)
+from kbit_core.bench.identity import (
+    check_comparable,
+    identity_differences,
+    identity_hash,
+    measurement_overrides,
+    run_identity,
+)
 from kbit_core.bench.report import analyze, timings_frame
 from kbit_core.cli import app
 from kbit_core.config import KbitConfig

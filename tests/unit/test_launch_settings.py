@@ -12,8 +12,14 @@ import pytest
 
 from kbit_core.config import KbitConfig, LaunchConfig
 from kbit_core.errors import DistributedError
-from kbit_core.launch.distributor import (ExecutorLostError, RankDiedError, WorkerFailedError, _exception_type,
-                                         _rank0_result, worker_failure)
+from kbit_core.launch.distributor import (
+    ExecutorLostError,
+    RankDiedError,
+    WorkerFailedError,
+    _exception_type,
+    _rank0_result,
+    worker_failure,
+)
 from kbit_core.launch.spark import spark_conf
 from tests.conftest import free_port
 

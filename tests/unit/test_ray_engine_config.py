@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kbit_core.bench.runner import matrix
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError
+from kbit_core.jobs.benchmark import matrix
 from kbit_core.launch.ray_train import _is_local
 
 

@@ -151,8 +151,8 @@ def test_missing_csv_column_is_named(tmp_path: Path) -> None:
 # The configuration names and per-iteration orders the reports are keyed by come from the runner's matrix.
 
 def test_matrix_names_are_stable_and_sweeps_extend_them() -> None:
-    from kbit_core.bench.runner import matrix
     from kbit_core.config import KbitConfig
+    from kbit_core.jobs.benchmark import matrix
 
     plain = KbitConfig.from_dict({"bench": {"variants": [{"format": "avro"}], "clients": ["confluent", "kafka-python"]}})
     assert [c.name for c in matrix(plain)] == ["avro_list_lz4.confluent", "avro_list_lz4.kafka-python"]
@@ -169,8 +169,8 @@ def test_matrix_names_are_stable_and_sweeps_extend_them() -> None:
 
 
 def test_matrix_refuses_duplicates() -> None:
-    from kbit_core.bench.runner import matrix
     from kbit_core.config import KbitConfig
+    from kbit_core.jobs.benchmark import matrix
 
     cfg = KbitConfig.from_dict({"bench": {"variants": [{"format": "json"}, {"format": "json"}]}})
     with pytest.raises(ConfigError, match="repeats configuration"):
@@ -178,8 +178,8 @@ def test_matrix_refuses_duplicates() -> None:
 
 
 def test_iteration_order_is_a_seeded_permutation_per_iteration() -> None:
-    from kbit_core.bench.runner import iteration_order, matrix
     from kbit_core.config import KbitConfig
+    from kbit_core.jobs.benchmark import iteration_order, matrix
 
     cfg = KbitConfig()
     cells = matrix(cfg)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kbit_core.config import nest_dotted
-from kbit_core.sweep import best_trial, expand_space
 from kbit_core.errors import ConfigError, TrainingDivergedError
+from kbit_core.trials import best_trial, expand_space
 
 SPACE = {"train.optim.lr": [0.1, 0.01, 0.001], "train.global_batch_size": [32, 64]}
 

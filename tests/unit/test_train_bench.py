@@ -58,7 +58,7 @@ def test_a_launcher_the_config_cannot_run_under_is_left_out_not_fatal():
     assert "distributor_cluster_mode" not in launchers  # 3 barrier tasks do not fit local[2]
 
 
-def test_every_streamed_wire_format_gets_its_ratio_and_verdict_against_the_one_memory_baseline():
+def test_every_streamed_variant_gets_its_ratio_and_verdict_against_the_one_memory_baseline():
     from kbit_core.bench.train_bench import stream_name
 
     cfg = KbitConfig.from_dict({"produce": {"variant": {"format": "raw", "layout": "bytes", "compression": "lz4"}}})

@@ -19,8 +19,7 @@ import orjson
 import pybase64
 
 from kbit_core.formats.avro_codec import AvroCodec
-from kbit_core.formats.fast.base import (Columns, Defer, FastPath, UnsupportedSchema, by_key, by_length,
-                                         read_varint)
+from kbit_core.formats.fast.base import Columns, Defer, FastPath, UnsupportedSchema, by_key, by_length, read_varint
 from kbit_core.formats.mongodb_avro_codec import MongoDBAvroCodec
 
 # plan step kinds

@@ -42,8 +42,16 @@ import numpy as np
 import pybase64
 import simdjson
 
-from kbit_core.formats.fast.base import (GROUP_BYTES, Columns, Defer, FastPath, UnsupportedSchema, by_length,
-                                         byte_matrix, key_groups)
+from kbit_core.formats.fast.base import (
+    GROUP_BYTES,
+    Columns,
+    Defer,
+    FastPath,
+    UnsupportedSchema,
+    by_length,
+    byte_matrix,
+    key_groups,
+)
 from kbit_core.formats.json_codec import JsonCodec
 
 MAX_DIGITS = 18  # any 18-digit number fits in int64

@@ -1,4 +1,4 @@
-"""kbit's data-only wire format: exact round trips of what ranks exchange, and refusal of everything else."""
+"""kbit's data-only hand-off encoding: exact round trips of what ranks exchange, and refusal of everything else."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbit_core import wire
+from kbit_core import handoff
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -24,34 +24,34 @@ json_values = st.recursive(
 
 @given(json_values)
 def test_plain_values_round_trip_with_their_types(value) -> None:
-    assert wire.loads(wire.dumps(value)) == value
+    assert handoff.loads(handoff.dumps(value)) == value
 
 
 def test_arrays_tensors_and_nonfinite_floats_round_trip_bit_for_bit() -> None:
     state = {"rng": torch.get_rng_state(), "keys": np.random.get_state()[1],
              "py": (3, tuple(range(5)), None), "loss": [math.inf, -math.inf, 0.5]}
-    back = wire.loads(wire.dumps(state))
+    back = handoff.loads(handoff.dumps(state))
     assert torch.equal(back["rng"], state["rng"]) and back["rng"].dtype == torch.uint8
     assert back["keys"].dtype == np.uint32 and np.array_equal(back["keys"], state["keys"])
     assert back["py"] == state["py"] and isinstance(back["py"][1], tuple)
     assert back["loss"] == state["loss"]
-    nan = wire.loads(wire.dumps({"v": float("nan")}))["v"]
+    nan = handoff.loads(handoff.dumps({"v": float("nan")}))["v"]
     assert math.isnan(nan)
 
 
 @pytest.mark.parametrize("value", [object(), {1: "int key"}, {"__kbit__": "spoof"}, np.array([object()]), {1, 2}])
 def test_values_json_cannot_carry_are_refused_when_sent(value) -> None:
     with pytest.raises(TypeError):
-        wire.dumps(value)
+        handoff.dumps(value)
 
 
 def test_a_pickle_is_not_wire_data() -> None:
     with pytest.raises(ValueError):
-        wire.loads(pickle.dumps({"a": 1}))
+        handoff.loads(pickle.dumps({"a": 1}))
 
 
 @pytest.mark.parametrize("doc", [{"__kbit__": "callable", "name": "os.system"},
                                  {"__kbit__": "ndarray", "dtype": "|O", "shape": [1], "data": ""}])
 def test_unknown_tags_and_object_arrays_are_refused_when_received(doc) -> None:
     with pytest.raises(ValueError):
-        wire.loads(json.dumps(doc))
+        handoff.loads(json.dumps(doc))

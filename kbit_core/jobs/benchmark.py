@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kbit_core.bench.measure import Sample, Task, measure_iteration
 from kbit_core.bench.report import ReportFiles, load_stats, timings_frame, write_report
 from kbit_core.config import DataVariant, KbitConfig
-from kbit_core.preflight import check_benchmark
 from kbit_core.errors import ConfigError
+from kbit_core.jobs.preflight import check_benchmark
+from kbit_core.kafka.broker import embedded_broker
+from kbit_core.kafka.manifest import manifest_path
+from kbit_core.kafka.producer import ensure_topics
+from kbit_core.launch import launch
 from kbit_core.tracking import make_tracker, run_environment
 
 log = logging.getLogger(__name__)
@@ -115,8 +119,6 @@ def run_iterations(cfg: KbitConfig, cells: list[Cell], manifests: dict[str, str]
 
     Every engine runs the same measurement function (``measure_iteration``) on the same tasks.
     """
-    from kbit_core.launch import launch
-
     b = cfg.bench
     launchers = sorted({(c.world_size, c.engine) for c in cells})
     jobs = [(i, ws, engine) for i in range(b.warmup_iterations + b.iterations) for ws, engine in launchers]
@@ -144,14 +146,10 @@ def run_benchmark(cfg: KbitConfig, *, progress: bool = True) -> BenchResult:
     The embedded broker is started for the run when the config uses it and nothing listens there yet.
     Reports go to ``bench.output_dir/<UTC timestamp>/``.
     """
-    from kbit_core.kafka.manifest import manifest_path
-    from kbit_core.kafka.producer import ensure_topics
-    from kbit_core.kafka.broker import embedded_broker
-
     cells = matrix(cfg)
     for warning in check_benchmark(cfg).warnings:
         log.warning("%s", warning)
-    started_at = datetime.now(timezone.utc)
+    started_at = datetime.now(UTC)
     run_id = started_at.strftime("%Y%m%dT%H%M%SZ")
     report_dir = Path(cfg.bench.output_dir).resolve() / run_id
     b = cfg.bench

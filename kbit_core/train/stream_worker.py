@@ -10,10 +10,10 @@ from kbit_core.formats import get_codec
 from kbit_core.kafka.manifest import Manifest
 from kbit_core.stream.ledger import assign_partitions
 from kbit_core.stream.source import StreamSource
-from kbit_core.stream.trainer import StreamTrainer
 from kbit_core.train.distributed import DistEnv
 from kbit_core.train.loop import SplitLoaders
 from kbit_core.train.rank_data import rank_loaders
+from kbit_core.train.stream_trainer import StreamTrainer
 from kbit_core.train.worker import run_worker
 
 

@@ -23,7 +23,7 @@ def dumps(value: Any) -> str:
 
 
 def loads(text: str | bytes) -> Any:
-    """The value :func:`dumps` encoded; raises ValueError on text that is not kbit wire JSON."""
+    """The value :func:`dumps` encoded; raises ValueError on text that is not hand-off JSON."""
     return _decode(json.loads(text))
 
 
@@ -32,9 +32,9 @@ def _encode(value: Any) -> Any:
         return value
     if isinstance(value, dict):
         if not all(isinstance(key, str) for key in value):
-            raise TypeError(f"wire dict keys must be strings, got {[type(k).__name__ for k in value]}")
+            raise TypeError(f"hand-off dict keys must be strings, got {[type(k).__name__ for k in value]}")
         if _TAG in value:
-            raise TypeError(f"wire dicts may not use the reserved key {_TAG!r}")
+            raise TypeError(f"hand-off dicts may not use the reserved key {_TAG!r}")
         return {key: _encode(item) for key, item in value.items()}
     if isinstance(value, list):
         return [_encode(item) for item in value]
@@ -47,12 +47,12 @@ def _encode(value: Any) -> Any:
     torch = _torch_if_loaded()
     if torch is not None and isinstance(value, torch.Tensor):
         return _array("tensor", value.detach().cpu().numpy())
-    raise TypeError(f"cannot send a {type(value).__module__}.{type(value).__qualname__} over kbit's wire format")
+    raise TypeError(f"cannot send a {type(value).__module__}.{type(value).__qualname__} over kbit's hand-off encoding")
 
 
 def _array(kind: str, array: np.ndarray) -> dict[str, Any]:
     if array.dtype.hasobject:
-        raise TypeError("cannot send an array of Python objects over kbit's wire format")
+        raise TypeError("cannot send an array of Python objects over kbit's hand-off encoding")
     contiguous = np.ascontiguousarray(array)
     return {_TAG: kind, "dtype": contiguous.dtype.str, "shape": list(contiguous.shape),
             "data": base64.b64encode(contiguous.tobytes()).decode("ascii")}
@@ -71,14 +71,14 @@ def _decode(value: Any) -> Any:
     if kind in ("ndarray", "tensor"):
         dtype = np.dtype(value["dtype"])
         if dtype.hasobject:
-            raise ValueError("wire arrays may not hold Python objects")
+            raise ValueError("hand-off arrays may not hold Python objects")
         array = np.frombuffer(base64.b64decode(value["data"]), dtype=dtype).reshape(value["shape"]).copy()
         if kind == "ndarray":
             return array
         import torch
 
         return torch.from_numpy(array)
-    raise ValueError(f"unknown wire tag {kind!r}")
+    raise ValueError(f"unknown hand-off tag {kind!r}")
 
 
 def _torch_if_loaded() -> Any:

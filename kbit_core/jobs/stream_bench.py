@@ -25,6 +25,7 @@ from typing import Any
 from rich.table import Table
 
 from kbit_core.config import DataVariant, KbitConfig
+from kbit_core.jobs.train import train
 from kbit_core.stream.live_producer import LiveProducer
 
 log = logging.getLogger(__name__)
@@ -37,8 +38,6 @@ LAG_SLACK_S = 0.5  # lag may grow by this many seconds of records over a stage
 def run_stream_bench(cfg: KbitConfig, variants: list[DataVariant], rates: list[float], *, fixed_rate: float,
                      warmup_s: float, stage_s: float, output: Path | None = None) -> dict[str, Any]:
     """Measure every variant; the results document (also written to ``output`` or the bench output dir)."""
-    from kbit_core.train.api import train
-
     results = []
     for variant in variants:
         run_cfg = cfg.override({

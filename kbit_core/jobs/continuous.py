@@ -1,4 +1,4 @@
-"""The driver side of continuous training: check the stream, produce the held-out topic, launch, restart, stop."""
+"""The continuous training job: check the stream, produce the held-out topic, launch, restart, stop."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from typing import Any
 
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError, TopicError
+from kbit_core.jobs.restarts import train_with_restarts
 from kbit_core.kafka import admin
 from kbit_core.kafka.producer import produce_dataset
 from kbit_core.stream.ledger import assign_partitions
 from kbit_core.stream.manifest import stream_log_path
-from kbit_core.stream.trainer import stop_file_path
-from kbit_core.stream.worker import heldout_config, stream_main
 from kbit_core.train import checkpoint as ckpt
+from kbit_core.train.stream_trainer import stop_file_path
+from kbit_core.train.stream_worker import heldout_config, stream_main
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,6 @@ def train_continuous(cfg: KbitConfig, run_id: str | None, *, progress: bool = Tr
     Any exception reaching the driver while the ranks run (a Prefect cancellation, Ctrl-C) drops the stop file
     first, so the ranks stop at their next step with a final checkpoint instead of dying mid-step.
     """
-    from kbit_core.train.api import _train_with_restarts
-
     check_continuous(cfg)
     cfg = continue_from(cfg)
     topic = wait_for_stream(cfg)
@@ -81,7 +80,7 @@ def train_continuous(cfg: KbitConfig, run_id: str | None, *, progress: bool = Tr
     stop_file.unlink(missing_ok=True)  # a request to an earlier run
     try:
         # A restart after a broker crash finds the held-out topic gone: it is produced again, at the same offsets.
-        result = _train_with_restarts(cfg, stream_main, heldout.model_dump_json(),
+        result = train_with_restarts(cfg, stream_main, heldout.model_dump_json(),
                                       before_attempt=lambda: produce_dataset(heldout_config(cfg), progress=False))
     except BaseException:
         stop_file.parent.mkdir(parents=True, exist_ok=True)

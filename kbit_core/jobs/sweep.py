@@ -1,11 +1,11 @@
 """Hyperparameter sweeps on Ray Tune: the Prefect sweep's trials and objective, with ASHA stopping the weak ones early.
 
-Each trial is one point of :func:`kbit_core.sweep.expand_space` (so both backends try the same points) trained by
+Each trial is one point of :func:`kbit_core.trials.expand_space` (so both backends try the same points) trained by
 Ray Train (``launch.engine=ray``). A trial advances one epoch per ASHA rung: rung ``k`` resumes from the trial's
 epoch-``k-1`` checkpoint (kbit's own, loader state included) and trains to epoch ``k``, so a trial that runs every
 rung trains exactly as one uninterrupted run does, and a stopped one costs only the epochs it ran. The driver
 records one MLflow parent run for the sweep and one child run per trial, and picks the best trial with
-:func:`kbit_core.sweep.best_trial`, as the Prefect sweep does.
+:func:`kbit_core.trials.best_trial`, as the Prefect sweep does.
 """
 
 from __future__ import annotations
@@ -15,15 +15,20 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-from kbit_core import wire
+from kbit_core import handoff
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError
-from kbit_core.sweep import DEFAULT_SPACE, best_trial, expand_space
+from kbit_core.kafka.broker import embedded_broker
+from kbit_core.kafka.producer import produce_dataset
+from kbit_core.launch import launch
+from kbit_core.launch.ray_train import ensure_ray
 from kbit_core.tracking import final_metrics, make_tracker
+from kbit_core.train.worker import train_main
+from kbit_core.trials import DEFAULT_SPACE, best_trial, expand_space
 
 log = logging.getLogger(__name__)
 
-# The rung results report this key with the kbit result as wire JSON, so the driver gets the history it logs.
+# The rung results report this key with the kbit result as hand-off JSON, so the driver gets the history it logs.
 _RESULT_KEY = "kbit_result"
 # LR schedules computed from the run's total steps: training to epoch k of a shorter run would change them.
 _TOTAL_STEP_SCHEDULES = ("cosine", "onecycle")
@@ -40,9 +45,6 @@ def tune_sweep(cfg: KbitConfig, space: dict[str, list[Any]] | None = None, num_t
         ConfigError: ``launch.engine`` is not ``ray``, a schedule depends on the total step count, or a trial
             point is not a valid config.
     """
-    from kbit_core.kafka.broker import embedded_broker
-    from kbit_core.kafka.producer import produce_dataset
-
     trials = expand_space(space or DEFAULT_SPACE, num_trials, seed)
     configs = [cfg.override(trial) for trial in trials]
     for trial_cfg in configs:
@@ -80,8 +82,6 @@ def _check(cfg: KbitConfig) -> None:
 def _run_tuner(cfg: KbitConfig, configs: list[KbitConfig], manifests: list[str], sweep_dir: Path, metric: str,
                mode: str) -> list[dict[str, Any]]:
     """Every trial's last rung result (the kbit training result), in trial order."""
-    from kbit_core.launch.ray_train import ensure_ray
-
     ensure_ray(cfg)  # first: Ray reads its environment at import
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
@@ -103,16 +103,13 @@ def _run_tuner(cfg: KbitConfig, configs: list[KbitConfig], manifests: list[str],
     for result in grid:
         if result.error is not None:
             raise result.error
-        reports[result.config["trial"]] = wire.loads(result.metrics[_RESULT_KEY])
+        reports[result.config["trial"]] = handoff.loads(result.metrics[_RESULT_KEY])
     return [reports[index] for index in range(len(configs))]
 
 
 def _trial(params: dict[str, Any], *, configs: list[str], manifests: list[str], sweep_dir: str) -> None:
     """One Tune trial: train one more epoch per rung (resuming kbit's checkpoint) and report its metrics."""
     from ray import tune
-
-    from kbit_core.launch import launch
-    from kbit_core.train.worker import train_main
 
     index = params["trial"]
     run_dir = Path(sweep_dir) / f"trial-{index}"
@@ -123,7 +120,7 @@ def _trial(params: dict[str, Any], *, configs: list[str], manifests: list[str], 
         result = launch(train_main, cfg.override({"train.epochs": epoch, "checkpoint.resume": resume}),
                         manifests[index], str(run_dir))
         resume = result["checkpoint"]
-        tune.report({"epoch": epoch, **final_metrics(result), _RESULT_KEY: wire.dumps(result)})
+        tune.report({"epoch": epoch, **final_metrics(result), _RESULT_KEY: handoff.dumps(result)})
 
 
 def _trial_config(cfg: KbitConfig, run_dir: Path) -> KbitConfig:

@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError, TrainingDivergedError
 from kbit_core.stream.ledger import IndexRuns, lag_grows, percentiles

@@ -1,0 +1,109 @@
+"""Checks on the driver, before anything is produced or launched, that a training run or a benchmark can succeed:
+each failure a ConfigError naming the setting, in seconds instead of after minutes of producing and launching.
+
+On top of :mod:`kbit_core.checks` (topic names, writable directories, shard plans): an importable model that
+builds for the dataset, and disk space for the checkpoints kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from kbit_core.checks import Preflight, check_produce, check_shards, check_space, check_writable
+from kbit_core.config import KbitConfig
+from kbit_core.datasets import open_source
+from kbit_core.train.checkpoint import resolve_resume
+from kbit_core.train.models import build_model
+
+log = logging.getLogger(__name__)
+
+# Optimizer state kept per parameter, in parameter-sized tensors (Adam: two moments; SGD: momentum).
+_OPTIMIZER_COPIES = {"adam": 2, "adamw": 2, "sgd": 1}
+_FLOAT32_BYTES = 4
+
+
+def check_training(cfg: KbitConfig) -> Preflight:
+    """Everything ``kbit train`` needs, checked on the driver before producing or launching.
+
+    Raises:
+        ConfigError: naming the setting: an illegal topic name, an unwritable workdir or checkpoint.dir, a model
+            that does not import or build, a shard plan that leaves a rank without a batch, or too little disk
+            for ``checkpoint.keep_last`` checkpoints.
+    """
+    started = time.perf_counter()
+    source = open_source(cfg.dataset)
+    report = check_produce(cfg, cfg.produce.topic_for(cfg.dataset), cfg.produce.variant, source.num_records)
+    check_writable(cfg.run_dir, "workdir")
+    check_shards(cfg, source.num_records, cfg.produce.variant, cfg.launch.num_processes,
+                  cfg.train.global_batch_size)
+    num_params = _check_model(cfg, source.image_shape, source.num_classes)
+    directory = cfg.run_dir / cfg.checkpoint.dir if cfg.checkpoint.dir is not None else None
+    if directory is not None:
+        check_writable(directory, "checkpoint.dir")
+        report.checkpoint_bytes = _checkpoint_bytes(cfg, num_params)
+        check_space(directory, report.checkpoint_bytes * (cfg.checkpoint.keep_last + 1),
+                     f"checkpoint.dir={directory} (checkpoint.keep_last={cfg.checkpoint.keep_last}, plus the one "
+                     f"being written, of about {report.checkpoint_bytes / 1e6:,.1f} MB each)")
+    # A resume path that is no checkpoint, or resume=latest without checkpoint.dir, fails here; latest logs which
+    # lineage it continues.
+    report.resume_from = resolve_resume(cfg, directory, cfg.run_dir)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def check_benchmark(cfg: KbitConfig) -> Preflight:
+    """Everything ``kbit bench`` needs for its whole matrix, checked on the driver before producing or launching.
+
+    Raises:
+        ConfigError: naming the setting (see :func:`check_training`), for the first variant, batch size or world
+            size of the matrix that cannot run.
+    """
+    started = time.perf_counter()
+    source = open_source(cfg.dataset)
+    report = Preflight()
+    for variant in cfg.bench.variants:
+        check_produce(cfg, cfg.produce.topic_for(cfg.dataset, variant), variant, source.num_records, report)
+    check_writable(cfg.run_dir, "workdir")
+    check_writable(cfg.bench.output_dir.resolve(), "bench.output_dir")
+    for world_size in cfg.bench.world_sizes or [cfg.launch.num_processes]:
+        for batch_size in cfg.bench.batch_sizes or [cfg.train.global_batch_size]:
+            for variant in {v.records_per_message: v for v in cfg.bench.variants}.values():
+                check_shards(cfg, source.num_records, variant, world_size, batch_size)
+    if cfg.bench.train_epoch:
+        _check_model(cfg, source.image_shape, source.num_classes)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+@contextmanager
+def _worker_import_path() -> Iterator[None]:
+    """sys.path extended by PYTHONPATH: the ranks inherit the driver's environment, so they import from there too."""
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    sys.path.extend(extra)
+    try:
+        yield
+    finally:
+        for entry in extra:
+            sys.path.remove(entry)
+
+
+def _check_model(cfg: KbitConfig, image_shape: Sequence[int], num_classes: int) -> int:
+    """Import and build ``train.model`` for the dataset's images as every rank will; its number of parameters."""
+    with _worker_import_path():
+        model = build_model(cfg.train.model, tuple(image_shape), num_classes)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _checkpoint_bytes(cfg: KbitConfig, num_params: int) -> int:
+    """A checkpoint's approximate size: fp32 weights, the optimizer's per-parameter state and an EMA copy."""
+    optim = cfg.train.optim
+    copies = 1 + _OPTIMIZER_COPIES[optim.name] - (optim.name == "sgd" and optim.momentum == 0)
+    copies += cfg.train.ema_decay is not None
+    return num_params * _FLOAT32_BYTES * copies
+
+

@@ -1,0 +1,59 @@
+"""The train job: make sure the data is in Kafka, launch the ranks (restarting from checkpoints), track the run."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from kbit_core.config import KbitConfig
+from kbit_core.jobs.continuous import train_continuous
+from kbit_core.jobs.preflight import check_training
+from kbit_core.jobs.restarts import train_with_restarts
+from kbit_core.kafka.broker import embedded_broker
+from kbit_core.kafka.manifest import manifest_path
+from kbit_core.kafka.producer import produce_dataset
+from kbit_core.tracking import Tracker, make_tracker
+from kbit_core.train.worker import train_main
+
+log = logging.getLogger(__name__)
+
+def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
+    """Train ``cfg`` end to end and return the workers' result (identical on every rank) plus driver facts.
+
+    Steps: start the embedded broker when the config uses it and nothing listens there; produce the
+    dataset's topic or reuse it (``produce_dataset``); run ``train_main`` on every rank through the engine
+    ``launch.engine`` names (TorchDistributor, Ray Train or plain torchrun); when a worker fails, restart from the latest checkpoint up to
+    ``checkpoint.max_restarts`` times; track params, per-epoch/per-step metrics and the final model
+    in MLflow (when ``tracking.enabled``). ``train.mode: continuous`` trains on the live stream instead
+    (:func:`kbit_core.jobs.continuous.train_continuous`: no produce step, the same restarts and tracking).
+
+    Raises:
+        DistributedError: a worker failed and no restart was left (or the failure is not one a restart fixes).
+    """
+    started = time.perf_counter()
+    for warning in check_training(cfg).warnings:
+        log.warning("%s", warning)
+    tracker = make_tracker(cfg)
+    with embedded_broker(cfg), tracker.run(cfg, name=f"train-{cfg.profile}", kind="train") as run_id:
+        if cfg.train.mode == "continuous":
+            result = train_continuous(cfg, run_id, progress=progress)
+        else:
+            manifest = produce_dataset(cfg, progress=progress)
+            result = train_with_restarts(cfg, train_main, manifest.model_dump_json())
+            result.update(topic=manifest.topic, manifest_path=str(manifest_path(cfg.workdir, manifest.topic)),
+                          mlflow_run_id=run_id)
+        result["wall_seconds"] = time.perf_counter() - started
+        _track(tracker, run_id, result)
+    return result
+
+
+def _track(tracker: Tracker, run_id: str | None, result: dict[str, Any]) -> None:
+    """Log the result to MLflow; a tracking failure is reported in the result and the log, never loses the result."""
+    checkpoint = result.get("checkpoint")
+    try:
+        tracker.log_training(run_id, result, model_path=Path(checkpoint) if checkpoint else None)
+    except Exception as exc:
+        log.error("training finished but MLflow logging of run %s failed: %s", run_id, exc)
+        result["tracking_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"

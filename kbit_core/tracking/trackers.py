@@ -1,0 +1,286 @@
+"""The trackers: a no-op one and an MLflow one. The tracking package is the only one that imports mlflow.
+
+A benchmark is one parent run (params = the flattened, masked config; tags = git commit, versions,
+hardware, broker) with one nested child run per configuration carrying every statistic as a metric under
+names that never change between runs, so MLflow's compare view lines up across nights. A training run
+gets per-epoch metrics, system metrics and the model. Params, tags and metrics go through
+``MlflowClient.log_batch`` (one call per 100 params/tags or 1000 metrics), never one call per value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from kbit_core.bench.identity import identity_hash
+from kbit_core.bench.metrics import configuration_metrics, verdict_against_fastest
+from kbit_core.bench.report import headline, ranking_table, run_line
+from kbit_core.config import KbitConfig
+from kbit_core.tracking.environment import run_environment
+from kbit_core.tracking.params import config_params
+from kbit_core.train import checkpoint as ckpt
+
+MAX_NOTE_CHARS = 8000  # MLflow's limit on a tag value; the description is a tag
+BATCH_SIZE = 100
+SYSTEM_METRICS_INTERVAL_S = 1.0
+BENCHMARK_ARTIFACT_DIR = "benchmark"
+IDENTITY_TAG = "kbit.identity"
+IDENTITY_HASH_TAG = "kbit.identity_hash"
+OVERRIDES_TAG = "kbit.overrides"
+HISTORY_ARTIFACT_DIR = "history"
+NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI (markdown)
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING_KIND = "custom_model_development"  # the UI's model-training view, not GenAI traces
+# The UI remembers its GenAI / model-training switch per browser (GenAI first): a link must ask for the latter.
+MODEL_TRAINING_VIEW = "workflowType=machine_learning"
+
+
+# ---------------------------------------------------------------------------------------------- protocol
+class Tracker(Protocol):
+    """Where runs go. ``run`` opens a top-level run and yields its id (None when not tracking)."""
+
+    def run(self, cfg: KbitConfig, *, name: str, kind: str, tags: Mapping[str, str] | None = None
+            ) -> contextlib.AbstractContextManager[str | None]: ...
+
+    def log_benchmark(self, run_id: str | None, doc: Mapping[str, Any], iterations: Sequence[Mapping[str, Any]],
+                      artifacts: Sequence[Path]) -> dict[str, str]: ...
+
+    def log_training(self, run_id: str | None, result: Mapping[str, Any], model_path: Path | None = None) -> None: ...
+
+
+class NoopTracker:
+    """Tracking switched off: every call succeeds and records nothing."""
+
+    @contextlib.contextmanager
+    def run(self, cfg: KbitConfig, *, name: str, kind: str, tags: Mapping[str, str] | None = None
+            ) -> Iterator[str | None]:
+        yield None
+
+    def log_benchmark(self, run_id: str | None, doc: Mapping[str, Any], iterations: Sequence[Mapping[str, Any]],
+                      artifacts: Sequence[Path]) -> dict[str, str]:
+        return {}
+
+    def log_training(self, run_id: str | None, result: Mapping[str, Any], model_path: Path | None = None) -> None:
+        return None
+
+
+def make_tracker(cfg: KbitConfig) -> Tracker:
+    return MlflowTracker(cfg) if cfg.tracking.enabled else NoopTracker()
+
+
+def run_description(markdown: str) -> str:
+    """``markdown`` cut to what an MLflow tag holds, pointing at the full summary when cut."""
+    if len(markdown) <= MAX_NOTE_CHARS:
+        return markdown
+    tail = f"\n… cut here: the full tables are in {BENCHMARK_ARTIFACT_DIR}/summary.md\n"
+    return markdown[:MAX_NOTE_CHARS - len(tail)].rsplit("\n", 1)[0] + tail
+
+
+# What a history record is logged at: its epoch (batch training) or its optimizer step (continuous training's
+# report windows, whose lag and freshness become step series).
+HISTORY_STEP_KEYS = ("epoch", "step")
+
+
+def _history_step(record: Mapping[str, Any], position: int) -> int:
+    return int(next((record[key] for key in HISTORY_STEP_KEYS if key in record), position))
+
+
+def training_history(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Per-epoch records of a training result: ``result['history']`` (or ``['epochs']``), each with 'epoch'."""
+    history = result.get("history", result.get("epochs", []))
+    return list(history) if isinstance(history, Sequence) and not isinstance(history, str) else []
+
+# ---------------------------------------------------------------------------------------------- MLflow
+class MlflowTracker:
+    """Runs in the experiment ``cfg.experiment_name()`` of the store at ``cfg.tracking_uri()``."""
+
+    def __init__(self, cfg: KbitConfig) -> None:
+        import mlflow
+        from mlflow import MlflowClient
+
+        self.cfg = cfg
+        self.uri = cfg.tracking_uri()
+        if self.uri.startswith("sqlite:///"):
+            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        # log_model only knows the fluent API, which reads the process-wide URI.
+        mlflow.set_tracking_uri(self.uri)
+        self.client = MlflowClient(tracking_uri=self.uri)
+        exp = self.client.get_experiment_by_name(cfg.experiment_name())
+        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(cfg.experiment_name())
+        # Without this tag MLflow 3 guesses the experiment's kind and may open it on the GenAI traces page.
+        if (exp.tags if exp else {}).get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
+            self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+
+    def _log(self, run_id: str, *, metrics: Sequence[Any] = (), params: Mapping[str, str] | None = None,
+             tags: Mapping[str, str] | None = None) -> None:
+        from mlflow.entities import Param, RunTag
+
+        params_l = [Param(k, v) for k, v in (params or {}).items()]
+        tags_l = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+        metrics_l = list(metrics)
+        for start in range(0, max(len(params_l), len(tags_l), 1), BATCH_SIZE):
+            self.client.log_batch(run_id, params=params_l[start:start + BATCH_SIZE],
+                                  tags=tags_l[start:start + BATCH_SIZE])
+        for start in range(0, len(metrics_l), 10 * BATCH_SIZE):
+            self.client.log_batch(run_id, metrics=metrics_l[start:start + 10 * BATCH_SIZE])
+
+    @staticmethod
+    def _metrics(values: Mapping[str, float], step: int = 0, timestamp_ms: int | None = None) -> list[Any]:
+        from mlflow.entities import Metric
+
+        ts = timestamp_ms or int(time.time() * 1000)
+        return [Metric(k, float(v), ts, step) for k, v in values.items()]
+
+    @contextlib.contextmanager
+    def run(self, cfg: KbitConfig, *, name: str, kind: str, tags: Mapping[str, str] | None = None
+            ) -> Iterator[str | None]:
+        """A top-level run with the config as params and the environment as tags; FAILED if the body raises, KILLED
+        if it is interrupted."""
+        env = run_environment(cfg)
+        run = self.client.create_run(self.experiment_id, run_name=name, tags={
+            "kbit.kind": kind, "kbit.profile": cfg.profile, "git_commit": env["git_commit"],
+            "broker": env["broker"], "host": env["hardware"]["host"], **(tags or {})})
+        run_id = run.info.run_id
+        self._log(run_id, params=config_params(cfg, kind), tags={
+            "versions": json.dumps(env["versions"]), "hardware": json.dumps(env["hardware"]),
+            **{f"version.{k}": v for k, v in env["versions"].items()}})
+        monitor = self._system_monitor(run_id) if cfg.tracking.system_metrics else None
+        status = "FAILED"
+        try:
+            yield run_id
+            status = "FINISHED"
+        except BaseException as exc:
+            # Ctrl-C, SIGTERM through the CLI's handler, or an orchestrator's termination signal (Prefect raises a
+            # BaseException of its own on cancellation): stopped, not broken. Errors (Exception) stay FAILED.
+            if not isinstance(exc, Exception):
+                status = "KILLED"
+            raise
+        finally:
+            if monitor is not None:
+                monitor.finish()
+            self.client.set_terminated(run_id, status=status)
+
+    def _system_monitor(self, run_id: str) -> Any:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        # The default 10 s interval logs nothing for runs shorter than that.
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S, tracking_uri=self.uri)
+        monitor.start()
+        return monitor
+
+    def log_benchmark(self, run_id: str | None, doc: Mapping[str, Any], iterations: Sequence[Mapping[str, Any]],
+                      artifacts: Sequence[Path]) -> dict[str, str]:
+        """One nested child run per configuration; returns configuration name -> child run id.
+
+        ``iterations`` are the measured raw rows (``measure.Sample`` dicts): each child gets its makespan and
+        every rank's load time as step metrics (step = iteration).
+        """
+        if run_id is None:
+            return {}
+        ranking = {e["name"]: e for e in doc["comparison"]["makespan"]["ranking"]}
+        children: dict[str, str] = {}
+        for name, fields in doc["configurations"].items():
+            # The runs table shows no metric columns until a user picks them: the name carries the answer.
+            median = doc["makespan"]["statistical_analysis"][name]["median"]
+            verdict = verdict_against_fastest(ranking[name])
+            rows = [r for r in iterations if r["config"] == name and not r["warmup"]]
+            # The child spans what was measured of it: its first timed region's start to its last one's end.
+            measured_from = int(min(r["started_unix_s"] for r in rows) * 1000)
+            measured_to = int(max(r["finished_unix_s"] for r in rows) * 1000)
+            child = self.client.create_run(
+                self.experiment_id, run_name=f"{name} · {median:.3f} s · {verdict}", start_time=measured_from,
+                tags={"mlflow.parentRunId": run_id, "kbit.kind": "benchmark-configuration", "config": name,
+                      "vs_fastest": verdict, **{k: str(v) for k, v in fields.items()}})
+            self._log(child.info.run_id, params={k: str(v) for k, v in fields.items()},
+                      metrics=self._metrics(configuration_metrics(doc, name)) + self._iteration_metrics(rows))
+            self.client.set_terminated(child.info.run_id, end_time=measured_to)
+            children[name] = child.info.run_id
+        for path in artifacts:
+            self.client.log_artifact(run_id, str(path), artifact_path=BENCHMARK_ARTIFACT_DIR)
+        identity = doc.get("metadata", {}).get("identity")
+        if identity is not None:
+            self._log(run_id, tags={IDENTITY_TAG: json.dumps(identity, sort_keys=True),
+                                    IDENTITY_HASH_TAG: identity_hash(identity)})
+        fastest = doc["comparison"]["makespan"]["fastest"]
+        # The description opens collapsed to its first lines: the answer goes first, then the ranking.
+        note = (f"**{headline(doc)}**\n\n{ranking_table(doc)}\n{run_line(doc.get('metadata', {}))} "
+                f"The full tables are in {BENCHMARK_ARTIFACT_DIR}/summary.md.\n")
+        self._log(run_id, metrics=self._metrics({
+            "configurations": len(children),
+            "fastest_makespan_median_s": doc["makespan"]["statistical_analysis"][fastest]["median"]}),
+            tags={"fastest_configuration": fastest, NOTE_TAG: run_description(note)})
+        run_name = self.client.get_run(run_id).info.run_name
+        median = doc["makespan"]["statistical_analysis"][fastest]["median"]
+        self.client.update_run(run_id, name=f"fastest {fastest} {median:.3f} s · {run_name}")
+        return children
+
+    def _iteration_metrics(self, rows: Sequence[Mapping[str, Any]]) -> list[Any]:
+        out = []
+        for it in sorted({int(r["iteration"]) for r in rows}):
+            ranks = [r for r in rows if int(r["iteration"]) == it]
+            loads = [float(r["load_s"]) for r in ranks]
+            values = {f"rank{int(r['rank'])}_load_s": load for r, load in zip(ranks, loads)}
+            values.update({"makespan_s": max(loads), "rank_mean_s": sum(loads) / len(loads)})
+            out += self._metrics(values, step=it)
+        return out
+
+    def log_training(self, run_id: str | None, result: Mapping[str, Any], model_path: Path | None = None) -> None:
+        """Per-epoch metrics (step = epoch) from ``result['history']``, per-step loss from ``result['loss_curve']``,
+        :func:`final_metrics`, and the model when ``model_path`` is given (a state dict, or a checkpoint dict
+        holding one under 'model'; loaded with weights_only=True)."""
+        if run_id is None:
+            return
+        metrics = []
+        history = training_history(result)
+        for position, record in enumerate(history):
+            metrics += self._metrics({k: v for k, v in record.items() if k not in HISTORY_STEP_KEYS and _is_number(v)},
+                                     step=_history_step(record, position))
+        # Final values go one step after the last epoch: a key present in both (e.g. 'steps') then stays one
+        # series whose latest value is the final one, and no (key, step) pair is logged twice.
+        final_step = max((_history_step(r, i) for i, r in enumerate(history)), default=-1) + 1
+        metrics += self._metrics(final_metrics(result), step=final_step)
+        for step, loss in enumerate(result.get("loss_curve", ())):
+            metrics += self._metrics({"train_step_loss": loss}, step=step)
+        self._log(run_id, metrics=metrics)
+        if model_path is not None and self.cfg.tracking.log_models:
+            self._log_model(run_id, Path(model_path))
+
+    def _log_model(self, run_id: str, model_path: Path) -> None:
+        import mlflow  # mlflow and torch load only when a model is logged: both take seconds to import
+        import mlflow.pytorch
+        import torch
+
+        if ckpt.is_sharded(model_path):
+            # A ZeRO checkpoint holds partitioned shards; rebuilding whole weights is DeepSpeed's zero_to_fp32.
+            self._log(run_id, tags={"model_logged": f"no: {model_path} is a sharded DeepSpeed checkpoint"})
+            return
+        model, image_shape = ckpt.load_model(self.cfg, model_path)
+        requirements = [f"{d}=={importlib.metadata.version(d).split('+')[0]}" for d in ("torch", "numpy")]
+        # MLflow 3 saves a traced torch.export program (no pickle), which needs an example input to trace;
+        # a batch of 2, because torch.export specialises a batch dimension of 1 into a fixed size.
+        example = torch.zeros((2, *image_shape), dtype=torch.float32).numpy()
+        with mlflow.start_run(run_id=run_id):
+            mlflow.pytorch.log_model(model, name="model", pip_requirements=requirements, input_example=example)
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def final_metrics(result: Mapping[str, Any]) -> dict[str, float]:
+    """The final numbers of a training result: its scalars, per-epoch lists reduced to their last value, and the
+    per-split data counts of ``result['data']`` as ``data_<split>_<count>``."""
+    out: dict[str, float] = {}
+    for key, value in result.items():
+        if isinstance(value, list) and value and all(_is_number(v) for v in value):
+            value = value[-1]
+        if _is_number(value):
+            out[key] = float(value)
+    for split, counts in (result.get("data") or {}).items():
+        out.update({f"data_{split}_{name}": float(v) for name, v in counts.items() if _is_number(v)})
+    return out
+
