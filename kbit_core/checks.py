@@ -99,7 +99,7 @@ def check_shards(cfg: KbitConfig, num_records: int, variant: DataVariant, world_
     rpm = variant.records_per_message
     messages = math.ceil(num_records / rpm)
     partitions = cfg.produce.partitions
-    # Message m goes to partition m % partitions (see kafka/producer.py), so this is the layout a manifest will have.
+    # Message m goes to partition m % partitions (see kbit_core/produce.py), so this is the layout a manifest will have.
     layout = {p: (0, len(range(p, messages, partitions))) for p in range(partitions)}
     layout = {p: bounds for p, bounds in layout.items() if bounds[1]}
     shards = plan(layout, cfg.shard.split_rates, world_size, remainder=cfg.shard.remainder,

@@ -12,7 +12,7 @@ from prefect.context import TaskRunContext
 
 from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.kafka.broker import EmbeddedBroker
-from kbit_core.kafka.producer import ensure_topics
+from kbit_core.produce import ensure_topics
 from tasks.policy import BACKOFF_S, is_transient, show_progress
 
 

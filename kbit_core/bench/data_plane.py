@@ -35,7 +35,7 @@ from kbit_core.errors import ConfigError, KbitError
 from kbit_core.formats.fast import select_codec
 from kbit_core.kafka import admin
 from kbit_core.kafka.manifest import Manifest, manifest_path
-from kbit_core.kafka.producer import produce_dataset
+from kbit_core.produce import produce_dataset
 from kbit_core.sharding import OffsetRange, block_order, plan
 
 # Targets the results are reported against (see docs/data_plane_benchmark.md).

@@ -27,10 +27,10 @@ from rich.table import Table
 from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.errors import ConfigError, DistributedError
 from kbit_core.kafka.broker import embedded_broker
-from kbit_core.kafka.producer import produce_dataset
 from kbit_core.launch import launch
 from kbit_core.launch.ray_train import ensure_ray
 from kbit_core.launch.spark import get_spark
+from kbit_core.produce import produce_dataset
 from kbit_core.train.distributed import init_process_group, read_env, teardown
 from kbit_core.train.worker import train_main
 

@@ -18,7 +18,7 @@ from kbit_core.errors import TopicError
 from kbit_core.kafka import admin
 from kbit_core.kafka.admin import TopicCheck
 from kbit_core.kafka.manifest import Manifest, manifest_path
-from kbit_core.kafka.producer import produce_dataset
+from kbit_core.produce import produce_dataset
 
 out = Console()
 

@@ -26,8 +26,8 @@ from kbit_core.errors import ConfigError
 from kbit_core.jobs.preflight import check_benchmark
 from kbit_core.kafka.broker import embedded_broker
 from kbit_core.kafka.manifest import manifest_path
-from kbit_core.kafka.producer import ensure_topics
 from kbit_core.launch import launch
+from kbit_core.produce import ensure_topics
 from kbit_core.tracking import make_tracker, run_environment
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,8 @@ def run_benchmark(cfg: KbitConfig, *, progress: bool = True) -> BenchResult:
     b = cfg.bench
     with embedded_broker(cfg):
         variants = list({c.variant.name: c.variant for c in cells}.values())
-        produced = dict(zip((v.name for v in variants), ensure_topics(cfg, variants, progress=progress)))
+        # check_benchmark checked every variant's topic
+        produced = dict(zip((v.name for v in variants), ensure_topics(cfg, variants, progress=progress, checked=True)))
         manifests = [produced[c.variant.name] for c in cells]
         tracker = make_tracker(cfg)
         with tracker.run(cfg, name=f"bench-{run_id}", kind="benchmark", tags={"suite": cfg.profile}) as parent_id:

@@ -10,7 +10,7 @@ from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError, TopicError
 from kbit_core.jobs.restarts import train_with_restarts
 from kbit_core.kafka import admin
-from kbit_core.kafka.producer import produce_dataset
+from kbit_core.produce import produce_dataset
 from kbit_core.stream.ledger import assign_partitions
 from kbit_core.stream.manifest import stream_log_path
 from kbit_core.train import checkpoint as ckpt
@@ -81,7 +81,7 @@ def train_continuous(cfg: KbitConfig, run_id: str | None, *, progress: bool = Tr
     try:
         # A restart after a broker crash finds the held-out topic gone: it is produced again, at the same offsets.
         result = train_with_restarts(cfg, stream_main, heldout.model_dump_json(),
-                                      before_attempt=lambda: produce_dataset(heldout_config(cfg), progress=False))
+                                     before_restart=lambda: produce_dataset(heldout_config(cfg), progress=False))
     except BaseException:
         stop_file.parent.mkdir(parents=True, exist_ok=True)
         stop_file.write_text("the driver was interrupted\n")

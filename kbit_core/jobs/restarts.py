@@ -23,14 +23,16 @@ NOT_RESTARTABLE = ("ConfigError", "ManifestMismatchError", "TopicError", "Corrup
 
 
 def train_with_restarts(cfg: KbitConfig, train_main: Callable[..., dict[str, Any]], manifest_json: str,
-                        before_attempt: Callable[[], object] = lambda: None) -> dict[str, Any]:
+                        before_restart: Callable[[], object] = lambda: None) -> dict[str, Any]:
     """Run ``train_main`` on every rank, restarting up to ``checkpoint.max_restarts`` times; rank 0's result.
 
-    ``before_attempt`` runs on the driver before each launch (e.g. to produce again a topic the broker lost).
+    ``before_restart`` runs on the driver before each launch after the first (e.g. to produce again a topic the
+    broker lost).
     """
     attempt_cfg, restarts = cfg, 0
     while True:
-        before_attempt()
+        if restarts:
+            before_restart()
         attempt_started, lineages_before = time.time(), set(_lineages(cfg))
         try:
             result = launch(train_main, attempt_cfg, manifest_json, str(cfg.run_dir))

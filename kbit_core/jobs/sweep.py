@@ -19,9 +19,9 @@ from kbit_core import handoff
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError
 from kbit_core.kafka.broker import embedded_broker
-from kbit_core.kafka.producer import produce_dataset
 from kbit_core.launch import launch
 from kbit_core.launch.ray_train import ensure_ray
+from kbit_core.produce import produce_dataset
 from kbit_core.tracking import final_metrics, make_tracker
 from kbit_core.train.worker import train_main
 from kbit_core.trials import DEFAULT_SPACE, best_trial, expand_space

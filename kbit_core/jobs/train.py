@@ -13,7 +13,7 @@ from kbit_core.jobs.preflight import check_training
 from kbit_core.jobs.restarts import train_with_restarts
 from kbit_core.kafka.broker import embedded_broker
 from kbit_core.kafka.manifest import manifest_path
-from kbit_core.kafka.producer import produce_dataset
+from kbit_core.produce import produce_dataset
 from kbit_core.tracking import Tracker, make_tracker
 from kbit_core.train.worker import train_main
 
@@ -40,7 +40,7 @@ def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
         if cfg.train.mode == "continuous":
             result = train_continuous(cfg, run_id, progress=progress)
         else:
-            manifest = produce_dataset(cfg, progress=progress)
+            manifest = produce_dataset(cfg, progress=progress, checked=True)  # check_training checked it
             result = train_with_restarts(cfg, train_main, manifest.model_dump_json())
             result.update(topic=manifest.topic, manifest_path=str(manifest_path(cfg.workdir, manifest.topic)),
                           mlflow_run_id=run_id)

@@ -23,7 +23,7 @@ from kbit_core.datasets import DatasetSource, open_source
 from kbit_core.errors import BrokerError, ConfigError, TopicError
 from kbit_core.formats import get_codec
 from kbit_core.kafka import admin
-from kbit_core.kafka.producer import DeliveryLedger, ProducerBackend, make_producer
+from kbit_core.kafka.producers import DeliveryLedger, ProducerBackend, make_producer
 from kbit_core.stream.manifest import Segment, StreamLog, stream_log_path
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import pytest
 from kbit_core.errors import TopicError
 from kbit_core.kafka import admin
 from kbit_core.kafka.manifest import Manifest, manifest_path
-from kbit_core.kafka.producer import _producing
+from kbit_core.produce import _producing
 from tests.faults.conftest import KBIT, assert_failed_cleanly
 
 pytestmark = pytest.mark.kafka

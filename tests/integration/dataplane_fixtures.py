@@ -14,7 +14,7 @@ from kbit_core.config import DatasetConfig, DataVariant, KbitConfig
 from kbit_core.datasets import open_source
 from kbit_core.kafka import admin
 from kbit_core.kafka.manifest import Manifest
-from kbit_core.kafka.producer import produce_dataset
+from kbit_core.produce import produce_dataset
 
 Produce = Callable[..., tuple[KbitConfig, Manifest]]
 

@@ -127,7 +127,7 @@ def test_broker_stopped_mid_read_times_out_naming_the_position(tmp_path, make_co
         cfg = make_config(kafka__embedded__port=own.port, dataset__num_records=400, produce__partitions=1,
                           reader__deadline_s=2.0, reader__poll_timeout_s=0.2, reader__prefetch_batches=1,
                           shard__split_rates=[1.0], shard__block_records=4, train__global_batch_size=2)
-        from kbit_core.kafka.producer import produce_dataset
+        from kbit_core.produce import produce_dataset
 
         manifest = produce_dataset(cfg, cfg.produce.variant.model_copy(update=RAW), progress=False)
         with make_split_loader(cfg, manifest, "train", 0, 1, client=client) as loader:

@@ -18,7 +18,8 @@ from kbit_core.formats import get_codec
 from kbit_core.kafka import admin
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.kafka.manifest import Manifest, manifest_path
-from kbit_core.kafka.producer import BACKENDS, DeliveryLedger, ensure_topics, make_producer, produce_dataset
+from kbit_core.kafka.producers import BACKENDS, DeliveryLedger, make_producer
+from kbit_core.produce import ensure_topics, produce_dataset
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.kafka
@@ -135,7 +136,7 @@ def test_appended_messages_break_reuse(cfg: KbitConfig) -> None:
 def test_vanished_topic_is_produced_again(cfg: KbitConfig, caplog: pytest.LogCaptureFixture) -> None:
     first = produce_dataset(cfg, progress=False)
     admin.delete_topic(cfg.kafka, cfg.produce.topic)  # what an embedded-broker restart does
-    with caplog.at_level(logging.WARNING, logger="kbit_core.kafka.producer"):
+    with caplog.at_level(logging.WARNING, logger="kbit_core.produce"):
         again = produce_dataset(cfg, progress=False)
     assert "is gone" in caplog.text and "producing it again" in caplog.text
     assert again.created_at > first.created_at and again.ranges() == first.ranges()

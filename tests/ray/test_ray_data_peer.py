@@ -8,7 +8,7 @@ import pytest
 
 from kbit_core.bench.data_plane import measure_variant
 from kbit_core.bench.ray_data_peer import compare
-from kbit_core.kafka.producer import produce_dataset
+from kbit_core.produce import produce_dataset
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 

@@ -16,9 +16,9 @@ import torch
 
 from kbit_core.config import is_loopback
 from kbit_core.jobs.train import train
-from kbit_core.kafka.producer import produce_dataset
 from kbit_core.launch import launch
 from kbit_core.launch.distributor import RankDiedError, WorkerFailedError
+from kbit_core.produce import produce_dataset
 from kbit_core.train import checkpoint as ckpt
 from tests.conftest import REPO, SMALL_TRAINING
 from tests.ray.engine_entries import rank_sample_indices

@@ -17,7 +17,7 @@ from kbit_core.errors import BrokerError, ManifestMismatchError, TopicError
 from kbit_core.kafka import admin
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.kafka.manifest import PartitionManifest
-from kbit_core.kafka.producer import BACKENDS, DeliveryLedger, make_producer
+from kbit_core.kafka.producers import BACKENDS, DeliveryLedger, make_producer
 from kbit_core.stream.live_producer import LiveProducer
 from kbit_core.stream.manifest import StreamLog
 from tests.conftest import Background

@@ -14,7 +14,7 @@ from kbit_core.config import load_config
 from kbit_core.data.reader import RangeReader
 from kbit_core.formats import get_codec
 from kbit_core.kafka import admin
-from kbit_core.kafka.producer import produce_dataset
+from kbit_core.produce import produce_dataset
 from kbit_core.sharding import OffsetRange
 
 

@@ -20,7 +20,8 @@ from kbit_core.errors import BrokerError, ConfigError
 from kbit_core.formats import get_codec
 from kbit_core.kafka import admin
 from kbit_core.kafka.consumers import make_consumer
-from kbit_core.kafka.producer import make_producer, produce_dataset
+from kbit_core.kafka.producers import make_producer
+from kbit_core.produce import produce_dataset
 from kbit_core.sharding import OffsetRange
 from kbit_core.testbed import BedState
 from kbit_core.testbed.certs import make_certificates

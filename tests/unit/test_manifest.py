@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from kbit_core.config import DataVariant
 from kbit_core.errors import BrokerError, TopicError
 from kbit_core.kafka.manifest import DataIdentity, DatasetInfo, Manifest, PartitionManifest, manifest_path
-from kbit_core.kafka.producer import DeliveryLedger
+from kbit_core.kafka.producers import DeliveryLedger
 
 DATASET = DatasetInfo(name="synthetic_digits", seed=0, num_records=10, image_shape=(1, 28, 28), num_classes=10)
 

@@ -1,49 +1,35 @@
-"""Produce a dataset into Kafka once per variant and record exactly where it went (a Manifest from delivery reports).
+"""Kafka producer clients behind one interface: confluent-kafka and kafka-python, each reporting every delivery
+(partition, offset) so the caller knows exactly where each message went, and the ledger those reports fill.
 
-Two producer backends (confluent-kafka and kafka-python) sit behind :class:`ProducerBackend`. Message
-number m goes to partition ``m % partitions`` with key = its first sample index, so partitions are
-balanced and the manifest can be checked message by message. Correctness never depends on
-ListOffsets(LATEST) (wrong on Tansu): offsets come from the delivery reports.
+Correctness never depends on ListOffsets(LATEST) (wrong on Tansu): offsets come from the delivery reports.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
-import os
-import socket
-import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from importlib.metadata import PackageNotFoundError, version
-from typing import IO, Any, ClassVar
+from typing import Any, ClassVar
 
 import crc32c  # noqa: F401  # kafka-python checksums in pure Python without it, 10x slower
 import kafka
 import kafka.errors
 from confluent_kafka import KafkaError, KafkaException, Producer
 from kafka.metrics.stats import Total
-from tqdm import tqdm
 
-from kbit_core.checks import check_produce
-from kbit_core.config import ClientName, Compression, DataVariant, KafkaConfig, KbitConfig, ProduceConfig
-from kbit_core.datasets import DatasetSource, open_source
-from kbit_core.errors import BrokerError, ConfigError, ManifestMismatchError, TopicError
-from kbit_core.formats import Codec, get_codec
+from kbit_core.config import ClientName, Compression, KafkaConfig, ProduceConfig
+from kbit_core.errors import BrokerError, ConfigError, TopicError
 from kbit_core.kafka import admin
-from kbit_core.kafka.manifest import DataIdentity, DatasetInfo, Manifest, PartitionManifest, manifest_path
+from kbit_core.kafka.manifest import PartitionManifest
 from kbit_core.kafka.settings import kafka_python_options
 
 log = logging.getLogger(__name__)
 
-# Records encoded per chunk: bounds memory (images + encoded values) whatever the dataset size.
-CHUNK_RECORDS = 4096
 # Producer-side buffer; a full buffer makes send() wait for deliveries instead of growing memory.
 BUFFER_BYTES = 64 * 1024 * 1024
 # librdkafka emits statistics (with the compressed batch sizes) this often.
@@ -53,7 +39,7 @@ STATS_INTERVAL_MS = 200
 DeliveryCallback = Callable[[int, int, "str | None"], None]
 
 
-def _delivery_timeout_ms(kcfg: KafkaConfig) -> int:
+def delivery_timeout_ms(kcfg: KafkaConfig) -> int:
     """How long a message may wait for its acknowledgement before delivery counts as failed."""
     return int(kcfg.request_timeout_s * 4 * 1000)
 
@@ -103,7 +89,7 @@ class ConfluentProducer(ProducerBackend):
             "linger.ms": pcfg.linger_ms,
             "batch.size": pcfg.batch_size_bytes,
             "queue.buffering.max.kbytes": BUFFER_BYTES // 1024,
-            "message.timeout.ms": _delivery_timeout_ms(kcfg),
+            "message.timeout.ms": delivery_timeout_ms(kcfg),
             "statistics.interval.ms": STATS_INTERVAL_MS,
             "stats_cb": self._on_stats,
         })
@@ -183,7 +169,7 @@ class KafkaPythonProducer(ProducerBackend):
     name = "kafka-python"
 
     def __init__(self, kcfg: KafkaConfig, pcfg: ProduceConfig, compression: Compression) -> None:
-        timeout_ms = _delivery_timeout_ms(kcfg)
+        timeout_ms = delivery_timeout_ms(kcfg)
         self._producer = kafka.KafkaProducer(
             **kafka_python_options(kcfg),
             acks="all",
@@ -305,170 +291,3 @@ class DeliveryLedger:
                                          num_messages=t.messages, num_records=t.records, value_bytes=t.value_bytes))
         return out
 
-
-def kbit_version() -> str:
-    try:
-        return version("kbit")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-def _send_dataset(cfg: KbitConfig, variant: DataVariant, topic: str, source: DatasetSource, codec: Codec,
-                  backend: ProducerBackend, progress: bool) -> DeliveryLedger:
-    """Encode the source chunk by chunk and send every message; returns the filled ledger."""
-    partitions = cfg.produce.partitions
-    per_message = variant.records_per_message
-    # chunks hold whole messages, so message numbering and grouping continue across chunks
-    chunk = per_message * max(1, CHUNK_RECORDS // per_message)
-    ledger = DeliveryLedger(topic, partitions)
-    message_no = 0
-    with tqdm(total=source.num_records, unit="rec", unit_scale=True, desc=f"produce {variant.name}",
-              disable=not progress, file=sys.stderr) as bar:
-        for indices, images, labels in source.batches(0, source.num_records, chunk):
-            for j, value in enumerate(codec.encode(indices, images, labels)):
-                first = j * per_message
-                records = min(per_message, len(indices) - first)
-                backend.send(topic, message_no % partitions, str(int(indices[first])).encode("ascii"), value,
-                             ledger.callback(records, len(value)))
-                message_no += 1
-            ledger.raise_errors()
-            bar.update(len(indices))
-        backend.flush(_delivery_timeout_ms(cfg.kafka) / 1000)
-    return ledger
-
-
-def _requested_identity(cfg: KbitConfig, variant: DataVariant) -> tuple[DataIdentity, DatasetSource, Codec]:
-    source = open_source(cfg.dataset)
-    codec = get_codec(variant.format, variant.layout, source.image_shape, variant.records_per_message,
-                      num_classes=source.num_classes)
-    info = DatasetInfo(name=source.name, seed=cfg.dataset.seed, num_records=source.num_records,
-                       image_shape=tuple(source.image_shape), num_classes=source.num_classes)
-    identity = DataIdentity(dataset=info, variant=variant, partitions=cfg.produce.partitions,
-                            schema_fingerprint=codec.schema_fingerprint())
-    return identity, source, codec
-
-
-def _reusable(cfg: KbitConfig, topic: str, identity: DataIdentity) -> Manifest | None:
-    """The saved manifest when the topic still holds exactly it; None when the topic must be (re)produced.
-
-    Raises ManifestMismatchError when what exists differs from the request (the caller handles recreate).
-    """
-    path = manifest_path(cfg.workdir, topic)
-    exists = admin.topic_exists(cfg.kafka, topic)
-    if not exists:
-        if path.is_file():
-            # A stale manifest describes data that no longer exists, so it cannot conflict with the request.
-            log.warning("topic %s is gone from the %s (a memory-only broker loses topics on restart); "
-                        "producing it again", topic, admin.describe_broker(cfg.kafka))
-        return None
-    if not path.is_file():
-        raise ManifestMismatchError(f"topic {topic!r} exists but has no manifest at {path}, so its contents "
-                                    f"are unknown; pass --recreate (produce.recreate) to replace it")
-    saved = Manifest.load(path)
-    diffs = saved.identity.differences(identity)
-    if diffs:
-        raise ManifestMismatchError(f"the manifest of topic {topic!r} ({path}) differs from the request "
-                                    "(manifest != request):\n  " + "\n  ".join(diffs))
-    check = admin.check_topic(cfg.kafka, saved)
-    if check.problems:
-        raise ManifestMismatchError(f"topic {topic!r} no longer holds its manifest {path}:\n  "
-                                    + "\n  ".join(check.problems))
-    return saved
-
-
-def produce_dataset(cfg: KbitConfig, variant: DataVariant | None = None, *, recreate: bool | None = None,
-                    progress: bool = True, client: str | None = None) -> Manifest:
-    """Make sure the variant's topic holds the dataset, producing it if needed, and return its manifest.
-
-    A matching manifest whose offsets the broker still holds is reused as is; a topic that vanished
-    (embedded broker restarted) is produced again. Anything else that differs raises
-    ManifestMismatchError unless ``recreate`` (default ``cfg.produce.recreate``), which deletes and
-    produces afresh.
-    """
-    topic = cfg.produce.topic_for(cfg.dataset, variant)
-    variant = variant or cfg.produce.variant
-    recreate = cfg.produce.recreate if recreate is None else recreate
-    identity, source, codec = _requested_identity(cfg, variant)
-    check_produce(cfg, topic, variant, source.num_records)
-    with _producing(cfg, topic):
-        path = manifest_path(cfg.workdir, topic)
-        if recreate:
-            path.unlink(missing_ok=True)
-            admin.delete_topic(cfg.kafka, topic)
-        else:
-            reused = _reusable(cfg, topic, identity)
-            if reused is not None:
-                log.info("reusing topic %s (%d records, manifest %s)", topic, reused.num_records, path)
-                return reused
-            path.unlink(missing_ok=True)
-        return _produce(cfg, topic, variant, identity, source, codec, client, progress)
-
-
-@contextlib.contextmanager
-def _producing(cfg: KbitConfig, topic: str) -> Iterator[None]:
-    """Hold ``<workdir>/manifests/.<topic>.lock`` from deciding to produce until the manifest is saved.
-
-    A second produce of the topic meanwhile would find it without a manifest and ask for ``--recreate``, which
-    would delete the data the first one is writing; it is told the truth instead. The OS releases the lock
-    when its holder exits, however it exits, so a crashed produce never blocks the next one.
-    """
-    cfg.manifest_dir.mkdir(parents=True, exist_ok=True)
-    with (cfg.manifest_dir / f".{topic}.lock").open("a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise TopicError(f"another produce of topic {topic!r} is in progress ({_lock_note(lock)}); "
-                             "run again once it has finished, and the topic it wrote will be reused") from None
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}")
-        lock.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _lock_note(lock: IO[str], wait_s: float = 2.0) -> str:
-    """The lock holder's note. The holder writes it just after taking the lock, so a produce that lost the race by
-    microseconds may find the file still empty: it waits briefly for the note rather than name nobody."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        lock.seek(0)
-        note = lock.read().strip()
-        if note or time.monotonic() > deadline:
-            return note or "its holder has not identified itself yet"
-        time.sleep(0.01)
-
-
-def _produce(cfg: KbitConfig, topic: str, variant: DataVariant, identity: DataIdentity, source: DatasetSource,
-             codec: Codec, client: str | None, progress: bool) -> Manifest:
-    """Create ``topic``, send the dataset into it and save the manifest its delivery reports give."""
-    admin.create_topic(cfg.kafka, topic, cfg.produce.partitions)
-    backend = make_producer(cfg.kafka, cfg.produce, variant.compression, client)
-    started = time.perf_counter()
-    try:
-        ledger = _send_dataset(cfg, variant, topic, source, codec, backend, progress)
-        wire_bytes = backend.wire_bytes()
-    finally:
-        backend.close()
-    seconds = time.perf_counter() - started
-    partitions = ledger.partitions()
-    manifest = Manifest(
-        topic=topic, dataset=identity.dataset, variant=variant, schema_fingerprint=identity.schema_fingerprint,
-        partitions=partitions, num_messages=sum(p.num_messages for p in partitions),
-        num_records=sum(p.num_records for p in partitions), value_bytes=sum(p.value_bytes for p in partitions),
-        wire_bytes=wire_bytes, dropped_records=source.num_records - ledger.delivered_records,
-        produce_seconds=seconds, client=backend.name, kbit_version=kbit_version(),
-    )
-    if manifest.dropped_records:
-        raise TopicError(f"{topic}: {manifest.dropped_records} of {source.num_records} records were not delivered")
-    saved = manifest.save(cfg.manifest_dir)
-    log.info("produced %s: %d records in %d messages, %.1f MB in %.2fs; manifest %s", topic, manifest.num_records,
-             manifest.num_messages, manifest.value_bytes / 1e6, seconds, saved)
-    return manifest
-
-
-def ensure_topics(cfg: KbitConfig, variants: Iterable[DataVariant], *, progress: bool = True) -> list[Manifest]:
-    """produce_dataset for each variant (reusing whatever is already in place)."""
-    return [produce_dataset(cfg, v, progress=progress) for v in variants]
