@@ -29,12 +29,12 @@ from rich.table import Table
 from kbit_core.bench.ray_data_peer import compare
 from kbit_core.config import COMPRESSIONS, FORMATS, ClientName, DataVariant, KbitConfig
 from kbit_core.data.decode_pool import DecodePool
-from kbit_core.data.loader import make_split_loader, make_split_loaders, manifest_codec
 from kbit_core.data.reader import RangeReader
+from kbit_core.data.split_loaders import make_split_loader, make_split_loaders
 from kbit_core.errors import ConfigError, KbitError
 from kbit_core.formats.fast import select_codec
 from kbit_core.kafka import admin
-from kbit_core.kafka.manifest import Manifest, manifest_path
+from kbit_core.kafka.manifest import Manifest, manifest_codec, manifest_path
 from kbit_core.produce import produce_dataset
 from kbit_core.sharding import OffsetRange, block_order, plan
 
@@ -223,7 +223,7 @@ def _drop_topic(cfg: KbitConfig, manifest: Manifest) -> None:
 RSS_PROBE = """
 import json, sys, time, psutil
 from kbit_core.config import KbitConfig
-from kbit_core.data.loader import make_split_loader
+from kbit_core.data.split_loaders import make_split_loader
 from kbit_core.kafka.manifest import Manifest
 proc = psutil.Process()
 cfg = KbitConfig.from_dict(json.load(sys.stdin))

@@ -18,9 +18,8 @@ import numpy as np
 from rich.table import Table
 
 from kbit_core.config import KbitConfig
-from kbit_core.data.loader import manifest_codec
 from kbit_core.formats.fast import select_codec
-from kbit_core.kafka.manifest import Manifest
+from kbit_core.kafka.manifest import Manifest, manifest_codec
 from kbit_core.launch.ray_train import ensure_ray
 
 

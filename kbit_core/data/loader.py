@@ -15,30 +15,24 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
 from kbit_core.config import ClientName, KbitConfig
+from kbit_core.data.batching import Batch, Rows, to_batch
 from kbit_core.data.pipeline import ChildProcess, threaded
 from kbit_core.data.reader import RangeReader, ReaderStats
-from kbit_core.errors import ConfigError, KbitError, ManifestMismatchError
-from kbit_core.formats import get_codec
-from kbit_core.kafka.manifest import Manifest
-from kbit_core.sharding import SPLIT_NAMES, Block, OffsetRange, Plan, RankShard, block_order, plan
+from kbit_core.errors import ConfigError, KbitError
+from kbit_core.kafka.manifest import Manifest, manifest_codec
+from kbit_core.sharding import Block, OffsetRange, Plan, RankShard, block_order, plan
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-
-
-class Batch(NamedTuple):
-    x: torch.Tensor  # float32 [B, C, H, W] in [0, 1]
-    y: torch.Tensor  # int64 [B]
-    indices: torch.Tensor  # int64 [B], dataset sample indices (for audits)
 
 
 @dataclass
@@ -63,48 +57,6 @@ def per_rank_batch_size(global_batch_size: int, world_size: int) -> int:
         log.warning("train.global_batch_size=%d does not divide by %d ranks: %d per rank, %d globally",
                     global_batch_size, world_size, size, size * world_size)
     return size
-
-
-class _Rows:
-    """A FIFO of decoded rows that hands out exact-size batches across block boundaries."""
-
-    def __init__(self) -> None:
-        self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self.size = 0
-
-    def push(self, pixels: np.ndarray, labels: np.ndarray, indices: np.ndarray) -> None:
-        if len(labels):
-            self._chunks.append((pixels, labels, indices))
-            self.size += len(labels)
-
-    def take(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        parts, need = [], n
-        while need:
-            px, lb, ix = self._chunks[0]
-            k = min(need, len(lb))
-            parts.append((px[:k], lb[:k], ix[:k]))
-            if k == len(lb):
-                self._chunks.pop(0)
-            else:
-                self._chunks[0] = (px[k:], lb[k:], ix[k:])
-            need -= k
-        self.size -= n
-        return tuple(np.concatenate(col) for col in zip(*parts))  # type: ignore[return-value]
-
-
-def _to_batch(pixels: np.ndarray, labels: np.ndarray, indices: np.ndarray, pin_memory: bool = False) -> Batch:
-    # uint8 -> [0, 1] in numpy, not torch: torch's intra-op threads spin against the training threads
-    # (measured 6.5 ms instead of 26 us per 64-image batch on 2 busy cores); dividing by 255 in float32
-    # gives exactly the list layout's floats.
-    if pixels.dtype == np.uint8:
-        pixels = np.divide(pixels, np.float32(255), dtype=np.float32)
-    x = torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32))
-    y = torch.from_numpy(labels.astype(np.int64, copy=False))
-    if pin_memory:
-        # page-locked here, on the loader's thread, so the training loop's non_blocking copy to the GPU is
-        # asynchronous (from pageable memory CUDA copies synchronously)
-        x, y = x.pin_memory(), y.pin_memory()
-    return Batch(x, y, torch.from_numpy(indices.astype(np.int64, copy=False)))
 
 
 class ShardLoader:
@@ -289,7 +241,7 @@ class ShardLoader:
         """Permute each block's samples and cut exact batches, yielded per block; pad from the last batch if the
         data ran short. Whole groups cross the prefetch queue: one hand-off per batch would cost a GIL switch
         interval (5 ms) each while the worker thread decodes (measured: 12k instead of 150k records/s)."""
-        rows, total = _Rows(), len(self)
+        rows, total = Rows(), len(self)
         sizes = [self.batch_size] * total
         if total:
             sizes[-1] = self.num_records - (total - 1) * self.batch_size
@@ -307,17 +259,17 @@ class ShardLoader:
             while emitted < total and rows.size >= sizes[emitted]:
                 last = rows.take(sizes[emitted])
                 emitted += 1
-                group.append(_to_batch(*last, self.pin_memory))
+                group.append(to_batch(*last, self.pin_memory))
             if group:
                 yield group
         group = []
         for size in sizes[emitted:]:
             last = self._padded(rows, last, size)
-            group.append(_to_batch(*last, self.pin_memory))
+            group.append(to_batch(*last, self.pin_memory))
         if group:
             yield group
 
-    def _padded(self, rows: _Rows, last: tuple[np.ndarray, ...] | None, size: int) -> tuple[np.ndarray, ...]:
+    def _padded(self, rows: Rows, last: tuple[np.ndarray, ...] | None, size: int) -> tuple[np.ndarray, ...]:
         have = rows.take(rows.size) if rows.size else None
         source = have if have is not None else last
         if source is None:
@@ -420,85 +372,3 @@ class _WorkerShard:
         yield [], counts()  # what the last blocks counted after the last group (skipped, gaps)
 
 
-def make_split_loader(cfg: KbitConfig, manifest: Manifest, split: str, rank: int, world_size: int, *,
-                      epoch: int = 0, client: ClientName | None = None,
-                      reader: RangeReader | None = None) -> ShardLoader:
-    """The loader of ``split`` for ``rank`` of ``world_size`` over the topic ``manifest`` describes.
-
-    ``reader`` (another loader's ``.reader`` of the same topic) makes the loaders share one consumer (and its
-    bounds check); its owner closes it. :func:`make_split_loaders` builds all splits that way.
-    """
-    if reader is None:
-        return ShardLoader(cfg, manifest, split, rank, world_size, manifest_codec(manifest, cfg.reader.decoder),
-                           epoch=epoch, client=client)
-    if reader.topic != manifest.topic or client not in (None, reader.client):
-        wanted = f" with client {client}" if client else ""
-        raise ConfigError(f"the loader of topic {manifest.topic!r}{wanted} cannot share the {reader.client} reader "
-                          f"of topic {reader.topic!r}")
-    return ShardLoader(cfg, manifest, split, rank, world_size, reader.codec, epoch=epoch, reader=reader)
-
-
-def manifest_codec(manifest: Manifest, decoder: str = "stock") -> Any:
-    """The codec the topic was written with, decoding with ``decoder`` (``fast`` falls back to the stock library,
-    logging why, when no fast decoder recognises the schema); ManifestMismatchError when this kbit's schema
-    differs."""
-    variant = manifest.variant
-    codec = get_codec(variant.format, variant.layout, tuple(manifest.dataset.image_shape), variant.records_per_message,
-                      num_classes=manifest.dataset.num_classes, decoder=decoder)
-    if codec.schema_fingerprint() != manifest.schema_fingerprint:
-        raise ManifestMismatchError(
-            f"topic {manifest.topic!r} was written with schema {manifest.schema_fingerprint}, but this kbit's "
-            f"{variant.format}/{variant.layout} codec has schema {codec.schema_fingerprint()}; produce it again "
-            f"(kbit produce --recreate)")
-    return codec
-
-
-class SplitLoaderSet(Mapping[str, ShardLoader]):
-    """One rank's loaders of several splits over one shared :class:`RangeReader`: one consumer, which also asks the
-    broker's offset bounds once when :meth:`connect` checks every split's ranges together."""
-
-    def __init__(self, reader: RangeReader, loaders: Mapping[str, ShardLoader]) -> None:
-        self.reader = reader
-        self._loaders = dict(loaders)
-
-    def __getitem__(self, split: str) -> ShardLoader:
-        return self._loaders[split]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._loaders)
-
-    def __len__(self) -> int:
-        return len(self._loaders)
-
-    def connect(self) -> None:
-        """Open the consumer and check every split's planned ranges against the broker through it in one bounds
-        query (with ``reader.workers: process`` only the check, closing the consumer after it: each loader's worker
-        process reads with a consumer of its own)."""
-        ranges = [r for loader in self._loaders.values() for r in loader.shard.ranges]
-        if self.reader.reader_cfg.workers == "process":
-            self.reader.check(ranges)
-            self.reader.close()
-        else:
-            self.reader.connect(ranges)
-
-    def close(self) -> None:
-        for loader in self._loaders.values():
-            loader.close()
-        self.reader.close()
-
-    def __enter__(self) -> SplitLoaderSet:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def make_split_loaders(cfg: KbitConfig, manifest: Manifest, rank: int, world_size: int,
-                       splits: Sequence[str] | None = None, *, epoch: int = 0,
-                       client: ClientName | None = None) -> SplitLoaderSet:
-    """The loaders of ``splits`` (default: every split ``shard.split_rates`` defines) for ``rank``, sharing one
-    reader. Nothing connects until :meth:`SplitLoaderSet.connect` or the first read."""
-    names = SPLIT_NAMES[: len(cfg.shard.split_rates)] if splits is None else tuple(splits)
-    reader = RangeReader(cfg.kafka, cfg.reader, manifest.topic, manifest_codec(manifest, cfg.reader.decoder), client)
-    return SplitLoaderSet(reader, {s: make_split_loader(cfg, manifest, s, rank, world_size, epoch=epoch, reader=reader)
-                                   for s in names})

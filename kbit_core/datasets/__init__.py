@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from kbit_core.config import DatasetConfig
-from kbit_core.datasets.base import Batch, DatasetSource
+from kbit_core.datasets.base import DatasetSource, Samples
 from kbit_core.datasets.idx import IdxFormatError, IdxSource
 from kbit_core.datasets.synthetic import SyntheticColor, SyntheticDigits
 from kbit_core.errors import ConfigError
 
-__all__ = ["Batch", "DatasetSource", "IdxFormatError", "open_source", "source_names"]
+__all__ = ["DatasetSource", "IdxFormatError", "Samples", "open_source", "source_names"]
 
 _SYNTHETIC = {cls.name: cls for cls in (SyntheticDigits, SyntheticColor)}
 _IDX = ("mnist", "fashion_mnist")

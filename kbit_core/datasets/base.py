@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-Batch = tuple[np.ndarray, np.ndarray, np.ndarray]
+Samples = tuple[np.ndarray, np.ndarray, np.ndarray]
 """(indices int64[n], images uint8[n, C, H, W], labels int64[n])."""
 
 
@@ -23,7 +23,7 @@ class DatasetSource(ABC):
     num_classes: int
     num_records: int
 
-    def batches(self, start: int = 0, stop: int | None = None, batch_size: int = 4096) -> Iterator[Batch]:
+    def batches(self, start: int = 0, stop: int | None = None, batch_size: int = 4096) -> Iterator[Samples]:
         """Yield the records ``[start, stop)`` in order, ``batch_size`` at a time (the last batch may be shorter).
 
         Args:

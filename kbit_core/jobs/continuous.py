@@ -12,7 +12,7 @@ from kbit_core.jobs.restarts import train_with_restarts
 from kbit_core.kafka import admin
 from kbit_core.produce import produce_dataset
 from kbit_core.stream.ledger import assign_partitions
-from kbit_core.stream.manifest import stream_log_path
+from kbit_core.stream.stream_log import stream_log_path
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.stream_trainer import stop_file_path
 from kbit_core.train.stream_worker import heldout_config, stream_main

@@ -10,7 +10,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kbit_core.config import DataVariant
-from kbit_core.errors import TopicError
+from kbit_core.errors import ManifestMismatchError, TopicError
+from kbit_core.formats import Codec, get_codec
 from kbit_core.sharding import OffsetRange
 
 MANIFEST_DIR = "manifests"
@@ -152,3 +153,18 @@ class Manifest(_Frozen):
 def manifest_path(workdir: Path, topic: str) -> Path:
     """Where the manifest of ``topic`` lives: ``<workdir>/manifests/<topic>.json``."""
     return Path(workdir).resolve() / MANIFEST_DIR / f"{topic}.json"
+
+
+def manifest_codec(manifest: Manifest, decoder: str = "stock") -> Codec:
+    """The codec the topic was written with, decoding with ``decoder`` (``fast`` falls back to the stock library,
+    logging why, when no fast decoder recognises the schema); ManifestMismatchError when this kbit's schema
+    differs."""
+    variant = manifest.variant
+    codec = get_codec(variant.format, variant.layout, tuple(manifest.dataset.image_shape), variant.records_per_message,
+                      num_classes=manifest.dataset.num_classes, decoder=decoder)
+    if codec.schema_fingerprint() != manifest.schema_fingerprint:
+        raise ManifestMismatchError(
+            f"topic {manifest.topic!r} was written with schema {manifest.schema_fingerprint}, but this kbit's "
+            f"{variant.format}/{variant.layout} codec has schema {codec.schema_fingerprint()}; produce it again "
+            f"(kbit produce --recreate)")
+    return codec

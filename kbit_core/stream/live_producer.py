@@ -3,7 +3,7 @@
 Stream index ``i`` carries dataset record ``i % dataset.num_records`` (the dataset cycles; the index keeps
 counting) and goes to partition ``i % partitions`` with key ``i``; the Kafka message timestamp is the produce
 time. After every acknowledged chunk the producer appends its segments to the stream manifest
-(:mod:`kbit_core.stream.manifest`). When the broker goes away it reconnects and compares the topic with the
+(:mod:`kbit_core.stream.stream_log`). When the broker goes away it reconnects and compares the topic with the
 manifest: a broker that lost records (the memory-only embedded broker loses everything on restart) gets them
 produced again, at the same offsets, before the stream goes on from the manifest's next index.
 """
@@ -24,7 +24,7 @@ from kbit_core.errors import BrokerError, ConfigError, TopicError
 from kbit_core.formats import get_codec
 from kbit_core.kafka import admin
 from kbit_core.kafka.producers import DeliveryLedger, ProducerBackend, make_producer
-from kbit_core.stream.manifest import Segment, StreamLog, stream_log_path
+from kbit_core.stream.stream_log import Segment, StreamLog, stream_log_path
 
 log = logging.getLogger(__name__)
 

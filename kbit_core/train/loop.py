@@ -19,7 +19,8 @@ from rich.table import Table
 from tqdm import tqdm
 
 from kbit_core.config import KbitConfig
-from kbit_core.data.loader import LoaderStats, SplitLoaderSet
+from kbit_core.data.loader import LoaderStats
+from kbit_core.data.split_loaders import SplitLoaderSet
 from kbit_core.errors import ConfigError, DistributedError, TrainingDivergedError
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.distributed import DistEnv, broadcast_from_main, gather_to_main
@@ -28,7 +29,8 @@ from kbit_core.train.metrics import BatchStats, SpikeDetector, reduce_batch, red
 
 log = logging.getLogger(__name__)
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+# One step's (x, y) as a loader yields it (a ShardLoader drops its batches' sample indices here).
+LabelledInputs = tuple[torch.Tensor, torch.Tensor]
 
 # Counters of what a loader read, summed over ranks into the result: corrupt messages skipped, records repeated in
 # their place, offsets missing inside planned ranges, transient client errors retried, records read but not yielded
@@ -43,7 +45,7 @@ class Loader(Protocol):
 
     stats: LoaderStats
 
-    def __iter__(self) -> Iterator[Batch]: ...
+    def __iter__(self) -> Iterator[LabelledInputs]: ...
     def __len__(self) -> int: ...
     def set_epoch(self, epoch: int) -> None: ...
     def state_dict(self) -> dict[str, Any]: ...
@@ -187,7 +189,7 @@ class Trainer:
         num_batches = batches_per_epoch(self.cfg, len(self.loaders.train))
         if st.batch_in_epoch == 0:
             self.loaders.train.set_epoch(epoch)
-        batches: Iterator[Batch] = iter(self.loaders.train)
+        batches: Iterator[LabelledInputs] = iter(self.loaders.train)
         window_loss = window_count = 0.0
         in_window = 0
         data_wait = 0.0
@@ -247,7 +249,7 @@ class Trainer:
                 self.engine.backward(loss)
         return stats
 
-    def _next_batch(self, batches: Iterator[Batch], epoch: int, index: int, length: int) -> Batch:
+    def _next_batch(self, batches: Iterator[LabelledInputs], epoch: int, index: int, length: int) -> LabelledInputs:
         try:
             return next(batches)
         except StopIteration:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from kbit_core.config import KbitConfig
-from kbit_core.data.loader import ShardLoader, make_split_loader, make_split_loaders
+from kbit_core.data.loader import ShardLoader
+from kbit_core.data.split_loaders import make_split_loader, make_split_loaders
 from kbit_core.kafka.manifest import Manifest
 from kbit_core.train.loop import SplitLoaders
 

@@ -29,7 +29,7 @@ from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.stack import PROJECT_ROOT
 from kbit_core.stream.ledger import audit
 from kbit_core.stream.live_producer import LiveProducer
-from kbit_core.stream.manifest import StreamLog, stream_log_path
+from kbit_core.stream.stream_log import StreamLog, stream_log_path
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.stream_trainer import stop_file_path
 from tasks.config import load_run_config

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from kbit_core.config import KbitConfig
-from kbit_core.data.loader import _to_batch
+from kbit_core.data.batching import to_batch
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.distributed import DistEnv, import_deepspeed, init_process_group, read_env
 from kbit_core.train.engine import DDPEngine, build_engine
@@ -119,7 +119,7 @@ def test_cuda_rng_state_round_trips_through_a_checkpoint(env: DistEnv, tmp_path)
 
 def test_loader_batches_are_pinned_and_copy_without_blocking(env: DistEnv) -> None:
     pixels = np.random.default_rng(0).integers(0, 256, (16, 1, 28, 28), dtype=np.uint8)
-    x, y, _ = _to_batch(pixels, np.arange(16), np.arange(16), pin_memory=True)
+    x, y, _ = to_batch(pixels, np.arange(16), np.arange(16), pin_memory=True)
     assert x.is_pinned() and y.is_pinned()
     on_gpu = x.to(env.device, non_blocking=True)
     torch.cuda.current_stream(env.device).synchronize()

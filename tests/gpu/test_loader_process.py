@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kbit_core.data.loader import make_split_loader
+from kbit_core.data.split_loaders import make_split_loader
 from tests.conftest import loader_workers
 from tests.integration.dataplane_fixtures import RAW, Produce, produce_topic
 

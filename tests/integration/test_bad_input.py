@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from kbit_core.data.loader import make_split_loader
 from kbit_core.data.reader import RangeReader
+from kbit_core.data.split_loaders import make_split_loader
 from kbit_core.errors import CorruptRecordError, ManifestMismatchError, OffsetRangeError, ReadTimeoutError, TopicError
 from kbit_core.formats import get_codec
 from kbit_core.kafka.broker import EmbeddedBroker

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import torch
 
-from kbit_core.data.loader import make_split_loader
+from kbit_core.data.split_loaders import make_split_loader
 from kbit_core.errors import CorruptRecordError
 from kbit_core.train.rank_data import rank_loaders
 from tests.conftest import loader_workers
@@ -118,7 +118,7 @@ def test_split_loaders_sharing_a_reader_read_alike_in_process_mode(produce_topic
 RANK_SCRIPT = """
 import json, sys
 from kbit_core.config import KbitConfig
-from kbit_core.data.loader import make_split_loader
+from kbit_core.data.split_loaders import make_split_loader
 from kbit_core.kafka.manifest import Manifest
 cfg = KbitConfig.model_validate_json(sys.argv[1])
 manifest = Manifest.model_validate_json(sys.argv[2])

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from kbit_core.data.loader import make_split_loader, per_rank_batch_size
+from kbit_core.data.loader import per_rank_batch_size
 from kbit_core.data.reader import RangeReader
+from kbit_core.data.split_loaders import make_split_loader
 from kbit_core.errors import ConfigError
 from kbit_core.formats import get_codec
 from kbit_core.sharding import OffsetRange

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kbit_core.config import COMPRESSIONS, FORMATS
-from kbit_core.data.loader import make_split_loader
 from kbit_core.data.reader import RangeReader
+from kbit_core.data.split_loaders import make_split_loader
 from kbit_core.sharding import OffsetRange
 from tests.integration.dataplane_fixtures import Produce, source_truth
 

@@ -20,7 +20,7 @@ from kbit_core.jobs.train import train
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.stream.ledger import audit
 from kbit_core.stream.live_producer import LiveProducer
-from kbit_core.stream.manifest import StreamLog
+from kbit_core.stream.stream_log import StreamLog
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.worker import RESULT_FILE
 from tests.conftest import Background

@@ -19,7 +19,7 @@ from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.kafka.manifest import PartitionManifest
 from kbit_core.kafka.producers import BACKENDS, DeliveryLedger, make_producer
 from kbit_core.stream.live_producer import LiveProducer
-from kbit_core.stream.manifest import StreamLog
+from kbit_core.stream.stream_log import StreamLog
 from tests.conftest import Background
 from tests.stream.stream_fixtures import crash_and_restart, freeze, stream_config
 

@@ -1,5 +1,5 @@
-"""The live producer's append-only manifest: JSON lines, a header naming the stream, then one line per delivered
-segment (one partition's index run and the offsets it landed at).
+"""The live producer's append-only stream log (a live stream's manifest): JSON lines, a header naming the stream,
+then one line per delivered segment (one partition's index run and the offsets it landed at).
 
 ``<workdir>/streams/<topic>.jsonl``; each line is written and flushed only after the broker acknowledged the
 segment, so the file never claims a record that was not delivered. A producer restart continues the sequence
