@@ -6,10 +6,10 @@ from typing import Any, Literal
 
 from prefect import flow
 
-from kbit_core.trials import DEFAULT_SPACE, best_trial, expand_space
 from tasks.config import load_run_config
 from tasks.produce import ensure_dataset_topics
 from tasks.report import publish_sweep_table
+from tasks.sweep import choose_best_trial, sweep_trials
 from tasks.train import train_model
 from tasks.tune import tune_trials
 
@@ -32,15 +32,14 @@ def sweep(profile: str = "train", overrides: dict[str, Any] | None = None,
     """
     base = load_run_config(profile, overrides)
     if base.sweep.backend == "ray-tune":
-        out = tune_trials(base, space or DEFAULT_SPACE, num_trials, metric, mode, seed)
+        out = tune_trials(base, space, num_trials, metric, mode, seed)
         publish_sweep_table(out["trials"], out["best"], metric)
         return out
-    trials = expand_space(space or DEFAULT_SPACE, num_trials, seed)
-    configs = [base.override(trial) for trial in trials]
-    ensure_dataset_topics(configs[0], [configs[0].produce.variant])
-    results = [{"trial": i, "params": trial, **train_model(cfg)}
-               for i, (trial, cfg) in enumerate(zip(trials, configs))]
-    best = best_trial(results, metric, mode)
+    trials = sweep_trials(base, space, num_trials, seed)
+    first = trials[0][1]
+    ensure_dataset_topics(first, [first.produce.variant])
+    results = [{"trial": i, "params": trial, **train_model(cfg)} for i, (trial, cfg) in enumerate(trials)]
+    best = choose_best_trial(results, metric, mode)
     publish_sweep_table(results, best, metric)
     return {"best": best, "trials": results}
 

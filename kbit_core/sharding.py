@@ -32,6 +32,11 @@ Split = Literal["train", "val", "test"]
 Remainder = Literal["drop", "pad"]
 
 
+def split_names(rates: Sequence[float]) -> tuple[str, ...]:
+    """The splits ``rates`` (shard.split_rates) define: train, then val, then test, one per rate."""
+    return SPLIT_NAMES[: len(rates)]
+
+
 @dataclass(frozen=True, order=True, slots=True)
 class OffsetRange:
     """Messages ``start <= offset < stop`` of one Kafka partition."""

@@ -46,7 +46,7 @@ def compare_with_baseline(baseline_stats: dict[str, Any], current_stats_json: st
 @task(name="check-regressions")
 def fail_on_regressions(comparison: dict[str, Any], baseline_run_id: str) -> None:
     """Raise, naming every regressed configuration, when the comparison found any."""
-    regressed = [d for d in comparison["deltas"] if d["verdict"] == "regression"]
+    regressed = [d for d in comparison["deltas"] if d["name"] in comparison["regressions"]]
     if regressed:
         detail = ", ".join(f"{d['name']} {d['change_pct']:+.1f}% (Holm p={d['p_holm']:.3g})" for d in regressed)
         raise RegressionError(f"{len(regressed)} configuration(s) regressed against MLflow run {baseline_run_id} "

@@ -8,6 +8,8 @@ from typing import Any
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
+from kbit_core.bench.compare import COMPARISON_COLUMNS, comparison_rows
+
 
 def _key(text: str) -> str:
     """Artifact keys allow lowercase letters, digits and dashes only."""
@@ -36,12 +38,8 @@ def publish_regression_check(profile: str, comparison: dict[str, Any], baseline_
     rows = sorted(comparison["deltas"], key=lambda d: (d["verdict"] != "regression", -d["change_pct"]))
     lines = [f"Baseline MLflow run `{baseline_run_id}`; threshold {comparison['threshold']:.0%}, "
              f"alpha {comparison['alpha']} (Holm-corrected), `{comparison['metric']}` per iteration.", "",
-             "| configuration | runs | baseline median s | median s | change | p (Holm) | verdict |",
-             "|---|---|---|---|---|---|---|"]
-    for d in rows:
-        p = "–" if d["p_holm"] is None else f"{d['p_holm']:.3g}"
-        lines.append(f"| {d['name']} | {d['a_runs']}/{d['b_runs']} | {d['a_median']:.4g} | {d['b_median']:.4g} "
-                     f"| {d['change_pct']:+.1f}% | {p} | {d['verdict']} |")
+             "| " + " | ".join(COMPARISON_COLUMNS) + " |", "|---" * len(COMPARISON_COLUMNS) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in comparison_rows(rows)]
     for side, names in (("only in the baseline", comparison["only_in_a"]), ("new", comparison["only_in_b"])):
         if names:
             lines.append(f"\n{side}: {', '.join(names)}")

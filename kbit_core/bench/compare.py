@@ -9,7 +9,7 @@ reach significance after that correction is reported as "insufficient runs" inst
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -184,3 +184,15 @@ def compare_runs(a_stats_json: Mapping[str, Any], b_stats_json: Mapping[str, Any
     return RunComparison(metric=metric, threshold=threshold, alpha=alpha, deltas=tuple(deltas),
                          only_in_a=tuple(sorted(a_runs.keys() - b_runs.keys())),
                          only_in_b=tuple(sorted(b_runs.keys() - a_runs.keys())))
+
+
+# The run-to-run comparison as a table: `kbit compare` prints it, the nightly flow publishes it as an artifact.
+COMPARISON_COLUMNS = ("configuration", "runs A/B", "A median s", "B median s", "change", "p Holm", "verdict")
+
+
+def comparison_rows(deltas: Iterable[Mapping[str, Any]]) -> list[tuple[str, ...]]:
+    """One row of text per configuration (``RunDelta`` dicts, as ``RunComparison.to_dict`` gives them), under
+    :data:`COMPARISON_COLUMNS`."""
+    return [(d["name"], f"{d['a_runs']}/{d['b_runs']}", f"{d['a_median']:.4f}", f"{d['b_median']:.4f}",
+             f"{d['change_pct']:+.1f}%", "–" if d["p_holm"] is None else f"{d['p_holm']:.3g}", d["verdict"])
+            for d in deltas]

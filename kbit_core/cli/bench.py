@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kbit_core.bench.compare import compare_runs
+from kbit_core.bench.compare import COMPARISON_COLUMNS, compare_runs, comparison_rows
 from kbit_core.bench.history import history_markdown
 from kbit_core.bench.identity import check_comparable, comparability_problems
 from kbit_core.bench.report import RANKING_METRIC, load_stats, rebuild_report, significance_label
@@ -46,13 +46,12 @@ def results_table(stats: dict[str, Any]) -> Table:
 def comparison_table(result: Any) -> Table:
     table = Table(title=f"B vs A ({result.metric} per iteration, threshold {result.threshold:.0%}, "
                         f"alpha {result.alpha}, Holm-corrected)")
-    for column in ("configuration", "runs A/B", "A median s", "B median s", "change", "p Holm", "verdict"):
+    for column in COMPARISON_COLUMNS:
         table.add_column(column, justify="left" if column in ("configuration", "verdict") else "right",
                          no_wrap=column == "configuration")
-    for d in result.deltas:
-        verdict = {"regression": "[red]REGRESSION[/]", "improvement": "[green]improvement[/]"}.get(d.verdict, d.verdict)
-        table.add_row(d.name, f"{d.a_runs}/{d.b_runs}", f"{d.a_median:.4f}", f"{d.b_median:.4f}",
-                      f"{d.change_pct:+.1f}%", "–" if d.p_holm is None else f"{d.p_holm:.3g}", verdict)
+    for *cells, verdict in comparison_rows(result.to_dict()["deltas"]):
+        table.add_row(*cells, {"regression": "[red]REGRESSION[/]", "improvement": "[green]improvement[/]"}.get(
+            verdict, verdict))
     return table
 
 

@@ -225,21 +225,20 @@ class RangeReader:
         return batch
 
     def _good_records(self, records: Sequence[RawRecord]) -> list[RawRecord]:
+        failed = dict(self.codec.failing_values([r.value for r in records]))
         good = []
-        for rec in records:
-            try:
-                if rec.value is None:
-                    raise ValueError("the message has no value (null)")
-                self.codec.decode([rec.value])
-            except Exception as exc:  # same reason as in decode()
-                where = {"topic": self.topic, "partition": rec.partition, "offset": rec.offset}
-                what = f"message does not decode as {self.codec.format}/{self.codec.layout}: {exc}"
-                if self.reader_cfg.bad_records == "fail":
-                    raise CorruptRecordError(what, **where) from exc
-                self.stats.skipped += 1
-                log.warning("skipping corrupt record (%s)", CorruptRecordError(what, **where))
+        for position, rec in enumerate(records):
+            if position not in failed:
+                good.append(rec)
                 continue
-            good.append(rec)
+            exc = (ValueError("the message has no value (null)") if rec.value is None
+                   else self.codec.corrupt_value_error(0, 1, rec.value, failed[position]))
+            where = {"topic": self.topic, "partition": rec.partition, "offset": rec.offset}
+            what = f"message does not decode as {self.codec.format}/{self.codec.layout}: {exc}"
+            if self.reader_cfg.bad_records == "fail":
+                raise CorruptRecordError(what, **where) from exc
+            self.stats.skipped += 1
+            log.warning("skipping corrupt record (%s)", CorruptRecordError(what, **where))
         return good
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ from kbit_core.data.loader import ShardLoader
 from kbit_core.data.reader import RangeReader
 from kbit_core.errors import ConfigError
 from kbit_core.kafka.manifest import Manifest, manifest_codec
-from kbit_core.sharding import SPLIT_NAMES
+from kbit_core.sharding import split_names
 
 
 def make_split_loader(cfg: KbitConfig, manifest: Manifest, split: str, rank: int, world_size: int, *,
@@ -75,7 +75,7 @@ def make_split_loaders(cfg: KbitConfig, manifest: Manifest, rank: int, world_siz
                        client: ClientName | None = None) -> SplitLoaderSet:
     """The loaders of ``splits`` (default: every split ``shard.split_rates`` defines) for ``rank``, sharing one
     reader. Nothing connects until :meth:`SplitLoaderSet.connect` or the first read."""
-    names = SPLIT_NAMES[: len(cfg.shard.split_rates)] if splits is None else tuple(splits)
+    names = split_names(cfg.shard.split_rates) if splits is None else tuple(splits)
     reader = RangeReader(cfg.kafka, cfg.reader, manifest.topic, manifest_codec(manifest, cfg.reader.decoder), client)
     return SplitLoaderSet(reader, {s: make_split_loader(cfg, manifest, s, rank, world_size, epoch=epoch, reader=reader)
                                    for s in names})

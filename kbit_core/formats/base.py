@@ -12,7 +12,7 @@ import functools
 import hashlib
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain
@@ -161,16 +161,23 @@ class Codec(ABC):
     def _decode(self, values: Sequence[bytes]) -> DecodedBatch:
         """Decode and validate a batch of values, raising on anything unexpected."""
 
-    def _localise(self, values: Sequence[bytes], batch_error: Exception) -> CorruptRecordError:
-        """Find the first value that fails on its own, so the error names it (the batch path stays lean)."""
+    def failing_values(self, values: Sequence[bytes]) -> Iterator[tuple[int, Exception]]:
+        """Decode each value on its own; (position, error) of each one that fails. How a batch that failed is
+        localised, here (the first culprit names the error) and by the reader (which skips every culprit)."""
         for position, value in enumerate(values):
             try:
                 self._decode([value])
             except Exception as exc:  # noqa: BLE001 - as in decode
-                return self._corrupt(position, len(values), value, exc)
+                yield position, exc
+
+    def _localise(self, values: Sequence[bytes], batch_error: Exception) -> CorruptRecordError:
+        """Find the first value that fails on its own, so the error names it (the batch path stays lean)."""
+        for position, exc in self.failing_values(values):
+            return self.corrupt_value_error(position, len(values), values[position], exc)
         return CorruptRecordError(f"{self.name}: cannot decode {len(values)} values: {batch_error}")
 
-    def _corrupt(self, position: int, total: int, value: bytes | None, reason: object) -> CorruptRecordError:
+    def corrupt_value_error(self, position: int, total: int, value: bytes | None,
+                            reason: object) -> CorruptRecordError:
         size = "null" if value is None else f"{len(value)} bytes"
         return CorruptRecordError(f"{self.name}: cannot decode value {position} of {total} ({size}): {reason}")
 

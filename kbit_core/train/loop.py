@@ -130,9 +130,40 @@ class Trainer:
 
     # ---- checkpoints -------------------------------------------------------------------------------------
 
+    # The one save/resume of batch and continuous training: the engine writes the model and optimizer, the meta
+    # carries the progress and one entry per rank (its RNG state and data position). What the progress and a data
+    # position are is each trainer's own (the hooks below; StreamTrainer overrides them).
+
     def resume(self, path: Path) -> None:
-        """Restore engine, RNG, loader position and progress from ``path`` (every rank reads it)."""
+        """Restore engine, progress, RNG and data position from ``path`` (every rank reads it)."""
         meta = self.engine.load_checkpoint(path)
+        self._restore(path, meta)
+        self.last_checkpoint = str(path)
+        if self.env.is_main:
+            self.console.print(self._resumed_note(path, len(meta[ckpt.RANKS])))
+
+    def save(self) -> None:
+        """Collective: gather each rank's RNG state and data position, then let the engine write the checkpoint."""
+        ranks = self._gather_ranks()
+        path = self.engine.save_checkpoint(self.checkpointer, ckpt.checkpoint_name(self._step()),
+                                           self._checkpoint_meta(ranks))
+        self.last_checkpoint = str(path) if path is not None else None
+
+    def _gather_ranks(self) -> list[dict[str, Any]] | None:
+        """Collective: each rank's RNG state and data position, on rank 0 (None elsewhere)."""
+        return gather_to_main({"rng": ckpt.rng_state(self.env.device), **self._data_position()}, self.env)
+
+    def _step(self) -> int:
+        return self.state.step
+
+    def _data_position(self) -> dict[str, Any]:
+        """Where this rank's train loader stands: its state mid-epoch, nothing at an epoch's start."""
+        return {"loader": self.loaders.train.state_dict() if self.state.batch_in_epoch > 0 else None}
+
+    def _checkpoint_meta(self, ranks: list[dict[str, Any]] | None) -> dict[str, Any]:
+        return {ckpt.TRAIN_STATE: asdict(self.state), ckpt.RANKS: ranks}
+
+    def _restore(self, path: Path, meta: dict[str, Any]) -> None:
         ranks = meta[ckpt.RANKS]
         if len(ranks) != self.env.world_size:
             raise ConfigError(f"checkpoint {path} was written by {len(ranks)} ranks; this run has "
@@ -145,20 +176,10 @@ class Trainer:
             self.loaders.train.load_state_dict(mine["loader"])
         for loss in self.state.loss_curve:
             self.spikes.observe(loss)
-        self.last_checkpoint = str(path)
-        if self.env.is_main:
-            self.console.print(f"resumed from {path}: epoch {self.state.epoch}, "
-                               f"batch {self.state.batch_in_epoch}, step {self.state.step}")
 
-    def save(self) -> None:
-        """Collective: gather each rank's RNG and loader position, then let the engine write the checkpoint."""
-        mid_epoch = self.state.batch_in_epoch > 0
-        mine = {"rng": ckpt.rng_state(self.env.device),
-                "loader": self.loaders.train.state_dict() if mid_epoch else None}
-        ranks = gather_to_main(mine, self.env)
-        meta = {ckpt.TRAIN_STATE: asdict(self.state), ckpt.RANKS: ranks}
-        path = self.engine.save_checkpoint(self.checkpointer, ckpt.checkpoint_name(self.state.step), meta)
-        self.last_checkpoint = str(path) if path is not None else None
+    def _resumed_note(self, path: Path, num_ranks: int) -> str:
+        return (f"resumed from {path}: epoch {self.state.epoch}, batch {self.state.batch_in_epoch}, "
+                f"step {self.state.step}")
 
     # ---- evaluation --------------------------------------------------------------------------------------
 

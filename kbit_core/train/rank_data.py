@@ -6,9 +6,8 @@ from kbit_core.config import KbitConfig
 from kbit_core.data.loader import ShardLoader
 from kbit_core.data.split_loaders import make_split_loader, make_split_loaders
 from kbit_core.kafka.manifest import Manifest
+from kbit_core.sharding import split_names
 from kbit_core.train.loop import SplitLoaders
-
-SPLITS = ("train", "val", "test")
 
 
 def rank_loaders(cfg: KbitConfig, manifest: Manifest, rank: int, world_size: int, *,
@@ -20,7 +19,7 @@ def rank_loaders(cfg: KbitConfig, manifest: Manifest, rank: int, world_size: int
     split gets its own reader, so its counts (skipped, gaps, retries) are that split's own, as training
     reports them. ``train.data='memory'`` reads each shard whole before returning (the in-memory baseline).
     """
-    splits = SPLITS[: len(cfg.shard.split_rates)]
+    splits = split_names(cfg.shard.split_rates)
     shared = make_split_loaders(cfg, manifest, rank, world_size, splits) if share_reader else None
     made: dict[str, ShardLoader] = dict(shared) if shared is not None else {
         split: make_split_loader(cfg, manifest, split, rank, world_size) for split in splits}

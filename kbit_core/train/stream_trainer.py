@@ -88,8 +88,22 @@ class StreamTrainer(Trainer):
 
     # ---- checkpoints -------------------------------------------------------------------------------------
 
-    def resume(self, path: Path) -> None:
-        meta = self.engine.load_checkpoint(path)
+    # Trainer's save/resume, with the stream's progress and every partition's position as the data position.
+
+    def _step(self) -> int:
+        return self.stream.step
+
+    def _data_position(self) -> dict[str, Any]:
+        return {"positions": [[p, s["offset"], s["index"], s["trained"]] for p, s in self.source.state().items()]}
+
+    def _checkpoint_meta(self, ranks: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """Every partition's position and each rank's RNG state (the positions merged into rank 0's state)."""
+        if ranks is None:
+            return {}
+        self._merge_positions(ranks)
+        return {ckpt.TRAIN_STATE: asdict(self.stream), ckpt.RANKS: [{"rng": rank["rng"]} for rank in ranks]}
+
+    def _restore(self, path: Path, meta: dict[str, Any]) -> None:
         try:
             self.stream = StreamState(**meta[ckpt.TRAIN_STATE])
         except TypeError:
@@ -99,31 +113,23 @@ class StreamTrainer(Trainer):
             ckpt.set_rng_state(ranks[self.env.rank]["rng"], self.env.device)
         self.source.load_positions(self.stream.offsets, self.stream.indices, self.stream.trained)
         self.resumed = True
-        self.last_checkpoint = str(path)
-        if self.env.is_main:
-            self.console.print(f"resumed from {path}: step {self.stream.step}, {self.stream.records} records "
-                               f"trained, written by {len(ranks)} rank(s), now {self.env.world_size}")
 
-    def save(self) -> None:
-        """Collective: write the model with every partition's position (and each rank's RNG state)."""
-        ranks = self._gather_positions()
-        meta = {} if ranks is None else {ckpt.TRAIN_STATE: asdict(self.stream),
-                                         ckpt.RANKS: [{"rng": rank["rng"]} for rank in ranks]}
-        path = self.engine.save_checkpoint(self.checkpointer, ckpt.checkpoint_name(self.stream.step), meta)
-        self.last_checkpoint = str(path) if path is not None else None
+    def _resumed_note(self, path: Path, num_ranks: int) -> str:
+        return (f"resumed from {path}: step {self.stream.step}, {self.stream.records} records trained, written by "
+                f"{num_ranks} rank(s), now {self.env.world_size}")
 
-    def _gather_positions(self) -> list[dict[str, Any]] | None:
-        """Collective: every rank's partition positions merged into rank 0's state; the ranks' entries on rank 0."""
-        mine = {"rng": ckpt.rng_state(self.env.device),
-                "positions": [[p, s["offset"], s["index"], s["trained"]] for p, s in self.source.state().items()]}
-        ranks = gather_to_main(mine, self.env)
+    def _gather_positions(self) -> None:
+        """Collective: every rank's partition positions merged into rank 0's state (the result without a save)."""
+        ranks = self._gather_ranks()
         if ranks is not None:
-            st, partitions = self.stream, self.source.num_partitions
-            st.offsets, st.indices, st.trained = [0] * partitions, [None] * partitions, [[] for _ in range(partitions)]
-            for rank in ranks:
-                for partition, offset, index, trained in rank["positions"]:
-                    st.offsets[partition], st.indices[partition], st.trained[partition] = offset, index, trained
-        return ranks
+            self._merge_positions(ranks)
+
+    def _merge_positions(self, ranks: list[dict[str, Any]]) -> None:
+        st, partitions = self.stream, self.source.num_partitions
+        st.offsets, st.indices, st.trained = [0] * partitions, [None] * partitions, [[] for _ in range(partitions)]
+        for rank in ranks:
+            for partition, offset, index, trained in rank["positions"]:
+                st.offsets[partition], st.indices[partition], st.trained[partition] = offset, index, trained
 
     # ---- the loop ----------------------------------------------------------------------------------------
 
