@@ -141,18 +141,7 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
                 _require_same_batches(codecs, [r.value for r in records], manifest.topic)
         sum(1 for _ in loader)
         for _ in range(repeats):
-            fetched, decoded = 0, dict.fromkeys(codecs, 0)
-            fetch_t, decode_t = 0.0, dict.fromkeys(codecs, 0.0)
-            t0 = time.perf_counter()
-            for _, records in reader.read_raw(ranges):
-                fetch_t += time.perf_counter() - t0
-                fetched += len(records)
-                values = [r.value for r in records]
-                for name, codec in codecs.items():
-                    t1 = time.perf_counter()
-                    decoded[name] += len(codec.decode(values).labels)
-                    decode_t[name] += time.perf_counter() - t1
-                t0 = time.perf_counter()
+            fetched, decoded, fetch_t, decode_t = _timed_pass(reader, ranges, codecs)
             fetch_s.append(fetch_t)
             for name in codecs:
                 decode_s[name].append(decode_t[name])
@@ -180,6 +169,25 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
         fast_decoder=fast is not stock, decode_processes=processes,
         connect_ms=1e3 * statistics.median(_connect_seconds(cfg, manifest, client)),
     )
+
+
+def _timed_pass(reader: RangeReader, ranges: list[OffsetRange], codecs: dict[str, Any]
+                ) -> tuple[int, dict[str, int], float, dict[str, float]]:
+    """One read of ``ranges``, each block decoded by every codec in turn: messages fetched, records decoded per
+    codec, seconds fetching and seconds decoding per codec."""
+    fetched, decoded = 0, dict.fromkeys(codecs, 0)
+    fetch_t, decode_t = 0.0, dict.fromkeys(codecs, 0.0)
+    t0 = time.perf_counter()
+    for _, records in reader.read_raw(ranges):
+        fetch_t += time.perf_counter() - t0
+        fetched += len(records)
+        values = [r.value for r in records]
+        for name, codec in codecs.items():
+            t1 = time.perf_counter()
+            decoded[name] += len(codec.decode(values).labels)
+            decode_t[name] += time.perf_counter() - t1
+        t0 = time.perf_counter()
+    return fetched, decoded, fetch_t, decode_t
 
 
 def _require_same_batches(codecs: dict[str, Any], values: list[bytes], topic: str) -> None:

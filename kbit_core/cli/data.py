@@ -88,72 +88,73 @@ def partitions_table(m: Manifest, check: TopicCheck | None = None) -> Table:
     return table
 
 
+def produce(
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+    fmt: FormatOpt = None,
+    layout: LayoutOpt = None,
+    compression: CompressionOpt = None,
+    records: RecordsOpt = None,
+    partitions: PartitionsOpt = None,
+    topic: TopicOpt = None,
+    recreate: RecreateOpt = False,
+    per_message: PerMessageOpt = None,
+    client: ClientOpt = None,
+    stream: StreamOpt = False,
+    rate: RateOpt = None,
+    duration: DurationOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Produce the dataset into Kafka as one variant and print its offset manifest (reuses a matching topic);
+    with --stream, append to the live stream topic at a target rate instead."""
+    cfg = run_guarded(_config_with_flags, config, sets, {
+        "produce.variant.format": fmt, "produce.variant.layout": layout,
+        "produce.variant.compression": compression, "produce.variant.records_per_message": per_message,
+        "stream.records" if stream else "dataset.num_records": records, "produce.partitions": partitions,
+        "stream.topic" if stream else "produce.topic": topic, "produce.recreate": recreate or None,
+        "produce.client": client, "stream.rate": rate, "stream.duration_s": duration,
+    })
+    if stream:
+        produce_stream(cfg, as_json)
+        return
+    manifest = run_guarded(produce_dataset, cfg, progress=not as_json)
+    if as_json:
+        print_json({"manifest_path": str(manifest_path(cfg.workdir, manifest.topic)),
+                    **manifest.model_dump(mode="json")})
+        return
+    out.print(manifest_table(manifest))
+    out.print(partitions_table(manifest))
+    out.print(f"manifest: {escape(str(manifest_path(cfg.workdir, manifest.topic)))}")
+
+
+def inspect(
+    topic: Annotated[str, typer.Argument(help="Topic to inspect.")],
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a topic's saved manifest and check it live: partitions and exact end offsets on the broker."""
+    cfg = run_guarded(_config_with_flags, config, sets, {})
+    check, manifest = run_guarded(_inspect, cfg, topic)
+    if as_json:
+        print_json({"topic": topic, "ok": check.holds_manifest, "exists": check.exists,
+                    "partitions": check.partitions, "earliest": check.earliest, "ends": check.ends,
+                    "problems": check.problems, "manifest": manifest.model_dump(mode="json")})
+    else:
+        out.print(manifest_table(manifest))
+        out.print(partitions_table(manifest, check))
+        for problem in check.problems:
+            out.print(f"[bold red]differs:[/] {escape(problem)}")
+        if check.holds_manifest:
+            out.print(f"[green]topic {escape(topic)} holds exactly its manifest[/]")
+    if not check.holds_manifest:
+        raise typer.Exit(code=1)
+
+
 def register(app: typer.Typer) -> None:
     """Add `produce` and `inspect` to the root app."""
-
-    @app.command("produce")
-    def produce(
-        config: ConfigOpt = None,
-        sets: SetOpt = None,
-        fmt: FormatOpt = None,
-        layout: LayoutOpt = None,
-        compression: CompressionOpt = None,
-        records: RecordsOpt = None,
-        partitions: PartitionsOpt = None,
-        topic: TopicOpt = None,
-        recreate: RecreateOpt = False,
-        per_message: PerMessageOpt = None,
-        client: ClientOpt = None,
-        stream: StreamOpt = False,
-        rate: RateOpt = None,
-        duration: DurationOpt = None,
-        as_json: JsonOpt = False,
-    ) -> None:
-        """Produce the dataset into Kafka as one variant and print its offset manifest (reuses a matching topic);
-        with --stream, append to the live stream topic at a target rate instead."""
-        cfg = run_guarded(_config_with_flags, config, sets, {
-            "produce.variant.format": fmt, "produce.variant.layout": layout,
-            "produce.variant.compression": compression, "produce.variant.records_per_message": per_message,
-            "stream.records" if stream else "dataset.num_records": records, "produce.partitions": partitions,
-            "stream.topic" if stream else "produce.topic": topic, "produce.recreate": recreate or None,
-            "produce.client": client, "stream.rate": rate, "stream.duration_s": duration,
-        })
-        if stream:
-            produce_stream(cfg, as_json)
-            return
-        # imported here so `kbit --help` does not load numpy, the dataset sources and every codec
-        manifest = run_guarded(produce_dataset, cfg, progress=not as_json)
-        if as_json:
-            print_json({"manifest_path": str(manifest_path(cfg.workdir, manifest.topic)),
-                        **manifest.model_dump(mode="json")})
-            return
-        out.print(manifest_table(manifest))
-        out.print(partitions_table(manifest))
-        out.print(f"manifest: {escape(str(manifest_path(cfg.workdir, manifest.topic)))}")
-
-    @app.command("inspect")
-    def inspect(
-        topic: Annotated[str, typer.Argument(help="Topic to inspect.")],
-        config: ConfigOpt = None,
-        sets: SetOpt = None,
-        as_json: JsonOpt = False,
-    ) -> None:
-        """Show a topic's saved manifest and check it live: partitions and exact end offsets on the broker."""
-        cfg = run_guarded(_config_with_flags, config, sets, {})
-        check, manifest = run_guarded(_inspect, cfg, topic)
-        if as_json:
-            print_json({"topic": topic, "ok": check.holds_manifest, "exists": check.exists,
-                        "partitions": check.partitions, "earliest": check.earliest, "ends": check.ends,
-                        "problems": check.problems, "manifest": manifest.model_dump(mode="json")})
-        else:
-            out.print(manifest_table(manifest))
-            out.print(partitions_table(manifest, check))
-            for problem in check.problems:
-                out.print(f"[bold red]differs:[/] {escape(problem)}")
-            if check.holds_manifest:
-                out.print(f"[green]topic {escape(topic)} holds exactly its manifest[/]")
-        if not check.holds_manifest:
-            raise typer.Exit(code=1)
+    app.command("produce")(produce)
+    app.command("inspect")(inspect)
 
 
 def _inspect(cfg: KbitConfig, topic: str) -> tuple[TopicCheck, Manifest]:

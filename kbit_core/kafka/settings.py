@@ -124,6 +124,24 @@ def _check_sasl_mechanism(conn: socket.socket, cfg: KafkaConfig, address: str) -
                           f"there, or not with this mechanism; check kafka.security_protocol and kafka.sasl_mechanism")
 
 
+def _tls_error(exc: ssl.SSLError, address: str, cfg: KafkaConfig) -> BrokerError:
+    """What a failed TLS handshake with the broker at ``address`` says about the settings, naming them."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        ca = (f"kafka.ssl_cafile ({cfg.ssl_cafile})" if cfg.ssl_cafile
+              else "the system CA store (kafka.ssl_cafile unset)")
+        return BrokerError(f"the certificate of the broker at {address} does not verify against {ca}: "
+                           f"{exc.verify_message}")
+    text = str(exc).upper()
+    if "CERTIFICATE_REQUIRED" in text:
+        return BrokerError(f"the broker at {address} requires a client certificate: set kafka.ssl_certfile "
+                           f"and kafka.ssl_keyfile")
+    if "UNKNOWN_CA" in text or "BAD_CERTIFICATE" in text:
+        return BrokerError(f"the broker at {address} does not accept the client certificate in "
+                           f"kafka.ssl_certfile ({cfg.ssl_certfile}): {exc.reason}")
+    return BrokerError(f"TLS with the broker at {address} failed ({exc.reason}); check "
+                       f"kafka.security_protocol={cfg.security_protocol} and kafka.ssl_*")
+
+
 def check_security(cfg: KafkaConfig, timeout_s: float | None = None) -> None:
     """Prove TLS files, certificates and the SASL mechanism against the first reachable bootstrap broker.
 
@@ -141,7 +159,6 @@ def check_security(cfg: KafkaConfig, timeout_s: float | None = None) -> None:
         return
     ctx = _tls_context(cfg) if cfg.security_protocol.endswith("SSL") else None
     timeout_s = min(cfg.request_timeout_s, TLS_CHECK_TIMEOUT_S) if timeout_s is None else timeout_s
-    ca = f"kafka.ssl_cafile ({cfg.ssl_cafile})" if cfg.ssl_cafile else "the system CA store (kafka.ssl_cafile unset)"
     for address in cfg.resolved_bootstrap().split(","):
         host, _, port = address.strip().rpartition(":")
         try:
@@ -165,19 +182,8 @@ def check_security(cfg: KafkaConfig, timeout_s: float | None = None) -> None:
                                       f"{hint}") from None
                 if cfg.sasl_mechanism:
                     _check_sasl_mechanism(conn, cfg, address)
-        except ssl.SSLCertVerificationError as exc:
-            raise BrokerError(f"the certificate of the broker at {address} does not verify against {ca}: "
-                              f"{exc.verify_message}") from None
         except ssl.SSLError as exc:
-            text = str(exc).upper()
-            if "CERTIFICATE_REQUIRED" in text:
-                raise BrokerError(f"the broker at {address} requires a client certificate: set kafka.ssl_certfile "
-                                  f"and kafka.ssl_keyfile") from None
-            if "UNKNOWN_CA" in text or "BAD_CERTIFICATE" in text:
-                raise BrokerError(f"the broker at {address} does not accept the client certificate in "
-                                  f"kafka.ssl_certfile ({cfg.ssl_certfile}): {exc.reason}") from None
-            raise BrokerError(f"TLS with the broker at {address} failed ({exc.reason}); check "
-                              f"kafka.security_protocol={cfg.security_protocol} and kafka.ssl_*") from None
+            raise _tls_error(exc, address, cfg) from None
         except TimeoutError:
             raise BrokerError(f"no answer from the broker at {address} within {timeout_s:.0f}s; check "
                               f"kafka.security_protocol={cfg.security_protocol} (a TLS listener?)") from None
