@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -396,8 +397,6 @@ class LaunchConfig(Section):
 
 
 def is_loopback(address: str) -> bool:
-    import ipaddress
-
     if address == "localhost":
         return True
     try:
@@ -524,8 +523,6 @@ class KbitConfig(Section):
         Paths a rank opens (the run directory, the dataset, TLS files, the GPU discovery script) are made
         absolute here, on the driver: an executor on another host starts in its own working directory.
         """
-        import json
-
         data = self.to_secret_dict()
         data["workdir"] = str(self.run_dir)
         for section, key in _RANK_PATHS:
@@ -535,8 +532,6 @@ class KbitConfig(Section):
 
     @classmethod
     def from_json(cls, text: str) -> KbitConfig:
-        import json
-
         return cls.from_dict(json.loads(text))
 
     @classmethod

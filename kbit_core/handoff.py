@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 from typing import Any
 
 import numpy as np
@@ -75,6 +76,7 @@ def _decode(value: Any) -> Any:
         array = np.frombuffer(base64.b64decode(value["data"]), dtype=dtype).reshape(value["shape"]).copy()
         if kind == "ndarray":
             return array
+        # torch takes seconds to import: loaded where tensors are made, not by every importer of this module
         import torch
 
         return torch.from_numpy(array)
@@ -82,6 +84,4 @@ def _decode(value: Any) -> Any:
 
 
 def _torch_if_loaded() -> Any:
-    import sys
-
     return sys.modules.get("torch")

@@ -12,6 +12,7 @@ threshold-sized change is then within two σ of noise and cannot be told from it
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -103,6 +104,7 @@ def noise_sigma(log_medians: np.ndarray) -> float:
 
 def level_shifts(log_medians: np.ndarray, sigma: float) -> list[int]:
     """Indices where a new level starts (PELT, least squares on the noise-scaled series); [] if too short."""
+    # ruptures loads only for the change-point analysis
     import ruptures
 
     n = log_medians.size
@@ -166,6 +168,7 @@ def history_markdown(history: History) -> str:
 
 def plot_history(history: History, path: Path, columns: int = 3) -> None:
     """Small multiples, one per configuration: nightly median makespan with its 95 % CI, change points marked."""
+    # matplotlib loads only when a plot is drawn (about a second to import)
     from matplotlib.figure import Figure
 
     configs = history.configurations
@@ -194,8 +197,6 @@ HISTORY_FILES = {"plot": "history.png", "table": "history.md", "data": "history.
 
 def write_history(history: History, out_dir: Path) -> dict[str, Path]:
     """The plot, the markdown table and the JSON of ``history`` in ``out_dir``; returns them by kind."""
-    import json
-
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {kind: out_dir / name for kind, name in HISTORY_FILES.items()}
     plot_history(history, files["plot"])

@@ -23,6 +23,7 @@ the plan repeats or drops to even the ranks out, records the loader repeated to 
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
@@ -131,8 +132,7 @@ def measure_iteration(cfg: KbitConfig, tasks: list[dict[str, Any]], iteration: i
 
 def _measure_task(base: KbitConfig, task: Task, env: Any, train_epoch: bool) -> dict[str, Any]:
     """This rank's numbers for one configuration (the Sample fields that do not describe the run)."""
-    import gc
-
+    # torch takes seconds to import: loaded where tensors are made, not by every importer of this module
     import torch.distributed as dist
 
     cfg = cell_config(base, task)
@@ -194,6 +194,7 @@ def time_loading(cfg: KbitConfig, manifest: Any, rank: int, world_size: int) -> 
 
 def _train_one_epoch(cfg: Any, env: Any, manifest: Any, train_loader: Any) -> tuple[float, float]:
     """Seconds and global samples/s of one DDP epoch over the already loaded train split."""
+    # torch takes seconds to import: loaded where tensors are made, not by every importer of this module
     import torch
     import torch.distributed as dist
 

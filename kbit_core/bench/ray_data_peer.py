@@ -29,6 +29,7 @@ def measure_read_kafka(cfg: KbitConfig, manifest: Manifest, repeats: int = 3) ->
     started = time.perf_counter()
     ensure_ray(cfg)  # first: Ray reads its environment at import
     init_s = time.perf_counter() - started
+    # the `ray` extra: optional, and seconds to import
     import ray.data
 
     settings = {"ray_read_kafka": None, "ray_read_kafka_tuned": len(manifest.partitions)}

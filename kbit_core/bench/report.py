@@ -290,6 +290,7 @@ def details_markdown(doc: Mapping[str, Any]) -> str:
 
 def _figure(num_configs: int, panels: int = 1):
     """A pyplot-free figure (no global state, safe off the main thread) sized for ``num_configs`` rows."""
+    # matplotlib loads only when a plot is drawn (about a second to import)
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7 * panels, 1.5 + 0.45 * num_configs), layout="constrained")

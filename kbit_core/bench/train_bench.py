@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import logging
 import random
@@ -42,6 +43,7 @@ RESULTS_FILE = "train_bench.json"
 
 def first_step_probe(cfg: KbitConfig, called_at: float) -> float:
     """Rank entry: join the process group, complete one all-reduce step, return seconds since ``called_at``."""
+    # torch takes seconds to import: loaded where tensors are made, not by every importer of this module
     import torch
     import torch.distributed as dist
 
@@ -164,8 +166,6 @@ def launch_first_step(cfg: KbitConfig) -> float:
 
 
 def installed(module: str) -> bool:
-    import importlib.util
-
     return importlib.util.find_spec(module) is not None
 
 

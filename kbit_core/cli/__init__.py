@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib.metadata import version as dist_version
+
 import typer
 
 from kbit_core.cli import bench, cluster, data, dataplane, stack, stream, train
@@ -29,11 +31,9 @@ for module in (stack, cluster, data, dataplane, train, bench, stream):
 @app.command()
 def version() -> None:
     """Print the kbit version and the versions of the components it drives."""
-    from importlib.metadata import version as v
-
     for dist in ("kbit", "torch", "pyspark", "deepspeed", "confluent-kafka", "kafka-python", "prefect", "mlflow"):
         try:
-            print(f"{dist:16} {v(dist)}")
+            print(f"{dist:16} {dist_version(dist)}")
         except Exception:
             print(f"{dist:16} not installed")
 

@@ -18,7 +18,7 @@ from kbit_core.bench.history import history_markdown
 from kbit_core.bench.identity import check_comparable, comparability_problems
 from kbit_core.bench.report import RANKING_METRIC, load_stats, rebuild_report, significance_label
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, console, load_cli_config, print_json, run_guarded
-from kbit_core.config import BenchConfig, parse_overrides
+from kbit_core.config import BenchConfig, load_config, parse_overrides
 from kbit_core.jobs.benchmark import run_benchmark
 from kbit_core.jobs.history import history_report
 from kbit_core.tracking import record_overrides
@@ -60,12 +60,13 @@ def bench(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = Fals
     """Benchmark loading every configured variant from Kafka across ranks (warm-up + N iterations).
 
     A run with --set overrides that change what is measured never becomes a nightly baseline."""
-    cfg = run_guarded(load_cli_config, config, sets)
+    overrides = run_guarded(parse_overrides, sets or [])  # parsed once: the config and the run's tag both read it
+    cfg = run_guarded(load_config, config, overrides)
     # With --json, stdout carries exactly one JSON document: worker output goes to stderr.
     redirect = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
     with redirect:
         result = run_guarded(run_benchmark, cfg, progress=not quiet)
-        run_guarded(record_overrides, cfg, result.parent_run_id, parse_overrides(sets or []))
+        run_guarded(record_overrides, cfg, result.parent_run_id, overrides)
     if as_json:
         print_json(result.to_dict())
         return

@@ -14,6 +14,8 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 
 from kbit_core.formats import LAYOUTS, codec_names, get_codec, supported
 
@@ -109,9 +111,6 @@ def fast_speedups(image_shape: Sequence[int] = (1, 28, 28), n: int = 4096, repea
 
 def render(result: dict[str, Any]) -> None:
     """Print ``decode_rates`` output as a rich table, fastest decode first."""
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=f"codec throughput, {tuple(result['image_shape'])} × {result['n']:,} records, "
                         f"{result['records_per_message']} per message")
     for column in ("codec", "decode rec/s", "× raw", "encode rec/s", "bytes/rec"):

@@ -75,13 +75,14 @@ def train_continuous(cfg: KbitConfig, run_id: str | None, *, progress: bool = Tr
     check_continuous(cfg)
     cfg = continue_from(cfg)
     topic = wait_for_stream(cfg)
-    heldout = produce_dataset(heldout_config(cfg), progress=progress)
+    heldout_cfg = heldout_config(cfg)
+    heldout = produce_dataset(heldout_cfg, progress=progress)
     stop_file = stop_file_path(cfg)
     stop_file.unlink(missing_ok=True)  # a request to an earlier run
     try:
         # A restart after a broker crash finds the held-out topic gone: it is produced again, at the same offsets.
         result = train_with_restarts(cfg, stream_main, heldout.model_dump_json(),
-                                     before_restart=lambda: produce_dataset(heldout_config(cfg), progress=False))
+                                     before_restart=lambda: produce_dataset(heldout_cfg, progress=False))
     except BaseException:
         stop_file.parent.mkdir(parents=True, exist_ok=True)
         stop_file.write_text("the driver was interrupted\n")

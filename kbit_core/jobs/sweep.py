@@ -83,6 +83,7 @@ def _run_tuner(cfg: KbitConfig, configs: list[KbitConfig], manifests: list[str],
                mode: str) -> list[dict[str, Any]]:
     """Every trial's last rung result (the kbit training result), in trial order."""
     ensure_ray(cfg)  # first: Ray reads its environment at import
+    # the `ray` extra: optional, and seconds to import
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
@@ -109,6 +110,7 @@ def _run_tuner(cfg: KbitConfig, configs: list[KbitConfig], manifests: list[str],
 
 def _trial(params: dict[str, Any], *, configs: list[str], manifests: list[str], sweep_dir: str) -> None:
     """One Tune trial: train one more epoch per rung (resuming kbit's checkpoint) and report its metrics."""
+    # the `ray` extra: optional, and seconds to import
     from ray import tune
 
     index = params["trial"]

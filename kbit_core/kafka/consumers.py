@@ -13,6 +13,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+# Both clients name their types alike (TopicPartition, KafkaError): used qualified by client.
+import confluent_kafka
+import kafka
+import kafka.errors
+
 from kbit_core.config import ClientName, KafkaConfig, ReaderConfig
 from kbit_core.errors import BrokerError, ConfigError, OffsetRangeError
 from kbit_core.kafka.admin import EAGER_CONNECT, OUT_OF_RANGE, UNKNOWN_PARTITION, client_options, fetch_bounds
@@ -100,8 +105,6 @@ class ConfluentConsumer(ConsumerBackend):
     client: ClientName = "confluent"
 
     def __init__(self, kafka_cfg: KafkaConfig, reader_cfg: ReaderConfig) -> None:
-        from confluent_kafka import Consumer
-
         self.kafka_cfg = kafka_cfg
         self._last_error: str | None = None
         opts: dict[str, Any] = {
@@ -126,7 +129,7 @@ class ConfluentConsumer(ConsumerBackend):
             "error_cb": self._on_error,
         }
         log.debug("confluent consumer options: %s", mask({k: v for k, v in opts.items() if not callable(v)}))
-        self._consumer = Consumer(opts)
+        self._consumer = confluent_kafka.Consumer(opts)
 
     def _on_error(self, err: Any) -> None:
         # Transport errors arrive here, not from consume(); keep the latest for the caller's timeout message.
@@ -138,14 +141,10 @@ class ConfluentConsumer(ConsumerBackend):
         return self._last_error
 
     def assign(self, topic: str, starts: dict[int, int]) -> None:
-        from confluent_kafka import TopicPartition
-
         self.topic = topic
-        self._consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
+        self._consumer.assign([confluent_kafka.TopicPartition(topic, p, o) for p, o in starts.items()])
 
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
-        from confluent_kafka import KafkaError
-
         out: list[RawRecord] = []
         for msg in self._consumer.consume(num_messages=max_records, timeout=timeout_s):
             err = msg.error()
@@ -153,7 +152,7 @@ class ConfluentConsumer(ConsumerBackend):
                 out.append(RawRecord(msg.partition(), msg.offset(), msg.value()))
                 continue
             code, where = err.code(), {"topic": msg.topic() or self.topic, "partition": msg.partition()}
-            if code == KafkaError._PARTITION_EOF:
+            if code == confluent_kafka.KafkaError._PARTITION_EOF:
                 continue
             if code in OUT_OF_RANGE:
                 raise OffsetRangeError(f"offset out of range: {err.str()}", offset=msg.offset(), **where)
@@ -165,9 +164,7 @@ class ConfluentConsumer(ConsumerBackend):
         return out
 
     def position(self, partition: int) -> int | None:
-        from confluent_kafka import TopicPartition
-
-        (tp,) = self._consumer.position([TopicPartition(self.topic, partition)])
+        (tp,) = self._consumer.position([confluent_kafka.TopicPartition(self.topic, partition)])
         return tp.offset if tp.offset >= 0 else None  # librdkafka's OFFSET_INVALID is negative
 
     def offset_bounds(self, topic: str, probes: Mapping[int, int],
@@ -185,8 +182,6 @@ class KafkaPythonConsumer(ConsumerBackend):
     bounds_opens_client = True
 
     def __init__(self, kafka_cfg: KafkaConfig, reader_cfg: ReaderConfig) -> None:
-        import kafka
-
         self.kafka_cfg, self.reader_cfg = kafka_cfg, reader_cfg
         try:
             import crc32c  # noqa: F401  (kafka-python checks CRCs in pure Python without it: 10x slower)
@@ -221,34 +216,28 @@ class KafkaPythonConsumer(ConsumerBackend):
         return self._kafka_consumer
 
     def assign(self, topic: str, starts: dict[int, int]) -> None:
-        from kafka import TopicPartition
-
         self.topic = topic
-        tps = {p: TopicPartition(topic, p) for p in starts}
+        tps = {p: kafka.TopicPartition(topic, p) for p in starts}
         self._consumer.assign(list(tps.values()))
         for p, offset in starts.items():
             self._consumer.seek(tps[p], offset)
 
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
-        from kafka.errors import KafkaError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
-
         try:
             batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
-        except OffsetOutOfRangeError as exc:
+        except kafka.errors.OffsetOutOfRangeError as exc:
             tp_offsets = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
             tp, offset = next(iter(tp_offsets.items()), (None, None))
             raise OffsetRangeError(f"offset out of range: {exc}", topic=self.topic,
                                    partition=getattr(tp, "partition", None), offset=offset) from None
-        except UnknownTopicOrPartitionError as exc:
+        except kafka.errors.UnknownTopicOrPartitionError as exc:
             raise OffsetRangeError(f"unknown topic or partition: {exc}", topic=self.topic) from None
-        except KafkaError as exc:  # transport and leadership trouble: the reader retries until its deadline
+        except kafka.errors.KafkaError as exc:  # transport and leadership trouble: the reader retries until its end
             raise BrokerError(f"consumer error on topic {self.topic!r}: {exc}") from None
         return [RawRecord(r.partition, r.offset, r.value) for recs in batches.values() for r in recs]
 
     def position(self, partition: int) -> int | None:
-        from kafka import TopicPartition
-
-        return self._consumer.position(TopicPartition(self.topic, partition), timeout_ms=0)
+        return self._consumer.position(kafka.TopicPartition(self.topic, partition), timeout_ms=0)
 
     def offset_bounds(self, topic: str, probes: Mapping[int, int]) -> dict[int, tuple[int, int]]:
         """Asked through a short-lived confluent consumer: kafka-python keeps no log start offset from a Fetch

@@ -103,6 +103,7 @@ def run_distributed(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: 
         DistributedError: the launch settings do not fit the SparkSession, or a worker raised (the
             message holds that worker's traceback, also kept in ``<run_dir>/errors/``).
     """
+    # pyspark takes seconds to import: loaded only where Spark is used
     from pyspark.ml.torch.distributor import TorchDistributor
 
     launch = cfg.launch
@@ -180,6 +181,7 @@ def _rank0_result(text: str, rank: int, timeout_s: float, agent: int) -> str:
     their own, finish their final checkpoint). The agent may die while a rank talks to its store, so each
     wait is short and the agent is looked at again after it, for at most ``timeout_s`` in all.
     """
+    # torch takes seconds to import: loaded where tensors are made, not by every importer of this module
     import torch.distributed as dist
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -309,6 +311,7 @@ def _ship_by_value_if_needed(fn: Callable[..., Any]) -> None:
     if module_name in (None, "__main__") or module_name not in sys.modules:
         return
     if not _importable_in_fresh_python(module_name.split(".")[0]):
+        # pyspark takes seconds to import: loaded only where Spark is used
         from pyspark import cloudpickle
 
         log.info("workers cannot import %s; shipping it by value", module_name)

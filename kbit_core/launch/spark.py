@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -142,6 +143,7 @@ def get_spark(cfg: KbitConfig) -> SparkSession:
     """The process's SparkSession: an active one is reused, otherwise one is built from ``cfg.launch``."""
     global _session, _session_dir
     with _lock:
+        # pyspark takes seconds to import: loaded only where Spark is used
         from pyspark.sql import SparkSession
 
         active = _session if _session is not None and _session.sparkContext._jsc is not None \
@@ -150,6 +152,7 @@ def get_spark(cfg: KbitConfig) -> SparkSession:
             _warn_if_different(active, cfg.launch)
             return active
         launch = cfg.launch
+        # Imported here while the test bed's Ray module imports the Ray launcher's environment: at the top, a cycle.
         from kbit_core.testbed import require_bed_for
 
         require_bed_for([launch.master, launch.driver_host, launch.driver_bind_address])
@@ -198,8 +201,6 @@ def wait_for_executors(session: SparkSession, launch: LaunchConfig, timeout_s: f
     at once: right after a start, or after an executor was lost and its worker is launching a new one)."""
     if launch.local_mode or local_slots(launch.master) is not None or launch.master.startswith("local"):
         return
-    import time
-
     context = session.sparkContext._jsc.sc()
     profile = context.resourceProfileManager().defaultResourceProfile()
     deadline = time.monotonic() + timeout_s
@@ -231,6 +232,7 @@ def stop_spark() -> None:
     """Stop the process's SparkSession (and its JVM) if one runs; safe to call twice."""
     global _session, _session_dir
     with _lock:
+        # pyspark takes seconds to import: loaded only where Spark is used
         from pyspark import SparkContext
         from pyspark.sql import SparkSession
 
@@ -253,6 +255,7 @@ def stop_spark() -> None:
 def _forget_dead_session() -> None:
     """Drop pyspark's references to a session whose JVM has exited (e.g. killed with a cancelled run's process
     group), so a later session starts afresh."""
+    # pyspark takes seconds to import: loaded only where Spark is used
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
@@ -263,6 +266,7 @@ def _forget_dead_session() -> None:
 
 def _jvm_exited() -> bool:
     """Whether this process started Spark's JVM and it has exited since."""
+    # pyspark takes seconds to import: loaded only where Spark is used
     from pyspark import SparkContext
 
     proc = getattr(SparkContext._gateway, "proc", None)
@@ -271,6 +275,7 @@ def _jvm_exited() -> bool:
 
 def _shutdown_jvm() -> None:
     """End the py4j gateway JVM now rather than at interpreter exit, so no JVM outlives its session."""
+    # pyspark takes seconds to import: loaded only where Spark is used
     from pyspark import SparkContext
 
     gateway = SparkContext._gateway

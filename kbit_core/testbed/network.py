@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,9 +68,6 @@ class Topology:
 
 def missing_prerequisites() -> list[str]:
     """What this machine lacks to build the bed (root, Linux, the `ip` and `unshare` tools)."""
-    import os
-    import sys
-
     missing = []
     if not sys.platform.startswith("linux"):
         missing.append(f"Linux (this is {sys.platform})")

@@ -20,6 +20,7 @@ WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 def spark_home() -> Path:
     """The pyspark package directory: pip's pyspark ships the full distribution (bin/spark-class, jars/)."""
     try:
+        # pyspark takes seconds to import: loaded only where Spark is used
         import pyspark
     except ModuleNotFoundError:
         raise TestbedError("pyspark is not installed; the test bed runs the Spark standalone cluster it ships"

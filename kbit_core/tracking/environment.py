@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from kbit_core.bench.identity import run_identity
 from kbit_core.config import KbitConfig
 from kbit_core.errors import BrokerError
@@ -44,8 +46,6 @@ def git_commit(cwd: Path | None = None) -> str:
 
 
 def hardware(cfg: KbitConfig) -> dict[str, Any]:
-    import psutil
-
     info: dict[str, Any] = {
         "host": platform.node(), "platform": platform.platform(), "machine": platform.machine(),
         "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
@@ -53,6 +53,7 @@ def hardware(cfg: KbitConfig) -> dict[str, Any]:
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
     if cfg.launch.use_gpu:
+        # torch takes seconds to import: loaded where tensors are made, not by every importer of this module
         import torch
 
         if torch.cuda.is_available():

@@ -100,6 +100,7 @@ class MlflowTracker:
     """Runs in the experiment ``cfg.experiment_name()`` of the store at ``cfg.tracking_uri()``."""
 
     def __init__(self, cfg: KbitConfig) -> None:
+        # mlflow takes seconds to import: loaded only when a run is tracked
         import mlflow
         from mlflow import MlflowClient
 
@@ -118,6 +119,7 @@ class MlflowTracker:
 
     def _log(self, run_id: str, *, metrics: Sequence[Any] = (), params: Mapping[str, str] | None = None,
              tags: Mapping[str, str] | None = None) -> None:
+        # mlflow takes seconds to import: loaded only when a run is tracked
         from mlflow.entities import Param, RunTag
 
         params_l = [Param(k, v) for k, v in (params or {}).items()]
@@ -131,6 +133,7 @@ class MlflowTracker:
 
     @staticmethod
     def _metrics(values: Mapping[str, float], step: int = 0, timestamp_ms: int | None = None) -> list[Any]:
+        # mlflow takes seconds to import: loaded only when a run is tracked
         from mlflow.entities import Metric
 
         ts = timestamp_ms or int(time.time() * 1000)
@@ -166,6 +169,7 @@ class MlflowTracker:
             self.client.set_terminated(run_id, status=status)
 
     def _system_monitor(self, run_id: str) -> Any:
+        # mlflow takes seconds to import: loaded only when a run is tracked
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
         # The default 10 s interval logs nothing for runs shorter than that.

@@ -6,6 +6,7 @@ import gc
 import logging
 import os
 import random
+import socket
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -107,6 +108,7 @@ def import_deepspeed(device: torch.device) -> ModuleType | None:
         # DeepSpeed picks its accelerator once, at import; without this it would choose CUDA whenever one exists.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     try:
+        # deepspeed loads only for DeepSpeed runs (seconds to import, and it picks an accelerator)
         import deepspeed
     except Exception as exc:  # an installed but broken DeepSpeed raises more than ImportError
         warnings.warn(f"deepspeed.enabled=true but deepspeed cannot be imported ({exc}); falling back to DDP",
@@ -204,8 +206,6 @@ def _from_bytes(payload: torch.Tensor) -> Any:
 
 def rank_identity(env: DistEnv) -> dict[str, Any]:
     """Where this rank runs: its rank, its host's name and the address it reaches the rendezvous host from."""
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         # Connecting a UDP socket sends nothing; it only picks the interface that routes to MASTER_ADDR.
         probe.connect((env.master_addr, env.master_port))
