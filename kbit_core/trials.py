@@ -1,4 +1,4 @@
-"""Hyperparameter sweeps, pure parts: a search space becomes seeded trials, and the best trial is chosen."""
+"""A sweep's trials: a search space becomes seeded trials, and the best trial is chosen (both sweep backends)."""
 
 from __future__ import annotations
 

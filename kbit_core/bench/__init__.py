@@ -1,1 +1,2 @@
-"""Benchmarks: statistics, the iteration runner, worker-side measurement, reports and run comparison."""
+"""Benchmarks: statistics, rank-side measurement, reports, run comparison and history, and the data-plane and
+training benchmarks."""

@@ -1,1 +1,2 @@
-"""The read side of the data plane: exact offset-range reading (reader) and per-rank batches (loader)."""
+"""The read path: exact offset-range reading (reader), per-rank batches (loader, batching) and a rank's loaders of
+every split (split_loaders)."""

@@ -1,1 +1,1 @@
-"""Kafka access: the embedded broker, client backends, topic admin, producing and reading."""
+"""Kafka clients: the embedded broker, connection settings, topic admin, producer and consumer backends, manifests."""

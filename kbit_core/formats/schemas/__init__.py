@@ -1,1 +1,1 @@
-"""Wire schemas (Avro .avsc, protobuf .proto) and the protobuf module generated from kbit.proto."""
+"""Record schemas (Avro .avsc, protobuf .proto) and the protobuf module generated from kbit.proto."""
