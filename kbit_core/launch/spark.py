@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from kbit_core.config import KbitConfig, LaunchConfig, local_slots
 from kbit_core.errors import DistributedError
+from kbit_core.testbed import require_bed_for
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -152,9 +153,6 @@ def get_spark(cfg: KbitConfig) -> SparkSession:
             _warn_if_different(active, cfg.launch)
             return active
         launch = cfg.launch
-        # Imported here while the test bed's Ray module imports the Ray launcher's environment: at the top, a cycle.
-        from kbit_core.testbed import require_bed_for
-
         require_bed_for([launch.master, launch.driver_host, launch.driver_bind_address])
         sdir = spark_dir(cfg.run_dir)
         for sub in ("local", "worker-tmp"):

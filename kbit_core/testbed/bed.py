@@ -23,7 +23,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from kbit_core import ray_env
+from kbit_core.config import KafkaConfig
 from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.kafka.settings import confluent_options
 from kbit_core.service import Service, pid_alive
 from kbit_core.testbed import network, ray_cluster
 from kbit_core.testbed.certs import certificate_paths, make_certificates
@@ -260,9 +262,6 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
 def _probe_broker(state: BedState, procs: _Processes, timeout_s: float = 15.0) -> None:
     """A metadata request over TLS, with the bed's CA and client certificate, must list the broker."""
     from confluent_kafka.admin import AdminClient
-
-    from kbit_core.config import KafkaConfig
-    from kbit_core.kafka.settings import confluent_options
 
     kafka = KafkaConfig.model_validate({k.removeprefix("kafka."): v for k, v in state.kafka_overrides().items()})
     try:
