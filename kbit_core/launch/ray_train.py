@@ -79,6 +79,7 @@ def ensure_ray(cfg: KbitConfig) -> None:
              else ray_env.join_token_file(address, launch.ray_auth_token_file, own_token))
     ray_env.activate(ray_env.ray_env(token, loopback=address is None or _is_local(address)))
     try:
+        # the `ray` extra: optional, and seconds to import
         import ray
     except ImportError:
         raise ConfigError("launch.engine=ray needs Ray: pip install 'kbit[ray]'") from None
@@ -120,6 +121,7 @@ def run_ray(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: Any = No
         DistributedError: Ray could not run the job (no resources, the cluster went away).
     """
     ensure_ray(cfg)  # first: Ray reads its environment at import
+    # the `ray` extra: optional, and seconds to import
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -167,6 +169,7 @@ def _describe(cfg: KbitConfig) -> str:
 
 def _run_rank(loop_config: dict[str, Any]) -> None:
     """Per-worker wrapper: build the config, resume from kbit's checkpoint on a Ray restart, run ``entry``."""
+    # the `ray` extra: optional, and seconds to import
     import ray.train
 
     rank = ray.train.get_context().get_world_rank()
@@ -185,6 +188,7 @@ def _run_rank(loop_config: dict[str, Any]) -> None:
 
 def _worker_failure(exc: Exception, cfg: KbitConfig) -> DistributedError:
     """One typed error for a failed Ray run: a rank's own Python error first, then a rank that died."""
+    # the `ray` extra: optional, and seconds to import
     from ray.exceptions import RayActorError
     from ray.train import ControllerError, WorkerGroupError
 

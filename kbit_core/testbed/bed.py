@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka.admin import AdminClient
 from pydantic import BaseModel
 
 from kbit_core import ray_env
@@ -261,8 +262,6 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
 
 def _probe_broker(state: BedState, procs: _Processes, timeout_s: float = 15.0) -> None:
     """A metadata request over TLS, with the bed's CA and client certificate, must list the broker."""
-    from confluent_kafka.admin import AdminClient
-
     kafka = KafkaConfig.model_validate({k.removeprefix("kafka."): v for k, v in state.kafka_overrides().items()})
     try:
         AdminClient({**confluent_options(kafka), "log_level": 0}).list_topics(timeout=timeout_s)
