@@ -49,6 +49,21 @@ def _api(method: str, url: str, body: dict[str, Any] | None = None, timeout_s: f
         raise StackError(f"{method} {url} failed: {exc}") from None
 
 
+def mlflow_server(cfg: KbitConfig) -> Service:
+    """The local MLflow server: a sqlite store and artifacts under the run directory, one worker."""
+    st, run_dir = cfg.stack, cfg.run_dir
+    url = f"http://{st.host}:{st.mlflow_port}"
+    return Service(
+        "mlflow-server", run_dir,
+        [sys.executable, "-m", "mlflow", "server", "--host", st.host, "--port", str(st.mlflow_port),
+         "--backend-store-uri", f"sqlite:///{run_dir / 'mlflow.db'}",
+         "--artifacts-destination", str(run_dir / "mlartifacts"), "--workers", "1"],
+        marker="mlflow", env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, host=st.host,
+        port=st.mlflow_port, health_url=f"{url}/health", url=url,
+        port_setting="stack.mlflow_port", error_type=StackError,
+    )
+
+
 def ray_head(cfg: KbitConfig) -> Service:
     """A Ray head on 127.0.0.1 only (node, gRPC servers, Ray Client server and dashboard), sized for a small machine.
 
@@ -101,15 +116,7 @@ class LocalStack:
             health_url=f"{self.prefect_api_url}/health", url=self.prefect_ui_url,
             port_setting="stack.prefect_port", error_type=StackError,
         )
-        self.mlflow_server = Service(
-            "mlflow-server", self.run_dir,
-            [sys.executable, "-m", "mlflow", "server", "--host", st.host, "--port", str(st.mlflow_port),
-             "--backend-store-uri", f"sqlite:///{self.run_dir / 'mlflow.db'}",
-             "--artifacts-destination", str(self.run_dir / "mlartifacts"), "--workers", "1"],
-            marker="mlflow", env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, host=st.host,
-            port=st.mlflow_port, health_url=f"{local_mlflow}/health", url=local_mlflow,
-            port_setting="stack.mlflow_port", error_type=StackError,
-        )
+        self.mlflow_server = mlflow_server(cfg)
         self.ray_head = ray_head(cfg)
         self.worker = Service(
             "prefect-worker", self.run_dir,

@@ -151,10 +151,16 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
     if fetched != manifest.num_messages or set(decoded.values()) != {manifest.num_records}:
         raise KbitError(f"{manifest.topic}: read {fetched} messages / {decoded} records, the manifest has "
                         f"{manifest.num_messages} / {manifest.num_records}")
+    return _row(cfg, manifest, client, fetch_s, decode_s, loader_s, loaded, fast is not stock)
+
+
+def _row(cfg: KbitConfig, manifest: Manifest, client: ClientName, fetch_s: list[float],
+         decode_s: dict[str, list[float]], loader_s: list[float], loaded: int, fast_decoder: bool) -> DataPlaneRow:
+    """One variant × client's medians as rates and ratios (decode rates include the fetch they follow)."""
     n, mb = manifest.num_records, manifest.value_bytes / 1e6
     f, ld = statistics.median(fetch_s), statistics.median(loader_s)
     stock_t = statistics.median(decode_s["stock"])
-    fast_t = statistics.median(decode_s["fast"]) if "fast" in codecs else stock_t
+    fast_t = statistics.median(decode_s["fast"]) if "fast" in decode_s else stock_t
     v = manifest.variant
     return DataPlaneRow(
         variant=v.name, format=v.format, layout=v.layout, compression=v.compression,
@@ -166,7 +172,7 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
         stock_decode_records_per_s=_rate(n, f + stock_t), loader_records_per_s=_rate(loaded, ld),
         decode_ratio=f / (f + fast_t), stock_decode_ratio=f / (f + stock_t), loader_ratio=f / ld,
         speedup=(f + stock_t) / (f + fast_t), decode_only_speedup=_rate(stock_t, fast_t),
-        fast_decoder=fast is not stock, decode_processes=processes,
+        fast_decoder=fast_decoder, decode_processes=cfg.reader.decode_processes,
         connect_ms=1e3 * statistics.median(_connect_seconds(cfg, manifest, client)),
     )
 

@@ -178,28 +178,39 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator if numerator is not None and denominator else None
 
 
-def _summarize(cfg: KbitConfig, topic: str, ds_name: str, samples: dict[str, list[dict[str, Any]]],
-               overheads: dict[str, list[float | None]], repeats: int,
-               other_variants: Sequence[DataVariant] = ()) -> dict[str, Any]:
-    speed = {name: [r["samples_per_s"] for r in runs] for name, runs in samples.items()}
-    step_time = {name: [cfg.train.global_batch_size / s for s in speed[name] if s] for name in ("memory", ds_name)}
-    kafka_vs_memory = ratio(median(speed["kafka_stream"]), median(speed["memory"]))
+def _run_settings(cfg: KbitConfig, topic: str, repeats: int) -> dict[str, Any]:
+    """What the results were measured with."""
+    return {
+        "topic": topic, "world_size": cfg.launch.num_processes, "global_batch_size": cfg.train.global_batch_size,
+        "model": cfg.train.model.name, "epochs": cfg.train.epochs, "num_records": cfg.dataset.num_records,
+        "variant": cfg.produce.variant.name, "master": cfg.launch.master, "use_gpu": cfg.launch.use_gpu,
+        "launcher": launcher_name(cfg), "precision": cfg.train.precision, "repeats": repeats,
+    }
+
+
+def _by_variant(cfg: KbitConfig, speed: dict[str, list[float]], samples: dict[str, list[dict[str, Any]]],
+                other_variants: Sequence[DataVariant]) -> dict[str, dict[str, Any]]:
+    """Each streamed variant's throughput and its ratio to the in-memory baseline."""
     by_variant = {}
     for variant, name in ((cfg.produce.variant, "kafka_stream"), *((v, stream_name(v)) for v in other_variants)):
         vs_memory = ratio(median(speed[name]), median(speed["memory"]))
         by_variant[variant.name] = {
             "samples_per_s": speed[name], "data_wait_fraction": [r["data_wait_fraction"] for r in samples[name]],
             "vs_memory": vs_memory, "meets_target": vs_memory is not None and vs_memory >= STREAM_TARGET}
+    return by_variant
+
+
+def _summarize(cfg: KbitConfig, topic: str, ds_name: str, samples: dict[str, list[dict[str, Any]]],
+               overheads: dict[str, list[float | None]], repeats: int,
+               other_variants: Sequence[DataVariant] = ()) -> dict[str, Any]:
+    speed = {name: [r["samples_per_s"] for r in runs] for name, runs in samples.items()}
+    step_time = {name: [cfg.train.global_batch_size / s for s in speed[name] if s] for name in ("memory", ds_name)}
+    kafka_vs_memory = ratio(median(speed["kafka_stream"]), median(speed["memory"]))
     by_launcher = {name: speed["kafka_stream" if name == launcher_name(cfg) else f"{name}_stream"]
                    for name in overheads}
     torchrun = median(overheads["torchrun"])
     return {
-        "config": {
-            "topic": topic, "world_size": cfg.launch.num_processes, "global_batch_size": cfg.train.global_batch_size,
-            "model": cfg.train.model.name, "epochs": cfg.train.epochs, "num_records": cfg.dataset.num_records,
-            "variant": cfg.produce.variant.name, "master": cfg.launch.master, "use_gpu": cfg.launch.use_gpu,
-            "launcher": launcher_name(cfg), "precision": cfg.train.precision, "repeats": repeats,
-        },
+        "config": _run_settings(cfg, topic, repeats),
         "throughput": {
             "kafka_stream_samples_per_s": speed["kafka_stream"],
             "memory_samples_per_s": speed["memory"],
@@ -208,7 +219,7 @@ def _summarize(cfg: KbitConfig, topic: str, ds_name: str, samples: dict[str, lis
             "target": STREAM_TARGET,
             "meets_target": kafka_vs_memory is not None and kafka_vs_memory >= STREAM_TARGET,
         },
-        "stream_by_variant": by_variant,
+        "stream_by_variant": _by_variant(cfg, speed, samples, other_variants),
         "stream_samples_per_s_by_launcher": {
             **by_launcher,
             "vs_torchrun": {name: ratio(median(values), median(by_launcher["torchrun"]))

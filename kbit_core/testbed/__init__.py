@@ -5,21 +5,9 @@ API: ``up(bed_dir, BedOptions()) -> BedState``, ``down(bed_dir) -> list[str]``,
 and ``require_bed_for(addresses)``, the guard to call before connecting to any configured address.
 """
 
-from kbit_core.testbed.bed import (
-    DEFAULT_SUBNET,
-    BedOptions,
-    BedState,
-    BedStatus,
-    down,
-    load_state,
-    missing_prerequisites,
-    require_bed_for,
-    running_bed_dir,
-    state_path,
-    status,
-    up,
-)
+from kbit_core.testbed.bed import down, missing_prerequisites, require_bed_for, running_bed_dir, status, up
 from kbit_core.testbed.network import TestbedError
+from kbit_core.testbed.state import DEFAULT_SUBNET, BedOptions, BedState, BedStatus, load_state, state_path
 
 __all__ = ["DEFAULT_SUBNET", "BedOptions", "BedState", "BedStatus", "TestbedError", "down", "load_state",
            "missing_prerequisites", "require_bed_for", "running_bed_dir", "state_path", "status", "up"]

@@ -16,12 +16,10 @@ import sys
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from confluent_kafka.admin import AdminClient
-from pydantic import BaseModel
 
 from kbit_core import ray_env
 from kbit_core.config import KafkaConfig
@@ -39,109 +37,21 @@ from kbit_core.testbed.spark_standalone import (
     wait_for_workers,
     worker_service,
 )
+from kbit_core.testbed.state import (
+    DEFAULT_SUBNET,
+    BedHost,
+    BedOptions,
+    BedState,
+    BedStatus,
+    ProcessStatus,
+    load_state,
+    state_path,
+)
 
-DEFAULT_SUBNET = "10.213.7.0/24"
 # Every process the bed starts carries this variable, so `down` finds them after a crash even
 # without the state file (executors inherit it from their worker).
 MARKER_ENV = "KBIT_TESTBED"
 NOT_UP = "the multi-host test bed is not up; run `kbit cluster up`"
-
-
-@dataclass(frozen=True)
-class BedOptions:
-    subnet: str = DEFAULT_SUBNET
-    nodes: int = 2
-    master_port: int = 7077
-    master_webui_port: int = 8680
-    worker_port: int = 7078
-    worker_webui_port: int = 8681
-    worker_cores: int = 1
-    worker_memory: str = "2g"
-    broker_port: int = 19093
-    broker_plain_port: int = 19193  # Tansu itself, on the driver's loopback: only the TLS front reaches it
-    client_auth: bool = True        # mutual TLS: the broker refuses clients without a certificate from the bed's CA
-    ray: bool = field(default_factory=ray_cluster.ray_installed)  # Ray nodes on the node hosts (the `ray` extra)
-    ray_head_port: int = 6380
-    ray_client_port: int = 10001
-    ray_object_store_mb: int = 256
-
-
-class BedHost(BaseModel):
-    name: str
-    address: str
-    netns: str | None
-
-
-class BedState(BaseModel):
-    """What `up` made: the file the CLI, the tests and kbit configs read to reach the bed."""
-
-    bed_dir: Path
-    subnet: str
-    driver: BedHost
-    nodes: list[BedHost]
-    master_url: str
-    master_webui: str
-    broker_bootstrap: str
-    security_protocol: str = "SSL"
-    ssl_cafile: Path
-    ssl_certfile: Path | None
-    ssl_keyfile: Path | None
-    ray_address: str | None = None  # Ray Client's address on the first node host; None: the bed runs no Ray
-    options: dict[str, Any]
-
-    def kafka_overrides(self) -> dict[str, str]:
-        """Dotted kbit config overrides that point the Kafka clients at the bed's TLS broker."""
-        over = {"kafka.bootstrap_servers": self.broker_bootstrap, "kafka.security_protocol": self.security_protocol,
-                "kafka.ssl_cafile": str(self.ssl_cafile)}
-        if self.ssl_certfile and self.ssl_keyfile:
-            over |= {"kafka.ssl_certfile": str(self.ssl_certfile), "kafka.ssl_keyfile": str(self.ssl_keyfile)}
-        return over
-
-    def ray_overrides(self) -> dict[str, str]:
-        """Dotted kbit config overrides that run the ranks on the bed's Ray nodes, with the bed's Ray token."""
-        if self.ray_address is None:
-            raise TestbedError("this test bed runs no Ray (the `ray` extra was not installed when it came up)")
-        return {"launch.engine": "ray", "launch.ray_address": self.ray_address,
-                "launch.ray_auth_token_file": str(ray_env.own_token_file(self.bed_dir))}
-
-
-@dataclass(frozen=True)
-class ProcessStatus:
-    name: str
-    host: str
-    address: str
-    pid: int | None
-    alive: bool
-    hostname: str | None  # what the process itself sees as its hostname
-    log: str
-
-
-@dataclass
-class BedStatus:
-    up: bool
-    state: BedState | None
-    processes: list[ProcessStatus] = field(default_factory=list)
-    alive_workers: list[str] = field(default_factory=list)
-    ray_nodes: list[str] = field(default_factory=list)
-    bridge: bool = False
-    namespaces: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"up": self.up, "state": self.state.model_dump(mode="json") if self.state else None,
-                "processes": [asdict(p) for p in self.processes], "alive_workers": self.alive_workers,
-                "ray_nodes": self.ray_nodes, "bridge": self.bridge, "namespaces": self.namespaces}
-
-
-def state_path(bed_dir: Path) -> Path:
-    return Path(bed_dir) / "state.json"
-
-
-def load_state(bed_dir: Path) -> BedState | None:
-    """The state `up` wrote, or None when the bed was never brought up here (or `down` removed it)."""
-    try:
-        return BedState.model_validate_json(state_path(bed_dir).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def missing_prerequisites() -> list[str]:
@@ -162,6 +72,19 @@ def _check_prerequisites() -> None:
         raise TestbedError("the multi-host test bed cannot run on this machine; missing: " + "; ".join(missing))
 
 
+def _tls_front(bed_dir: Path, run_dir: Path, driver: Host, bootstrap: str, upstream: str, options: BedOptions,
+               marker: dict[str, str]) -> Service:
+    """TLS in front of the broker at ``bootstrap`` on the driver host (client certificates required with
+    ``client_auth``), relaying to the broker's plain listener ``upstream``."""
+    certs = certificate_paths(bed_dir / "certs")
+    argv = [sys.executable, "-m", "kbit_core.testbed.tls_front", "--listen", bootstrap, "--upstream", upstream,
+            "--cert", str(certs.server_cert), "--key", str(certs.server_key)]
+    if options.client_auth:
+        argv += ["--client-ca", str(certs.ca)]
+    return Service("broker-tls", run_dir, argv, marker="kbit_core.testbed.tls_front", env=marker, host=driver.address,
+                   port=options.broker_port, url=bootstrap, error_type=TestbedError)
+
+
 class _Processes:
     """The bed's processes (as Services) for a bed directory and options; used by up, status and down alike."""
 
@@ -173,31 +96,22 @@ class _Processes:
         self.bootstrap = f"{driver.address}:{options.broker_port}"
         self.broker = EmbeddedBroker(run_dir, "127.0.0.1", options.broker_plain_port, advertised=self.bootstrap,
                                      env=marker)
-        certs = certificate_paths(Path(bed_dir).resolve() / "certs")
-        tls_argv = [sys.executable, "-m", "kbit_core.testbed.tls_front", "--listen", self.bootstrap,
-                    "--upstream", self.broker.bootstrap, "--cert", str(certs.server_cert),
-                    "--key", str(certs.server_key)]
-        if options.client_auth:
-            tls_argv += ["--client-ca", str(certs.ca)]
-        self.tls_front = Service("broker-tls", run_dir, tls_argv, marker="kbit_core.testbed.tls_front", env=marker,
-                                 host=driver.address, port=options.broker_port, url=self.bootstrap,
-                                 error_type=TestbedError)
+        self.tls_front = _tls_front(Path(bed_dir).resolve(), run_dir, driver, self.bootstrap, self.broker.bootstrap,
+                                    options, marker)
         self.master = master_service(run_dir, driver, options.master_port, options.master_webui_port, marker)
         self.workers = [worker_service(run_dir, node, self.master.url or "", options.worker_port,
                                        options.worker_webui_port, options.worker_cores, options.worker_memory, marker)
                         for node in self.topology.nodes]
         head_node, *worker_nodes = self.topology.nodes
         self.ray_head_address = f"{head_node.address}:{options.ray_head_port}"
-        self.ray_nodes: list[Service] = []  # the head first, then a worker per further node
-        self.ray_env: dict[str, str] = {}
-        if options.ray:
-            self.ray_env = ray_cluster.bed_env(Path(bed_dir).resolve())
-            self.ray_nodes = [
-                ray_cluster.head_service(run_dir, head_node, options.ray_head_port, options.ray_client_port,
-                                         options.worker_cores, options.ray_object_store_mb, marker, self.ray_env),
-                *[ray_cluster.worker_service(run_dir, node, self.ray_head_address, options.worker_cores,
-                                             options.ray_object_store_mb, marker, self.ray_env)
-                  for node in worker_nodes]]
+        self.ray_env: dict[str, str] = ray_cluster.bed_env(Path(bed_dir).resolve()) if options.ray else {}
+        # the head first, then a worker per further node
+        self.ray_nodes: list[Service] = [
+            ray_cluster.head_service(run_dir, head_node, options.ray_head_port, options.ray_client_port,
+                                     options.worker_cores, options.ray_object_store_mb, marker, self.ray_env),
+            *[ray_cluster.worker_service(run_dir, node, self.ray_head_address, options.worker_cores,
+                                         options.ray_object_store_mb, marker, self.ray_env)
+              for node in worker_nodes]] if options.ray else []
 
     def all(self) -> list[tuple[Service, Host]]:
         driver = self.topology.driver
@@ -237,12 +151,7 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
         wait_for_workers(topo.driver.address, options.master_webui_port, [n.address for n in topo.nodes],
                          timeout_s, procs.workers)
         if procs.ray_nodes:
-            ray_head, *ray_workers = procs.ray_nodes
-            ray_head.start(timeout_s=timeout_s)
-            with ThreadPoolExecutor(max(len(ray_workers), 1)) as pool:
-                list(pool.map(lambda w: w.start(timeout_s=timeout_s), ray_workers))
-            ray_cluster.wait_for_nodes(procs.ray_head_address, procs.ray_env, [n.address for n in topo.nodes], timeout_s,
-                                       procs.ray_nodes)
+            _start_ray(procs, timeout_s)
         state = BedState(
             bed_dir=bed_dir, subnet=str(topo.subnet),
             driver=BedHost(name=topo.driver.name, address=topo.driver.address, netns=None),
@@ -258,6 +167,16 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
         raise
     state_path(bed_dir).write_text(state.model_dump_json(indent=2))
     return state
+
+
+def _start_ray(procs: _Processes, timeout_s: float) -> None:
+    """The Ray head, then the other nodes together; wait until every node host has joined."""
+    ray_head, *ray_workers = procs.ray_nodes
+    ray_head.start(timeout_s=timeout_s)
+    with ThreadPoolExecutor(max(len(ray_workers), 1)) as pool:
+        list(pool.map(lambda w: w.start(timeout_s=timeout_s), ray_workers))
+    ray_cluster.wait_for_nodes(procs.ray_head_address, procs.ray_env, [n.address for n in procs.topology.nodes],
+                               timeout_s, procs.ray_nodes)
 
 
 def _probe_broker(state: BedState, procs: _Processes, timeout_s: float = 15.0) -> None:

@@ -187,23 +187,8 @@ class MlflowTracker:
         if run_id is None:
             return {}
         ranking = {e["name"]: e for e in doc["comparison"]["makespan"]["ranking"]}
-        children: dict[str, str] = {}
-        for name, fields in doc["configurations"].items():
-            # The runs table shows no metric columns until a user picks them: the name carries the answer.
-            median = doc["makespan"]["statistical_analysis"][name]["median"]
-            verdict = verdict_against_fastest(ranking[name])
-            rows = [r for r in iterations if r["config"] == name and not r["warmup"]]
-            # The child spans what was measured of it: its first timed region's start to its last one's end.
-            measured_from = int(min(r["started_unix_s"] for r in rows) * 1000)
-            measured_to = int(max(r["finished_unix_s"] for r in rows) * 1000)
-            child = self.client.create_run(
-                self.experiment_id, run_name=f"{name} · {median:.3f} s · {verdict}", start_time=measured_from,
-                tags={"mlflow.parentRunId": run_id, "kbit.kind": "benchmark-configuration", "config": name,
-                      "vs_fastest": verdict, **{k: str(v) for k, v in fields.items()}})
-            self._log(child.info.run_id, params={k: str(v) for k, v in fields.items()},
-                      metrics=self._metrics(configuration_metrics(doc, name)) + self._iteration_metrics(rows))
-            self.client.set_terminated(child.info.run_id, end_time=measured_to)
-            children[name] = child.info.run_id
+        children = {name: self._log_configuration(run_id, name, fields, doc, ranking[name], iterations)
+                    for name, fields in doc["configurations"].items()}
         for path in artifacts:
             self.client.log_artifact(run_id, str(path), artifact_path=BENCHMARK_ARTIFACT_DIR)
         identity = doc.get("metadata", {}).get("identity")
@@ -222,6 +207,25 @@ class MlflowTracker:
         median = doc["makespan"]["statistical_analysis"][fastest]["median"]
         self.client.update_run(run_id, name=f"fastest {fastest} {median:.3f} s · {run_name}")
         return children
+
+    def _log_configuration(self, run_id: str, name: str, fields: Mapping[str, Any], doc: Mapping[str, Any],
+                           ranking: Mapping[str, Any], iterations: Sequence[Mapping[str, Any]]) -> str:
+        """One configuration's child run of the benchmark ``run_id``, spanning what was measured of it; its id."""
+        # The runs table shows no metric columns until a user picks them: the name carries the answer.
+        median = doc["makespan"]["statistical_analysis"][name]["median"]
+        verdict = verdict_against_fastest(ranking)
+        rows = [r for r in iterations if r["config"] == name and not r["warmup"]]
+        # The child spans what was measured of it: its first timed region's start to its last one's end.
+        measured_from = int(min(r["started_unix_s"] for r in rows) * 1000)
+        measured_to = int(max(r["finished_unix_s"] for r in rows) * 1000)
+        child = self.client.create_run(
+            self.experiment_id, run_name=f"{name} · {median:.3f} s · {verdict}", start_time=measured_from,
+            tags={"mlflow.parentRunId": run_id, "kbit.kind": "benchmark-configuration", "config": name,
+                  "vs_fastest": verdict, **{k: str(v) for k, v in fields.items()}})
+        self._log(child.info.run_id, params={k: str(v) for k, v in fields.items()},
+                  metrics=self._metrics(configuration_metrics(doc, name)) + self._iteration_metrics(rows))
+        self.client.set_terminated(child.info.run_id, end_time=measured_to)
+        return child.info.run_id
 
     def _iteration_metrics(self, rows: Sequence[Mapping[str, Any]]) -> list[Any]:
         out = []

@@ -238,27 +238,31 @@ class Trainer:
                              st.epoch_sums[2] + stats.count]
             if not boundary:
                 continue
-            self.engine.step()
-            st.step += 1
-            step_loss = window_loss / window_count
-            st.loss_curve.append(step_loss)
+            self._optimizer_step(epoch, window_loss / window_count, progress, epoch_end=index == num_batches - 1)
             window_loss = window_count = 0.0
             in_window = 0
-            running = self.spikes.observe(step_loss)
-            if running is not None and self.env.is_main:
-                log.warning("loss spike at epoch %d step %d: %.4g > %.1f × running mean %.4g",
-                            epoch, st.step, step_loss, train.loss_spike_factor, running)
-            progress.set_postfix(loss=f"{step_loss:.4f}", lr=f"{self.engine.current_lr():.3g}")
-            every = self.cfg.checkpoint.every_steps
-            epoch_end_save = self.cfg.checkpoint.every_epoch and index == num_batches - 1
-            if self.cfg.checkpoint.dir and every and st.step % every == 0 and not epoch_end_save:
-                self.save()
         progress.close()
         loss_sum, correct, count = st.epoch_sums
         speed = reduce_throughput(trained_samples, time.perf_counter() - start, data_wait, self.env.device)
         return {"loss": loss_sum / count if count else float("nan"), "accuracy": correct / count if count else 0.0,
                 "samples_per_s": speed.samples_per_s, "data_wait_fraction": speed.data_wait_fraction,
                 "peak_memory_mb": speed.peak_memory_mb}
+
+    def _optimizer_step(self, epoch: int, step_loss: float, progress: tqdm, epoch_end: bool) -> None:
+        """Step the optimizer on the accumulated window; record its loss, watch for spikes, checkpoint when due."""
+        st = self.state
+        self.engine.step()
+        st.step += 1
+        st.loss_curve.append(step_loss)
+        running = self.spikes.observe(step_loss)
+        if running is not None and self.env.is_main:
+            log.warning("loss spike at epoch %d step %d: %.4g > %.1f × running mean %.4g",
+                        epoch, st.step, step_loss, self.cfg.train.loss_spike_factor, running)
+        progress.set_postfix(loss=f"{step_loss:.4f}", lr=f"{self.engine.current_lr():.3g}")
+        every = self.cfg.checkpoint.every_steps
+        epoch_end_save = self.cfg.checkpoint.every_epoch and epoch_end
+        if self.cfg.checkpoint.dir and every and st.step % every == 0 and not epoch_end_save:
+            self.save()
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, boundary: bool) -> BatchStats:
         """One micro-batch: forward, the global loss and accuracy, backward unless a rank's loss is not finite."""

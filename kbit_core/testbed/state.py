@@ -1,0 +1,112 @@
+"""The test bed's options, its state file (what `up` made, read by every client of the bed) and its status."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from kbit_core import ray_env
+from kbit_core.testbed import ray_cluster
+from kbit_core.testbed.network import TestbedError
+
+DEFAULT_SUBNET = "10.213.7.0/24"
+
+
+@dataclass(frozen=True)
+class BedOptions:
+    subnet: str = DEFAULT_SUBNET
+    nodes: int = 2
+    master_port: int = 7077
+    master_webui_port: int = 8680
+    worker_port: int = 7078
+    worker_webui_port: int = 8681
+    worker_cores: int = 1
+    worker_memory: str = "2g"
+    broker_port: int = 19093
+    broker_plain_port: int = 19193  # Tansu itself, on the driver's loopback: only the TLS front reaches it
+    client_auth: bool = True        # mutual TLS: the broker refuses clients without a certificate from the bed's CA
+    ray: bool = field(default_factory=ray_cluster.ray_installed)  # Ray nodes on the node hosts (the `ray` extra)
+    ray_head_port: int = 6380
+    ray_client_port: int = 10001
+    ray_object_store_mb: int = 256
+
+
+class BedHost(BaseModel):
+    name: str
+    address: str
+    netns: str | None
+
+
+class BedState(BaseModel):
+    """What `up` made: the file the CLI, the tests and kbit configs read to reach the bed."""
+
+    bed_dir: Path
+    subnet: str
+    driver: BedHost
+    nodes: list[BedHost]
+    master_url: str
+    master_webui: str
+    broker_bootstrap: str
+    security_protocol: str = "SSL"
+    ssl_cafile: Path
+    ssl_certfile: Path | None
+    ssl_keyfile: Path | None
+    ray_address: str | None = None  # Ray Client's address on the first node host; None: the bed runs no Ray
+    options: dict[str, Any]
+
+    def kafka_overrides(self) -> dict[str, str]:
+        """Dotted kbit config overrides that point the Kafka clients at the bed's TLS broker."""
+        over = {"kafka.bootstrap_servers": self.broker_bootstrap, "kafka.security_protocol": self.security_protocol,
+                "kafka.ssl_cafile": str(self.ssl_cafile)}
+        if self.ssl_certfile and self.ssl_keyfile:
+            over |= {"kafka.ssl_certfile": str(self.ssl_certfile), "kafka.ssl_keyfile": str(self.ssl_keyfile)}
+        return over
+
+    def ray_overrides(self) -> dict[str, str]:
+        """Dotted kbit config overrides that run the ranks on the bed's Ray nodes, with the bed's Ray token."""
+        if self.ray_address is None:
+            raise TestbedError("this test bed runs no Ray (the `ray` extra was not installed when it came up)")
+        return {"launch.engine": "ray", "launch.ray_address": self.ray_address,
+                "launch.ray_auth_token_file": str(ray_env.own_token_file(self.bed_dir))}
+
+
+@dataclass(frozen=True)
+class ProcessStatus:
+    name: str
+    host: str
+    address: str
+    pid: int | None
+    alive: bool
+    hostname: str | None  # what the process itself sees as its hostname
+    log: str
+
+
+@dataclass
+class BedStatus:
+    up: bool
+    state: BedState | None
+    processes: list[ProcessStatus] = field(default_factory=list)
+    alive_workers: list[str] = field(default_factory=list)
+    ray_nodes: list[str] = field(default_factory=list)
+    bridge: bool = False
+    namespaces: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"up": self.up, "state": self.state.model_dump(mode="json") if self.state else None,
+                "processes": [asdict(p) for p in self.processes], "alive_workers": self.alive_workers,
+                "ray_nodes": self.ray_nodes, "bridge": self.bridge, "namespaces": self.namespaces}
+
+
+def state_path(bed_dir: Path) -> Path:
+    return Path(bed_dir) / "state.json"
+
+
+def load_state(bed_dir: Path) -> BedState | None:
+    """The state `up` wrote, or None when the bed was never brought up here (or `down` removed it)."""
+    try:
+        return BedState.model_validate_json(state_path(bed_dir).read_text())
+    except (OSError, ValueError):
+        return None
