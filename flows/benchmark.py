@@ -14,8 +14,9 @@ from tasks.tracking import mlflow_run_url, previous_benchmark, record_overrides
 
 
 @flow(name="benchmark", log_prints=True)
-def benchmark(profile: str = "smoke", overrides: dict[str, Any] | None = None,
-              compare_with_previous: bool = False) -> dict[str, Any]:
+def benchmark(
+    profile: str = "smoke", overrides: dict[str, Any] | None = None, compare_with_previous: bool = False
+) -> dict[str, Any]:
     """Benchmark the profile's matrix of formats, layouts and compressions.
 
     Steps:

@@ -15,9 +15,15 @@ from tasks.tune import tune_trials
 
 
 @flow(name="sweep", log_prints=True)
-def sweep(profile: str = "train", overrides: dict[str, Any] | None = None,
-          space: dict[str, list[Any]] | None = None, num_trials: int | None = None,
-          metric: str = "val_accuracy", mode: Literal["max", "min"] = "max", seed: int = 0) -> dict[str, Any]:
+def sweep(
+    profile: str = "train",
+    overrides: dict[str, Any] | None = None,
+    space: dict[str, list[Any]] | None = None,
+    num_trials: int | None = None,
+    metric: str = "val_accuracy",
+    mode: Literal["max", "min"] = "max",
+    seed: int = 0,
+) -> dict[str, Any]:
     """Train one model per point of a search space and pick the best by ``metric``.
 
     Steps:

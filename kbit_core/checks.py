@@ -66,24 +66,34 @@ def check_writable(path: Path, setting: str) -> None:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as exc:
-        raise ConfigError(f"{setting}={path} is not writable: cannot create a file in {existing} "
-                          f"({exc.strerror or exc})") from None
+        raise ConfigError(
+            f"{setting}={path} is not writable: cannot create a file in {existing} ({exc.strerror or exc})"
+        ) from None
 
 
-def check_produce(cfg: KbitConfig, topic: str, variant: DataVariant, num_records: int,
-                  report: Preflight | None = None) -> Preflight:
+def check_produce(
+    cfg: KbitConfig, topic: str, variant: DataVariant, num_records: int, report: Preflight | None = None
+) -> Preflight:
     """What producing ``variant`` of ``num_records`` records into ``topic`` needs; run before the topic is touched."""
     report = report or Preflight()
-    check_topic_name(topic, "produce.topic" if topic == cfg.produce.topic else
-                     f"the topic name derived from produce.topic_prefix={cfg.produce.topic_prefix!r}")
+    check_topic_name(
+        topic,
+        "produce.topic"
+        if topic == cfg.produce.topic
+        else f"the topic name derived from produce.topic_prefix={cfg.produce.topic_prefix!r}",
+    )
     check_writable(cfg.manifest_dir, "workdir (manifests)")
     if variant.records_per_message > num_records:
-        report.warn(f"produce.variant.records_per_message={variant.records_per_message} is more than the "
-                    f"{num_records} records of the dataset: the topic holds a single, partly filled message")
+        report.warn(
+            f"produce.variant.records_per_message={variant.records_per_message} is more than the "
+            f"{num_records} records of the dataset: the topic holds a single, partly filled message"
+        )
     messages = math.ceil(num_records / variant.records_per_message)
     if cfg.produce.partitions > messages:
-        report.warn(f"produce.partitions={cfg.produce.partitions} but only {messages} message(s): "
-                    f"{cfg.produce.partitions - messages} partition(s) stay empty")
+        report.warn(
+            f"produce.partitions={cfg.produce.partitions} but only {messages} message(s): "
+            f"{cfg.produce.partitions - messages} partition(s) stay empty"
+        )
     return report
 
 
@@ -102,19 +112,26 @@ def check_shards(cfg: KbitConfig, num_records: int, variant: DataVariant, world_
     # Message m goes to partition m % partitions (see kbit_core/produce.py), so this is the layout a manifest will have.
     layout = {p: (0, len(range(p, messages, partitions))) for p in range(partitions)}
     layout = {p: bounds for p, bounds in layout.items() if bounds[1]}
-    shards = plan(layout, cfg.shard.split_rates, world_size, remainder=cfg.shard.remainder,
-                  records_per_message=rpm).shards
-    where = (f"{num_records} records in {messages} message(s) of {rpm}, shard.split_rates={cfg.shard.split_rates}, "
-             f"{world_size} rank(s)")
+    shards = plan(
+        layout, cfg.shard.split_rates, world_size, remainder=cfg.shard.remainder, records_per_message=rpm
+    ).shards
+    where = (
+        f"{num_records} records in {messages} message(s) of {rpm}, shard.split_rates={cfg.shard.split_rates}, "
+        f"{world_size} rank(s)"
+    )
     for split, ranks in shards.items():
         if ranks[0].num_messages == 0:
-            raise ConfigError(f"split {split!r} gives each rank no message ({where}); produce more records "
-                              "(dataset.num_records), fewer records per message, or use fewer ranks")
+            raise ConfigError(
+                f"split {split!r} gives each rank no message ({where}); produce more records "
+                "(dataset.num_records), fewer records per message, or use fewer ranks"
+            )
     per_rank_batch = batch_size // world_size
     train_records = shards["train"][0].num_records
     if train_records < per_rank_batch:
-        raise ConfigError(f"each rank's train shard holds {train_records} records, less than one batch of "
-                          f"{per_rank_batch} (train.global_batch_size={batch_size} over {world_size} ranks; {where})")
+        raise ConfigError(
+            f"each rank's train shard holds {train_records} records, less than one batch of "
+            f"{per_rank_batch} (train.global_batch_size={batch_size} over {world_size} ranks; {where})"
+        )
 
 
 def check_space(directory: Path, needed: int, what: str) -> None:

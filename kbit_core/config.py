@@ -35,7 +35,9 @@ class EmbeddedBrokerConfig(Section):
     port: int = Field(19092, ge=1, le=65535, description="Port of the embedded broker.")
 
 
-_SECRET_OPTION = re.compile(r"password|passwd|secret|token|credential|passphrase|private|pem|jaas|(^|[._-])key($|[._-])")
+_SECRET_OPTION = re.compile(
+    r"password|passwd|secret|token|credential|passphrase|private|pem|jaas|(^|[._-])key($|[._-])"
+)
 
 
 def is_secret_option(name: str) -> bool:
@@ -62,8 +64,9 @@ class KafkaConfig(Section):
     ssl_keyfile: Path | None = None
     request_timeout_s: float = Field(30.0, gt=0)
     extra: dict[str, str | int | float | bool | SecretStr] = Field(
-        default_factory=dict, description="Extra client options passed through verbatim (librdkafka names); "
-                                          "credential-like ones (key/secret/password/token/pem) are kept secret."
+        default_factory=dict,
+        description="Extra client options passed through verbatim (librdkafka names); "
+        "credential-like ones (key/secret/password/token/pem) are kept secret.",
     )
 
     @property
@@ -102,11 +105,15 @@ class KafkaConfig(Section):
             raise ValueError("sasl_* settings are given but security_protocol is not SASL_PLAINTEXT or SASL_SSL")
         ssl_files = [n for n in ("ssl_cafile", "ssl_certfile", "ssl_keyfile") if getattr(self, n) is not None]
         if ssl_files and not self.security_protocol.endswith("SSL"):
-            raise ValueError(f"{', '.join(ssl_files)} given but security_protocol={self.security_protocol} does "
-                             "not use TLS (use SSL or SASL_SSL)")
+            raise ValueError(
+                f"{', '.join(ssl_files)} given but security_protocol={self.security_protocol} does "
+                "not use TLS (use SSL or SASL_SSL)"
+            )
         if self.uses_embedded and self.security_protocol != "PLAINTEXT":
-            raise ValueError("the embedded broker speaks PLAINTEXT only; set bootstrap_servers for a secured cluster "
-                             "(`kbit cluster up` starts a TLS broker: its state file names the bootstrap and CA)")
+            raise ValueError(
+                "the embedded broker speaks PLAINTEXT only; set bootstrap_servers for a secured cluster "
+                "(`kbit cluster up` starts a TLS broker: its state file names the bootstrap and CA)"
+            )
         return self
 
 
@@ -148,7 +155,9 @@ class ProduceConfig(Section):
     recreate: bool = False
     linger_ms: int = Field(20, ge=0)
     batch_size_bytes: int = Field(1_048_576, ge=1024)
-    client: ClientName = Field("confluent", description="Producer backend; confluent sent 2-3x faster than kafka-python.")
+    client: ClientName = Field(
+        "confluent", description="Producer backend; confluent sent 2-3x faster than kafka-python."
+    )
 
     def topic_for(self, dataset: DatasetConfig, variant: DataVariant | None = None) -> str:
         if self.topic and variant is None:
@@ -164,7 +173,9 @@ class ShardConfig(Section):
     shuffle: bool = True
     seed: int = 0
     block_records: int = Field(
-        4096, ge=1, description="Samples per shuffle block: read with one seek; larger reads faster, smaller shuffles finer."
+        4096,
+        ge=1,
+        description="Samples per shuffle block: read with one seek; larger reads faster, smaller shuffles finer.",
     )
 
     @field_validator("split_rates")
@@ -183,21 +194,31 @@ class ReaderConfig(Section):
     mode: Literal["stream", "eager"] = "stream"
     bad_records: Literal["fail", "skip"] = "fail"
     decoder: Literal["fast", "stock"] = Field(
-        "fast", description="fast: kbit's schema-aware decoders (bit-for-bit the stock results); stock: the format's "
-                            "own library (what the format costs without kbit).")
+        "fast",
+        description="fast: kbit's schema-aware decoders (bit-for-bit the stock results); stock: the format's "
+        "own library (what the format costs without kbit).",
+    )
     prefetch_batches: int = Field(4, ge=1, description="Bounded queue of decoded batches per rank.")
     workers: Literal["thread", "process"] = Field(
-        "thread", description="Stream mode: where a rank's fetch, decode and batch assembly run. thread: threads of "
-                              "the rank (they share its GIL with the training loop); process: a child process per "
-                              "loader (kept across epochs, with a consumer of its own), handing finished batches "
-                              "over in shared memory.")
+        "thread",
+        description="Stream mode: where a rank's fetch, decode and batch assembly run. thread: threads of "
+        "the rank (they share its GIL with the training loop); process: a child process per "
+        "loader (kept across epochs, with a consumer of its own), handing finished batches "
+        "over in shared memory.",
+    )
     decode_processes: int = Field(
-        0, ge=0, description="Worker processes that decode each block beside the loader's own thread (0: the thread "
-                             "decodes alone). For decoders that hold the GIL (JSON lists, the stock libraries) on "
-                             "hosts with cores to spare; the ranks' training steps compete for the same cores.")
+        0,
+        ge=0,
+        description="Worker processes that decode each block beside the loader's own thread (0: the thread "
+        "decodes alone). For decoders that hold the GIL (JSON lists, the stock libraries) on "
+        "hosts with cores to spare; the ranks' training steps compete for the same cores.",
+    )
     fetch_ahead_blocks: int = Field(
-        2, ge=0, description="Stream mode: blocks of raw records fetched ahead of decoding on a thread of their "
-                             "own, so fetch and decode overlap (0: fetch on the decoding thread).")
+        2,
+        ge=0,
+        description="Stream mode: blocks of raw records fetched ahead of decoding on a thread of their "
+        "own, so fetch and decode overlap (0: fetch on the decoding thread).",
+    )
     poll_timeout_s: float = Field(0.5, gt=0)
     deadline_s: float = Field(60.0, gt=0, description="Give up when a range makes no progress for this long.")
     max_poll_records: int = Field(4096, ge=1)
@@ -206,8 +227,10 @@ class ReaderConfig(Section):
     @model_validator(mode="after")
     def _decode_processes_need_threads(self) -> ReaderConfig:
         if self.decode_processes and self.workers == "process":
-            raise ValueError("reader.decode_processes needs reader.workers: thread (a loader's worker process, "
-                             "a daemon, may not start processes of its own)")
+            raise ValueError(
+                "reader.decode_processes needs reader.workers: thread (a loader's worker process, "
+                "a daemon, may not start processes of its own)"
+            )
         return self
 
 
@@ -230,8 +253,10 @@ class OptimConfig(Section):
 
 class TrainConfig(Section):
     mode: Literal["batch", "continuous"] = Field(
-        "batch", description="batch: epochs over a produced topic; continuous: train on a live stream as it "
-                             "arrives (the `stream` section).")
+        "batch",
+        description="batch: epochs over a produced topic; continuous: train on a live stream as it "
+        "arrives (the `stream` section).",
+    )
     data: Literal["kafka", "memory"] = Field("kafka", description="Stream shards from Kafka or load them first.")
     epochs: int = Field(2, ge=1)
     global_batch_size: int = Field(64, ge=1)
@@ -255,28 +280,44 @@ class StreamConfig(Section):
     topic: str | None = Field(None, description="Stream topic; derived from dataset and variant when unset.")
     rate: float = Field(1000.0, gt=0, description="Producer: records per second to append.")
     duration_s: float | None = Field(None, gt=0, description="Producer: stop after this long (unset: no limit).")
-    records: int | None = Field(None, ge=1, description="Producer: stop after this many records in the stream "
-                                                        "(counting what earlier runs appended).")
+    records: int | None = Field(
+        None,
+        ge=1,
+        description="Producer: stop after this many records in the stream (counting what earlier runs appended).",
+    )
     start: Literal["checkpoint", "earliest", "offsets", "timestamp"] = Field(
-        "checkpoint", description="Where a fresh run starts: a checkpoint's offsets (else the beginning), the "
-                                  "beginning, start_offsets, or the first record produced at/after start_timestamp_ms.")
-    start_offsets: dict[int, int] = Field(default_factory=dict, description="start=offsets: partition -> offset "
-                                                                            "(unlisted partitions: the beginning).")
+        "checkpoint",
+        description="Where a fresh run starts: a checkpoint's offsets (else the beginning), the "
+        "beginning, start_offsets, or the first record produced at/after start_timestamp_ms.",
+    )
+    start_offsets: dict[int, int] = Field(
+        default_factory=dict, description="start=offsets: partition -> offset (unlisted partitions: the beginning)."
+    )
     start_timestamp_ms: int | None = Field(None, ge=0, description="start=timestamp: produce time in ms since epoch.")
     stop_after_s: float | None = Field(None, gt=0, description="Trainer: stop after this long.")
-    stop_after_records: int | None = Field(None, ge=1, description="Trainer: stop once this many records are trained "
-                                                                   "(in total, across restarts).")
-    stop_file: Path | None = Field(None, description="Trainer: stop cleanly once this file exists (relative: to the "
-                                                     "workdir); unset = <workdir>/streams/<topic>.stop.")
-    idle_timeout_s: float = Field(30.0, gt=0, description="Trainer: stop once no rank received a record this long "
-                                                          "(the stream ended or stalled).")
-    fill_timeout_s: float = Field(0.5, gt=0, description="How long a rank waits for a full batch before training "
-                                                         "the records it has (a starved partition waits this long).")
+    stop_after_records: int | None = Field(
+        None, ge=1, description="Trainer: stop once this many records are trained (in total, across restarts)."
+    )
+    stop_file: Path | None = Field(
+        None,
+        description="Trainer: stop cleanly once this file exists (relative: to the "
+        "workdir); unset = <workdir>/streams/<topic>.stop.",
+    )
+    idle_timeout_s: float = Field(
+        30.0, gt=0, description="Trainer: stop once no rank received a record this long (the stream ended or stalled)."
+    )
+    fill_timeout_s: float = Field(
+        0.5,
+        gt=0,
+        description="How long a rank waits for a full batch before training "
+        "the records it has (a starved partition waits this long).",
+    )
     eval_every_steps: int = Field(200, ge=1, description="Evaluate on the held-out topic every this many steps.")
     eval_records: int = Field(2000, ge=2, description="Records in the held-out topic (half validation, half test).")
     report_every_steps: int = Field(20, ge=1, description="Lag, freshness and throughput window, in steps.")
-    lag_growth_windows: int = Field(5, ge=1, description="Warn when the least lag of a block of this many windows "
-                                                         "rose over three blocks in a row.")
+    lag_growth_windows: int = Field(
+        5, ge=1, description="Warn when the least lag of a block of this many windows rose over three blocks in a row."
+    )
 
     @model_validator(mode="after")
     def _check_start(self) -> StreamConfig:
@@ -289,7 +330,9 @@ class StreamConfig(Section):
     def topic_for(self, dataset: DatasetConfig, produce: ProduceConfig) -> str:
         if self.topic:
             return self.topic
-        return f"{produce.topic_prefix}.stream.{dataset.name}.s{dataset.seed}.{produce.variant.name}.p{produce.partitions}"
+        return (
+            f"{produce.topic_prefix}.stream.{dataset.name}.s{dataset.seed}.{produce.variant.name}.p{produce.partitions}"
+        )
 
 
 class DeepSpeedConfig(Section):
@@ -331,37 +374,67 @@ class LaunchConfig(Section):
     executor_gpu_amount: int | None = Field(None, ge=0)
     task_gpu_amount: float | None = Field(None, ge=0)
     gpu_discovery_script: Path | None = None
-    driver_host: str = Field("127.0.0.1", description="Address executors use to reach the driver "
-                             "(spark.driver.host); must be reachable from every executor host on a cluster.")
-    driver_bind_address: str = Field("127.0.0.1", description="Address the driver's sockets bind to "
-                                     "(spark.driver.bindAddress); 0.0.0.0 binds every interface.")
+    driver_host: str = Field(
+        "127.0.0.1",
+        description="Address executors use to reach the driver "
+        "(spark.driver.host); must be reachable from every executor host on a cluster.",
+    )
+    driver_bind_address: str = Field(
+        "127.0.0.1",
+        description="Address the driver's sockets bind to (spark.driver.bindAddress); 0.0.0.0 binds every interface.",
+    )
     driver_port: int | None = Field(None, ge=1, le=65535, description="spark.driver.port; unset = random.")
-    block_manager_port: int | None = Field(None, ge=1, le=65535,
-                                           description="spark.driver.blockManager.port; unset = random.")
+    block_manager_port: int | None = Field(
+        None, ge=1, le=65535, description="spark.driver.blockManager.port; unset = random."
+    )
     spark_conf: dict[str, str] = Field(default_factory=dict)
     engine: Literal["spark", "ray", "torchrun"] = Field(
-        "spark", description="Who starts the ranks: Spark's TorchDistributor, Ray Train's TorchTrainer (the `ray` "
-        "extra), or plain `torchrun --standalone` on this host (no Spark or Java; one machine only).")
-    ray_address: str | None = Field(None, description="Ray cluster to join: 'host:port' of a head, 'ray://host:port' "
-                                    "(Ray Client) or 'auto'; unset = the head `kbit stack up --ray` started on "
-                                    "127.0.0.1:ray_head_port, else a Ray runtime private to this process.")
-    ray_auth_token_file: Path | None = Field(None, description="File holding the token of the Ray cluster at "
-                                             "launch.ray_address; unset: RAY_AUTH_TOKEN(_PATH) from the environment, "
-                                             "else the token kbit keeps for the workdir's own heads "
-                                             "(<workdir>/ray/auth_token).")
-    ray_head_port: int = Field(6390, ge=1, le=65535, description="GCS port of the local head `kbit stack up --ray` "
-                               "starts (bound to 127.0.0.1).")
-    ray_object_store_mb: int = Field(1024, ge=80, description="Object store of a Ray runtime kbit starts itself "
-                                     "(Ray's default takes 30 % of RAM).")
+        "spark",
+        description="Who starts the ranks: Spark's TorchDistributor, Ray Train's TorchTrainer (the `ray` "
+        "extra), or plain `torchrun --standalone` on this host (no Spark or Java; one machine only).",
+    )
+    ray_address: str | None = Field(
+        None,
+        description="Ray cluster to join: 'host:port' of a head, 'ray://host:port' "
+        "(Ray Client) or 'auto'; unset = the head `kbit stack up --ray` started on "
+        "127.0.0.1:ray_head_port, else a Ray runtime private to this process.",
+    )
+    ray_auth_token_file: Path | None = Field(
+        None,
+        description="File holding the token of the Ray cluster at "
+        "launch.ray_address; unset: RAY_AUTH_TOKEN(_PATH) from the environment, "
+        "else the token kbit keeps for the workdir's own heads "
+        "(<workdir>/ray/auth_token).",
+    )
+    ray_head_port: int = Field(
+        6390,
+        ge=1,
+        le=65535,
+        description="GCS port of the local head `kbit stack up --ray` starts (bound to 127.0.0.1).",
+    )
+    ray_object_store_mb: int = Field(
+        1024, ge=80, description="Object store of a Ray runtime kbit starts itself (Ray's default takes 30 % of RAM)."
+    )
     ray_include_dashboard: bool = Field(False, description="Start Ray's dashboard (on 127.0.0.1) with the local head.")
-    ray_client_server_port: int = Field(10001, ge=1024, le=65535, description="Port of the Ray Client server that "
-                                        "Ray starts with every head (Ray's default 10001), on 127.0.0.1 for the local "
-                                        "head: launch.ray_address 'ray://127.0.0.1:<port>' joins through it.")
+    ray_client_server_port: int = Field(
+        10001,
+        ge=1024,
+        le=65535,
+        description="Port of the Ray Client server that "
+        "Ray starts with every head (Ray's default 10001), on 127.0.0.1 for the local "
+        "head: launch.ray_address 'ray://127.0.0.1:<port>' joins through it.",
+    )
     ray_resources_per_worker: dict[str, float] = Field(
-        default_factory=lambda: {"CPU": 1.0}, description="Ray resources each rank reserves "
-        "(ScalingConfig.resources_per_worker); launch.use_gpu adds one GPU.")
-    ray_max_failures: int = Field(0, ge=0, description="Ray Train's own worker-group restarts (FailureConfig); each "
-                                  "resumes from kbit's latest checkpoint. checkpoint.max_restarts restarts on top.")
+        default_factory=lambda: {"CPU": 1.0},
+        description="Ray resources each rank reserves "
+        "(ScalingConfig.resources_per_worker); launch.use_gpu adds one GPU.",
+    )
+    ray_max_failures: int = Field(
+        0,
+        ge=0,
+        description="Ray Train's own worker-group restarts (FailureConfig); each "
+        "resumes from kbit's latest checkpoint. checkpoint.max_restarts restarts on top.",
+    )
 
     @model_validator(mode="after")
     def _check_launch(self) -> LaunchConfig:
@@ -375,7 +448,8 @@ class LaunchConfig(Section):
                     raise ValueError(
                         f"launch.{name}={getattr(self, name)} is a loopback address, which executors on other hosts "
                         f"cannot reach with launch.master={self.master}; set launch.{name} to this machine's "
-                        f"address on the cluster network")
+                        f"address on the cluster network"
+                    )
         local_n = local_slots(self.master)
         if not self.local_mode and local_n is not None and local_n < self.num_processes:
             raise ValueError(
@@ -383,11 +457,15 @@ class LaunchConfig(Section):
                 f"num_processes={self.num_processes} barrier slots"
             )
         if self.use_gpu and not self.local_mode and self.master.startswith("local["):
-            raise ValueError("GPU task resources on a plain local[N] master hang Spark; use local_mode=true, "
-                             "local-cluster[...] or a cluster master")
+            raise ValueError(
+                "GPU task resources on a plain local[N] master hang Spark; use local_mode=true, "
+                "local-cluster[...] or a cluster master"
+            )
         if self.use_gpu and self.master.startswith("spark://") and self.gpu_discovery_script is None:
-            raise ValueError("use_gpu on a spark:// cluster needs gpu_discovery_script: a script path that exists "
-                             "on every executor host (a generated one would exist on the driver only)")
+            raise ValueError(
+                "use_gpu on a spark:// cluster needs gpu_discovery_script: a script path that exists "
+                "on every executor host (a generated one would exist on the driver only)"
+            )
         return self
 
     def _check_ray(self) -> LaunchConfig:
@@ -395,8 +473,7 @@ class LaunchConfig(Section):
         if bad:
             raise ValueError(f"launch.ray_resources_per_worker has negative amounts {bad}")
         if self.ray_address is not None and not re.fullmatch(r"auto|(ray://)?[\w.\-\[\]:]+:\d+", self.ray_address):
-            raise ValueError(f"launch.ray_address={self.ray_address!r} is not 'auto', 'host:port' or "
-                             f"'ray://host:port'")
+            raise ValueError(f"launch.ray_address={self.ray_address!r} is not 'auto', 'host:port' or 'ray://host:port'")
         return self
 
 
@@ -435,10 +512,13 @@ class BenchConfig(Section):
     regression_threshold: float = Field(0.10, gt=0, description="Relative median slowdown flagged as regression.")
     bootstrap_resamples: int = Field(2000, ge=100)
     decoders: list[Literal["fast", "stock"]] | None = Field(
-        None, description="Decoders to measure (kbit's fast path and each format's stock library), a matrix "
-                          "dimension; unset = reader.decoder only.")
+        None,
+        description="Decoders to measure (kbit's fast path and each format's stock library), a matrix "
+        "dimension; unset = reader.decoder only.",
+    )
     engines: list[Literal["spark", "ray", "torchrun"]] | None = Field(
-        None, description="Launchers to measure under, a matrix dimension; unset = launch.engine only.")
+        None, description="Launchers to measure under, a matrix dimension; unset = launch.engine only."
+    )
 
 
 def default_bench_variants() -> list[DataVariant]:
@@ -462,8 +542,11 @@ class TrackingConfig(Section):
 
 
 class SweepConfig(Section):
-    backend: Literal["prefect", "ray-tune"] = Field("prefect", description="Trials as Prefect tasks in turn, or as "
-                                                     "Ray Tune trials with ASHA early stopping (the `ray` extra).")
+    backend: Literal["prefect", "ray-tune"] = Field(
+        "prefect",
+        description="Trials as Prefect tasks in turn, or as "
+        "Ray Tune trials with ASHA early stopping (the `ray` extra).",
+    )
     grace_epochs: int = Field(1, ge=1, description="ASHA: epochs every trial runs before it may be stopped.")
     reduction_factor: int = Field(2, ge=2, description="ASHA: 1/reduction_factor of trials go on at each rung.")
 
@@ -477,8 +560,13 @@ class StackConfig(Section):
 
 
 # Paths that ranks open themselves; relative ones mean "relative to the driver's working directory".
-_RANK_PATHS = (("kafka", "ssl_cafile"), ("kafka", "ssl_certfile"), ("kafka", "ssl_keyfile"), ("dataset", "path"),
-               ("launch", "gpu_discovery_script"))
+_RANK_PATHS = (
+    ("kafka", "ssl_cafile"),
+    ("kafka", "ssl_certfile"),
+    ("kafka", "ssl_keyfile"),
+    ("dataset", "path"),
+    ("launch", "gpu_discovery_script"),
+)
 
 
 class KbitConfig(Section):
@@ -558,12 +646,16 @@ class KbitConfig(Section):
             raise ValueError("fp16 DeepSpeed needs a GPU; use precision bf16 or fp32 on CPU")
         if self.train.precision == "fp16" and not self.launch.use_gpu:
             raise ValueError("train.precision=fp16 needs launch.use_gpu=true (CPU autocast supports bf16)")
-        librdkafka_only = [f"{section}.client" for section, client in (("kafka", self.kafka.client),
-                                                                        ("produce", self.produce.client))
-                           if client == "kafka-python"]
+        librdkafka_only = [
+            f"{section}.client"
+            for section, client in (("kafka", self.kafka.client), ("produce", self.produce.client))
+            if client == "kafka-python"
+        ]
         if self.kafka.extra and librdkafka_only:
-            raise ValueError(f"kafka.extra holds librdkafka options, which the kafka-python client cannot take "
-                             f"({', '.join(librdkafka_only)} = kafka-python)")
+            raise ValueError(
+                f"kafka.extra holds librdkafka options, which the kafka-python client cannot take "
+                f"({', '.join(librdkafka_only)} = kafka-python)"
+            )
         if self.train.global_batch_size < self.launch.num_processes:
             raise ValueError(
                 f"train.global_batch_size={self.train.global_batch_size} is smaller than "
@@ -629,8 +721,9 @@ def nest_dotted(dotted: dict[str, Any]) -> dict[str, Any]:
         node = out
         for part in parents:
             node = node.setdefault(part, {})
-        node[leaf] = deep_merge(node[leaf], value) if isinstance(value, dict) and isinstance(node.get(leaf), dict) \
-            else value
+        node[leaf] = (
+            deep_merge(node[leaf], value) if isinstance(value, dict) and isinstance(node.get(leaf), dict) else value
+        )
     return out
 
 

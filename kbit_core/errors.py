@@ -26,8 +26,9 @@ class ManifestMismatchError(TopicError):
 class RecordError(KbitError):
     """A Kafka record could not be read or decoded; carries its coordinates."""
 
-    def __init__(self, message: str, *, topic: str | None = None, partition: int | None = None,
-                 offset: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, topic: str | None = None, partition: int | None = None, offset: int | None = None
+    ) -> None:
         where = ", ".join(
             f"{k}={v}" for k, v in (("topic", topic), ("partition", partition), ("offset", offset)) if v is not None
         )

@@ -55,8 +55,12 @@ def _array(kind: str, array: np.ndarray) -> dict[str, Any]:
     if array.dtype.hasobject:
         raise TypeError("cannot send an array of Python objects over kbit's hand-off encoding")
     contiguous = np.ascontiguousarray(array)
-    return {_TAG: kind, "dtype": contiguous.dtype.str, "shape": list(contiguous.shape),
-            "data": base64.b64encode(contiguous.tobytes()).decode("ascii")}
+    return {
+        _TAG: kind,
+        "dtype": contiguous.dtype.str,
+        "shape": list(contiguous.shape),
+        "data": base64.b64encode(contiguous.tobytes()).decode("ascii"),
+    }
 
 
 def _decode(value: Any) -> Any:

@@ -42,8 +42,15 @@ def kbit_version() -> str:
         return "unknown"
 
 
-def _send_dataset(cfg: KbitConfig, variant: DataVariant, topic: str, source: DatasetSource, codec: Codec,
-                  backend: ProducerBackend, progress: bool) -> DeliveryLedger:
+def _send_dataset(
+    cfg: KbitConfig,
+    variant: DataVariant,
+    topic: str,
+    source: DatasetSource,
+    codec: Codec,
+    backend: ProducerBackend,
+    progress: bool,
+) -> DeliveryLedger:
     """Encode the source chunk by chunk and send every message; returns the filled ledger."""
     partitions = cfg.produce.partitions
     per_message = variant.records_per_message
@@ -51,14 +58,25 @@ def _send_dataset(cfg: KbitConfig, variant: DataVariant, topic: str, source: Dat
     chunk = per_message * max(1, CHUNK_RECORDS // per_message)
     ledger = DeliveryLedger(topic, partitions)
     message_no = 0
-    with tqdm(total=source.num_records, unit="rec", unit_scale=True, desc=f"produce {variant.name}",
-              disable=not progress, file=sys.stderr) as bar:
+    with tqdm(
+        total=source.num_records,
+        unit="rec",
+        unit_scale=True,
+        desc=f"produce {variant.name}",
+        disable=not progress,
+        file=sys.stderr,
+    ) as bar:
         for indices, images, labels in source.batches(0, source.num_records, chunk):
             for j, value in enumerate(codec.encode(indices, images, labels)):
                 first = j * per_message
                 records = min(per_message, len(indices) - first)
-                backend.send(topic, message_no % partitions, str(int(indices[first])).encode("ascii"), value,
-                             ledger.callback(records, len(value)))
+                backend.send(
+                    topic,
+                    message_no % partitions,
+                    str(int(indices[first])).encode("ascii"),
+                    value,
+                    ledger.callback(records, len(value)),
+                )
                 message_no += 1
             ledger.raise_errors()
             bar.update(len(indices))
@@ -68,12 +86,19 @@ def _send_dataset(cfg: KbitConfig, variant: DataVariant, topic: str, source: Dat
 
 def _requested_identity(cfg: KbitConfig, variant: DataVariant) -> tuple[DataIdentity, DatasetSource, Codec]:
     source = open_source(cfg.dataset)
-    codec = get_codec(variant.format, variant.layout, source.image_shape, variant.records_per_message,
-                      num_classes=source.num_classes)
-    info = DatasetInfo(name=source.name, seed=cfg.dataset.seed, num_records=source.num_records,
-                       image_shape=tuple(source.image_shape), num_classes=source.num_classes)
-    identity = DataIdentity(dataset=info, variant=variant, partitions=cfg.produce.partitions,
-                            schema_fingerprint=codec.schema_fingerprint())
+    codec = get_codec(
+        variant.format, variant.layout, source.image_shape, variant.records_per_message, num_classes=source.num_classes
+    )
+    info = DatasetInfo(
+        name=source.name,
+        seed=cfg.dataset.seed,
+        num_records=source.num_records,
+        image_shape=tuple(source.image_shape),
+        num_classes=source.num_classes,
+    )
+    identity = DataIdentity(
+        dataset=info, variant=variant, partitions=cfg.produce.partitions, schema_fingerprint=codec.schema_fingerprint()
+    )
     return identity, source, codec
 
 
@@ -87,26 +112,41 @@ def _reusable(cfg: KbitConfig, topic: str, identity: DataIdentity) -> Manifest |
     if not exists:
         if path.is_file():
             # A stale manifest describes data that no longer exists, so it cannot conflict with the request.
-            log.warning("topic %s is gone from the %s (a memory-only broker loses topics on restart); "
-                        "producing it again", topic, admin.describe_broker(cfg.kafka))
+            log.warning(
+                "topic %s is gone from the %s (a memory-only broker loses topics on restart); producing it again",
+                topic,
+                admin.describe_broker(cfg.kafka),
+            )
         return None
     if not path.is_file():
-        raise ManifestMismatchError(f"topic {topic!r} exists but has no manifest at {path}, so its contents "
-                                    f"are unknown; pass --recreate (produce.recreate) to replace it")
+        raise ManifestMismatchError(
+            f"topic {topic!r} exists but has no manifest at {path}, so its contents "
+            f"are unknown; pass --recreate (produce.recreate) to replace it"
+        )
     saved = Manifest.load(path)
     diffs = saved.identity.differences(identity)
     if diffs:
-        raise ManifestMismatchError(f"the manifest of topic {topic!r} ({path}) differs from the request "
-                                    "(manifest != request):\n  " + "\n  ".join(diffs))
+        raise ManifestMismatchError(
+            f"the manifest of topic {topic!r} ({path}) differs from the request "
+            "(manifest != request):\n  " + "\n  ".join(diffs)
+        )
     check = admin.check_topic(cfg.kafka, saved)
     if check.problems:
-        raise ManifestMismatchError(f"topic {topic!r} no longer holds its manifest {path}:\n  "
-                                    + "\n  ".join(check.problems))
+        raise ManifestMismatchError(
+            f"topic {topic!r} no longer holds its manifest {path}:\n  " + "\n  ".join(check.problems)
+        )
     return saved
 
 
-def produce_dataset(cfg: KbitConfig, variant: DataVariant | None = None, *, recreate: bool | None = None,
-                    progress: bool = True, client: str | None = None, checked: bool = False) -> Manifest:
+def produce_dataset(
+    cfg: KbitConfig,
+    variant: DataVariant | None = None,
+    *,
+    recreate: bool | None = None,
+    progress: bool = True,
+    client: str | None = None,
+    checked: bool = False,
+) -> Manifest:
     """Make sure the variant's topic holds the dataset, producing it if needed, and return its manifest.
 
     A matching manifest whose offsets the broker still holds is reused as is; a topic that vanished
@@ -147,8 +187,10 @@ def _producing(cfg: KbitConfig, topic: str) -> Iterator[None]:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise TopicError(f"another produce of topic {topic!r} is in progress ({_lock_note(lock)}); "
-                             "run again once it has finished, and the topic it wrote will be reused") from None
+            raise TopicError(
+                f"another produce of topic {topic!r} is in progress ({_lock_note(lock)}); "
+                "run again once it has finished, and the topic it wrote will be reused"
+            ) from None
         lock.seek(0)
         lock.truncate()
         lock.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}")
@@ -171,8 +213,16 @@ def _lock_note(lock: IO[str], wait_s: float = 2.0) -> str:
         time.sleep(0.01)
 
 
-def _produce(cfg: KbitConfig, topic: str, variant: DataVariant, identity: DataIdentity, source: DatasetSource,
-             codec: Codec, client: str | None, progress: bool) -> Manifest:
+def _produce(
+    cfg: KbitConfig,
+    topic: str,
+    variant: DataVariant,
+    identity: DataIdentity,
+    source: DatasetSource,
+    codec: Codec,
+    client: str | None,
+    progress: bool,
+) -> Manifest:
     """Create ``topic``, send the dataset into it and save the manifest its delivery reports give."""
     admin.create_topic(cfg.kafka, topic, cfg.produce.partitions)
     backend = make_producer(cfg.kafka, cfg.produce, variant.compression, client)
@@ -185,21 +235,37 @@ def _produce(cfg: KbitConfig, topic: str, variant: DataVariant, identity: DataId
     seconds = time.perf_counter() - started
     partitions = ledger.partitions()
     manifest = Manifest(
-        topic=topic, dataset=identity.dataset, variant=variant, schema_fingerprint=identity.schema_fingerprint,
-        partitions=partitions, num_messages=sum(p.num_messages for p in partitions),
-        num_records=sum(p.num_records for p in partitions), value_bytes=sum(p.value_bytes for p in partitions),
-        wire_bytes=wire_bytes, dropped_records=source.num_records - ledger.delivered_records,
-        produce_seconds=seconds, client=backend.name, kbit_version=kbit_version(),
+        topic=topic,
+        dataset=identity.dataset,
+        variant=variant,
+        schema_fingerprint=identity.schema_fingerprint,
+        partitions=partitions,
+        num_messages=sum(p.num_messages for p in partitions),
+        num_records=sum(p.num_records for p in partitions),
+        value_bytes=sum(p.value_bytes for p in partitions),
+        wire_bytes=wire_bytes,
+        dropped_records=source.num_records - ledger.delivered_records,
+        produce_seconds=seconds,
+        client=backend.name,
+        kbit_version=kbit_version(),
     )
     if manifest.dropped_records:
         raise TopicError(f"{topic}: {manifest.dropped_records} of {source.num_records} records were not delivered")
     saved = manifest.save(cfg.manifest_dir)
-    log.info("produced %s: %d records in %d messages, %.1f MB in %.2fs; manifest %s", topic, manifest.num_records,
-             manifest.num_messages, manifest.value_bytes / 1e6, seconds, saved)
+    log.info(
+        "produced %s: %d records in %d messages, %.1f MB in %.2fs; manifest %s",
+        topic,
+        manifest.num_records,
+        manifest.num_messages,
+        manifest.value_bytes / 1e6,
+        seconds,
+        saved,
+    )
     return manifest
 
 
-def ensure_topics(cfg: KbitConfig, variants: Iterable[DataVariant], *, progress: bool = True,
-                  checked: bool = False) -> list[Manifest]:
+def ensure_topics(
+    cfg: KbitConfig, variants: Iterable[DataVariant], *, progress: bool = True, checked: bool = False
+) -> list[Manifest]:
     """produce_dataset for each variant (reusing whatever is already in place)."""
     return [produce_dataset(cfg, v, progress=progress, checked=checked) for v in variants]

@@ -65,16 +65,20 @@ def join_token_file(address: str, configured: Path | None, own: Path) -> Path | 
     """
     if configured is not None:
         if not configured.is_file() or not configured.read_text().strip():
-            raise ConfigError(f"launch.ray_auth_token_file={configured}: no token there (the Ray cluster at "
-                              f"{address} needs its token)")
+            raise ConfigError(
+                f"launch.ray_auth_token_file={configured}: no token there (the Ray cluster at "
+                f"{address} needs its token)"
+            )
         return configured
     if any(_USER_TOKEN.values()):
         return None
     if own.is_file() and own.read_text().strip():
         return own
-    raise ConfigError(f"the Ray cluster at {address} asks for its token, and kbit has none for it: heads that "
-                      f"`kbit stack up --ray` starts keep theirs in {own}; for another cluster set "
-                      f"launch.ray_auth_token_file (or RAY_AUTH_TOKEN_PATH) to its token file")
+    raise ConfigError(
+        f"the Ray cluster at {address} asks for its token, and kbit has none for it: heads that "
+        f"`kbit stack up --ray` starts keep theirs in {own}; for another cluster set "
+        f"launch.ray_auth_token_file (or RAY_AUTH_TOKEN_PATH) to its token file"
+    )
 
 
 def activate(env: dict[str, str]) -> None:

@@ -112,8 +112,9 @@ class Service:
         """The health URL answers, or (without one) the port and the ready ports accept connections."""
         if self.health_url is not None:
             return http_ok(self.health_url)
-        return all(port_open(self.host or "127.0.0.1", port) for port in (self.port, *self.ready_ports)
-                   if port is not None)
+        return all(
+            port_open(self.host or "127.0.0.1", port) for port in (self.port, *self.ready_ports) if port is not None
+        )
 
     def status(self) -> ServiceStatus:
         pid = self.pid()
@@ -124,8 +125,11 @@ class Service:
         if self.pid() is not None:
             self._wait_healthy(timeout_s)
             return self.status()
-        taken = [port for port in (self.port, *self.ready_ports)
-                 if port is not None and port_open(self.host or "127.0.0.1", port)]
+        taken = [
+            port
+            for port in (self.port, *self.ready_ports)
+            if port is not None and port_open(self.host or "127.0.0.1", port)
+        ]
         if taken:
             raise self.error_type(
                 f"{self.name}: port {self.host}:{taken[0]} is already taken by another process; "
@@ -133,8 +137,14 @@ class Service:
             )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as logf:
-            proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, **self.env}, start_new_session=True)
+            proc = subprocess.Popen(
+                self.argv,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
         # /proc/<pid>/cmdline reads empty until the child's exec is done (1 start in 7 here), and pid() looks for
         # the marker there: without this wait, a service just started could count as exited
         deadline = time.monotonic() + EXEC_WAIT_S
@@ -150,14 +160,17 @@ class Service:
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
                 self.pid_path.unlink(missing_ok=True)
-                raise self.error_type(f"{self.name} exited with code {proc.returncode} on start; "
-                                 f"log {self.log_path}:\n{self.log_tail()}")
+                raise self.error_type(
+                    f"{self.name} exited with code {proc.returncode} on start; log {self.log_path}:\n{self.log_tail()}"
+                )
             if self.healthy():
                 return
             time.sleep(0.25)
         self.stop()
-        raise self.error_type(f"{self.name} was not healthy at {self.health_url or self.port} within {timeout_s:.0f}s; "
-                         f"log {self.log_path}:\n{self.log_tail()}")
+        raise self.error_type(
+            f"{self.name} was not healthy at {self.health_url or self.port} within {timeout_s:.0f}s; "
+            f"log {self.log_path}:\n{self.log_tail()}"
+        )
 
     def stop(self, timeout_s: float = 15.0) -> bool:
         """SIGTERM the process group, SIGKILL it after ``timeout_s``; True when ours was running."""

@@ -250,17 +250,29 @@ def _repeat(ranges: Sequence[OffsetRange], count: int) -> list[OffsetRange]:
     return out
 
 
-def _shard_split(name: str, ranges: tuple[OffsetRange, ...], world_size: int, epoch: int, seed: int,
-                 remainder: str, rpm: int) -> tuple[RankShard, ...]:
+def _shard_split(
+    name: str, ranges: tuple[OffsetRange, ...], world_size: int, epoch: int, seed: int, remainder: str, rpm: int
+) -> tuple[RankShard, ...]:
     total = sum(len(r) for r in ranges)
     if remainder == "drop":
         per_rank = total // world_size
         dropped = total - per_rank * world_size
         # Rotating the dropped window per epoch keeps the read contiguous yet lets every message be seen.
-        shift = int(np.random.default_rng([seed, epoch, SPLIT_NAMES.index(name)]).integers(0, dropped + 1)) if dropped else 0
+        shift = (
+            int(np.random.default_rng([seed, epoch, SPLIT_NAMES.index(name)]).integers(0, dropped + 1))
+            if dropped
+            else 0
+        )
         return tuple(
-            RankShard(name, r, tuple(_slice(ranges, shift + r * per_rank, shift + (r + 1) * per_rank)),
-                      per_rank, 0, dropped, rpm)
+            RankShard(
+                name,
+                r,
+                tuple(_slice(ranges, shift + r * per_rank, shift + (r + 1) * per_rank)),
+                per_rank,
+                0,
+                dropped,
+                rpm,
+            )
             for r in range(world_size)
         )
     per_rank = -(-total // world_size)

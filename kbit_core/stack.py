@@ -54,13 +54,32 @@ def mlflow_server(cfg: KbitConfig) -> Service:
     st, run_dir = cfg.stack, cfg.run_dir
     url = f"http://{st.host}:{st.mlflow_port}"
     return Service(
-        "mlflow-server", run_dir,
-        [sys.executable, "-m", "mlflow", "server", "--host", st.host, "--port", str(st.mlflow_port),
-         "--backend-store-uri", f"sqlite:///{run_dir / 'mlflow.db'}",
-         "--artifacts-destination", str(run_dir / "mlartifacts"), "--workers", "1"],
-        marker="mlflow", env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, host=st.host,
-        port=st.mlflow_port, health_url=f"{url}/health", url=url,
-        port_setting="stack.mlflow_port", error_type=StackError,
+        "mlflow-server",
+        run_dir,
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            st.host,
+            "--port",
+            str(st.mlflow_port),
+            "--backend-store-uri",
+            f"sqlite:///{run_dir / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(run_dir / "mlartifacts"),
+            "--workers",
+            "1",
+        ],
+        marker="mlflow",
+        env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        host=st.host,
+        port=st.mlflow_port,
+        health_url=f"{url}/health",
+        url=url,
+        port_setting="stack.mlflow_port",
+        error_type=StackError,
     )
 
 
@@ -72,17 +91,36 @@ def ray_head(cfg: KbitConfig) -> Service:
     """
     launch = cfg.launch
     token = ray_env.create_token(ray_env.own_token_file(cfg.run_dir))
-    dashboard = ["--include-dashboard=true", "--dashboard-host=127.0.0.1"] if launch.ray_include_dashboard else [
-        "--include-dashboard=false"]
+    dashboard = (
+        ["--include-dashboard=true", "--dashboard-host=127.0.0.1"]
+        if launch.ray_include_dashboard
+        else ["--include-dashboard=false"]
+    )
     return Service(
-        "ray-head", cfg.run_dir,
-        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-         f"--port={launch.ray_head_port}", f"--num-cpus={os.cpu_count() or 1}",
-         f"--object-store-memory={launch.ray_object_store_mb * 2**20}", "--disable-usage-stats",
-         f"--ray-client-server-port={launch.ray_client_server_port}", *dashboard],
-        marker="ray.scripts.scripts", env={**ray_env.ray_env(token, loopback=True), **ray_env.HEAD_ENV}, host="127.0.0.1",
-        port=launch.ray_head_port, ready_ports=(launch.ray_client_server_port,),
-        url=f"127.0.0.1:{launch.ray_head_port}", port_setting="launch.ray_head_port, launch.ray_client_server_port",
+        "ray-head",
+        cfg.run_dir,
+        [
+            sys.executable,
+            "-m",
+            "ray.scripts.scripts",
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--port={launch.ray_head_port}",
+            f"--num-cpus={os.cpu_count() or 1}",
+            f"--object-store-memory={launch.ray_object_store_mb * 2**20}",
+            "--disable-usage-stats",
+            f"--ray-client-server-port={launch.ray_client_server_port}",
+            *dashboard,
+        ],
+        marker="ray.scripts.scripts",
+        env={**ray_env.ray_env(token, loopback=True), **ray_env.HEAD_ENV},
+        host="127.0.0.1",
+        port=launch.ray_head_port,
+        ready_ports=(launch.ray_client_server_port,),
+        url=f"127.0.0.1:{launch.ray_head_port}",
+        port_setting="launch.ray_head_port, launch.ray_client_server_port",
         error_type=StackError,
     )
 
@@ -110,19 +148,38 @@ class LocalStack:
         self.mlflow_url = remote_uri.rstrip("/") if self.remote_mlflow else local_mlflow
         self.broker = EmbeddedBroker(self.run_dir, cfg.kafka.embedded.host, cfg.kafka.embedded.port)
         self.prefect_server = Service(
-            "prefect-server", self.run_dir,
+            "prefect-server",
+            self.run_dir,
             [sys.executable, "-m", "prefect", "server", "start", "--host", st.host, "--port", str(st.prefect_port)],
-            marker="prefect", env=self.prefect_env(), host=st.host, port=st.prefect_port,
-            health_url=f"{self.prefect_api_url}/health", url=self.prefect_ui_url,
-            port_setting="stack.prefect_port", error_type=StackError,
+            marker="prefect",
+            env=self.prefect_env(),
+            host=st.host,
+            port=st.prefect_port,
+            health_url=f"{self.prefect_api_url}/health",
+            url=self.prefect_ui_url,
+            port_setting="stack.prefect_port",
+            error_type=StackError,
         )
         self.mlflow_server = mlflow_server(cfg)
         self.ray_head = ray_head(cfg)
         self.worker = Service(
-            "prefect-worker", self.run_dir,
-            [sys.executable, "-m", "prefect", "worker", "start", "--pool", st.work_pool,
-             "--name", self.worker_name, "--type", "process"],
-            marker="prefect", env={**self.prefect_env(), "PREFECT_WORKER_QUERY_SECONDS": WORKER_QUERY_SECONDS},
+            "prefect-worker",
+            self.run_dir,
+            [
+                sys.executable,
+                "-m",
+                "prefect",
+                "worker",
+                "start",
+                "--pool",
+                st.work_pool,
+                "--name",
+                self.worker_name,
+                "--type",
+                "process",
+            ],
+            marker="prefect",
+            env={**self.prefect_env(), "PREFECT_WORKER_QUERY_SECONDS": WORKER_QUERY_SECONDS},
             error_type=StackError,
         )
 
@@ -177,8 +234,9 @@ class LocalStack:
 
     def down(self) -> list[str]:
         """Stop every service of ours by PID, worker first; returns the names that were running."""
-        stopped = [svc.name for svc in (self.worker, self.mlflow_server, self.prefect_server, self.ray_head)
-                   if svc.stop()]
+        stopped = [
+            svc.name for svc in (self.worker, self.mlflow_server, self.prefect_server, self.ray_head) if svc.stop()
+        ]
         if self.broker.stop():
             stopped.append("broker")
         return stopped
@@ -189,14 +247,24 @@ class LocalStack:
             b = self.broker.status()
             services.append(ServiceStatus("broker", b.running, b.pid, b.bootstrap, b.log_path))
         if self.remote_prefect:
-            services.append(ServiceStatus("prefect-server (remote)", http_ok(f"{self.prefect_api_url}/health"),
-                                          None, self.prefect_api_url, None))
+            services.append(
+                ServiceStatus(
+                    "prefect-server (remote)",
+                    http_ok(f"{self.prefect_api_url}/health"),
+                    None,
+                    self.prefect_api_url,
+                    None,
+                )
+            )
         else:
             services.append(self.prefect_server.status())
         services.append(self.worker.status())
         if self.remote_mlflow:
-            services.append(ServiceStatus("mlflow-server (remote)", http_ok(f"{self.mlflow_url}/health"), None,
-                                          self.mlflow_url, None))
+            services.append(
+                ServiceStatus(
+                    "mlflow-server (remote)", http_ok(f"{self.mlflow_url}/health"), None, self.mlflow_url, None
+                )
+            )
         else:
             services.append(self.mlflow_server.status())
         if self.ray_head.pid() is not None:
@@ -207,12 +275,20 @@ class LocalStack:
 
     def prefect_cli(self, *args: str, timeout_s: float = 300.0, env: dict[str, str] | None = None) -> str:
         """Run the Prefect CLI against this stack's API; a non-zero exit becomes a StackError with its output."""
-        proc = subprocess.run([sys.executable, "-m", "prefect", *args], cwd=PROJECT_ROOT, capture_output=True,
-                              text=True, timeout=timeout_s, env={**os.environ, **(env or self.prefect_env())},
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [sys.executable, "-m", "prefect", *args],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env={**os.environ, **(env or self.prefect_env())},
+            stdin=subprocess.DEVNULL,
+        )
         if proc.returncode != 0:
-            raise StackError(f"`prefect {' '.join(args)}` failed with exit code {proc.returncode}:\n"
-                             f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+            raise StackError(
+                f"`prefect {' '.join(args)}` failed with exit code {proc.returncode}:\n"
+                f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+            )
         return proc.stdout
 
     def ensure_work_pool(self) -> None:
@@ -239,8 +315,11 @@ class LocalStack:
             raise StackError(f"no deployments found at {self.prefect_api_url} after deploying {PROJECT_ROOT}")
         for dep in deployments:
             where = f"deployment {dep['name']!r} (entrypoint {dep.get('entrypoint')})"
-            dirs = [step[SET_WORKING_DIRECTORY]["directory"]
-                    for step in dep.get("pull_steps") or [] if SET_WORKING_DIRECTORY in step]
+            dirs = [
+                step[SET_WORKING_DIRECTORY]["directory"]
+                for step in dep.get("pull_steps") or []
+                if SET_WORKING_DIRECTORY in step
+            ]
             if not dirs:
                 raise StackError(f"{where} has no set_working_directory pull step")
             for directory in dirs:
@@ -261,5 +340,7 @@ class LocalStack:
             if any(w["name"] == self.worker_name for w in _api("POST", url, {}) or []):
                 return
             time.sleep(0.5)
-        raise StackError(f"prefect-worker did not register with pool {self.cfg.stack.work_pool!r} within "
-                         f"{timeout_s:.0f}s; log {self.worker.log_path}:\n{self.worker.log_tail()}")
+        raise StackError(
+            f"prefect-worker did not register with pool {self.cfg.stack.work_pool!r} within "
+            f"{timeout_s:.0f}s; log {self.worker.log_path}:\n{self.worker.log_tail()}"
+        )

@@ -44,11 +44,16 @@ def best_trial(results: list[dict[str, Any]], metric: str, mode: Literal["max", 
         raise ConfigError(f"sweep metric {metric!r} is missing from trials {missing}; the trials report {known}")
     finite = [r for r in results if math.isfinite(r["metrics"][metric])]
     if not finite:
-        raise TrainingDivergedError(f"sweep metric {metric!r} is NaN or infinite in every trial "
-                                    f"({[r['metrics'][metric] for r in results]}): no trial can be the best")
+        raise TrainingDivergedError(
+            f"sweep metric {metric!r} is NaN or infinite in every trial "
+            f"({[r['metrics'][metric] for r in results]}): no trial can be the best"
+        )
     if len(finite) < len(results):
         # NaN compares false both ways, so max/min would keep whichever NaN came first as the best.
-        log.warning("sweep: trials %s have a non-finite %s and cannot be the best",
-                    [r["trial"] for r in results if r not in finite], metric)
+        log.warning(
+            "sweep: trials %s have a non-finite %s and cannot be the best",
+            [r["trial"] for r in results if r not in finite],
+            metric,
+        )
     pick = max if mode == "max" else min
     return pick(finite, key=lambda r: r["metrics"][metric])

@@ -111,9 +111,15 @@ def function_level_imports() -> list[tuple[str, int, str]]:
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             for node in ast.walk(func):
-                names = ([node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else
-                         [a.name for a in node.names] if isinstance(node, ast.Import) else
-                         ["(relative)"] if isinstance(node, ast.ImportFrom) else [])
+                names = (
+                    [node.module or ""]
+                    if isinstance(node, ast.ImportFrom) and node.level == 0
+                    else [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else ["(relative)"]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
                 for name in names:
                     if name.split(".")[0] in (PACKAGE, "(relative)"):
                         found.append((str(path.relative_to(ROOT)), node.lineno, name))

@@ -32,12 +32,17 @@ def main() -> int:
             elif isinstance(node, ast.ClassDef):
                 classes.append((length, f"{rel}:{node.lineno} {node.name}"))
     over = 0
-    for title, rows, limit in (("files", files, FILE_LIMIT), ("functions", functions, FUNCTION_LIMIT),
-                               ("classes", classes, None)):
+    for title, rows, limit in (
+        ("files", files, FILE_LIMIT),
+        ("functions", functions, FUNCTION_LIMIT),
+        ("classes", classes, None),
+    ):
         rows.sort(reverse=True)
         shown = [r for r in rows if limit is not None and r[0] > limit] if everything else rows[:8]
-        print(f"{title}: {len(rows)}, longest {rows[0][0]} lines" +
-              (f", over {limit}: {sum(r[0] > limit for r in rows)}" if limit else ""))
+        print(
+            f"{title}: {len(rows)}, longest {rows[0][0]} lines"
+            + (f", over {limit}: {sum(r[0] > limit for r in rows)}" if limit else "")
+        )
         for length, name in shown or rows[:8]:
             print(f"  {length:5d}  {name}")
         over += sum(r[0] > limit for r in rows) if limit else 0

@@ -29,34 +29,57 @@ MODEL_TRAINING = "workflowType=machine_learning"  # what kbit's links ask for (k
 
 def api(url: str, body: dict[str, Any] | None = None) -> Any:
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method="POST" if data else "GET",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=data, method="POST" if data else "GET", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read() or b"null")
 
 
 def shoot(browser: str, url: str, path: Path, window: str = WINDOW) -> Path:
     """One full-window PNG of ``url`` after the page had RENDER_BUDGET_MS of virtual time."""
-    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    f"--window-size={window}", f"--virtual-time-budget={RENDER_BUDGET_MS}",
-                    f"--screenshot={path}", url], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--window-size={window}",
+            f"--virtual-time-budget={RENDER_BUDGET_MS}",
+            f"--screenshot={path}",
+            url,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     print(f"{path.name}: {url}")
     return path
 
 
 def mlflow_pages(mlflow: str, experiment: str) -> dict[str, str]:
     """The MLflow pages worth seeing: experiment, newest benchmark parent, its summary, the compare view."""
-    exp = api(f"{mlflow}/api/2.0/mlflow/experiments/get-by-name?"
-              + urllib.parse.urlencode({"experiment_name": experiment}))["experiment"]
+    exp = api(
+        f"{mlflow}/api/2.0/mlflow/experiments/get-by-name?" + urllib.parse.urlencode({"experiment_name": experiment})
+    )["experiment"]
     eid = exp["experiment_id"]
-    runs = api(f"{mlflow}/api/2.0/mlflow/runs/search", {
-        "experiment_ids": [eid], "filter": "tags.`kbit.kind` = 'benchmark' and attributes.status = 'FINISHED'",
-        "max_results": 1, "order_by": ["attributes.start_time DESC"]}).get("runs", [])
+    runs = api(
+        f"{mlflow}/api/2.0/mlflow/runs/search",
+        {
+            "experiment_ids": [eid],
+            "filter": "tags.`kbit.kind` = 'benchmark' and attributes.status = 'FINISHED'",
+            "max_results": 1,
+            "order_by": ["attributes.start_time DESC"],
+        },
+    ).get("runs", [])
     if not runs:
         raise SystemExit(f"experiment {experiment!r} holds no finished benchmark run yet")
     parent = runs[0]["info"]["run_id"]
-    children = api(f"{mlflow}/api/2.0/mlflow/runs/search", {
-        "experiment_ids": [eid], "filter": f"tags.mlflow.parentRunId = '{parent}'", "max_results": 100}).get("runs", [])
+    children = api(
+        f"{mlflow}/api/2.0/mlflow/runs/search",
+        {"experiment_ids": [eid], "filter": f"tags.mlflow.parentRunId = '{parent}'", "max_results": 100},
+    ).get("runs", [])
     compare = urllib.parse.quote(json.dumps([c["info"]["run_id"] for c in children]))
     experiments = urllib.parse.quote(json.dumps([eid]))
     run = f"{mlflow}/#/experiments/{eid}/runs/{parent}"

@@ -25,14 +25,24 @@ class RegressionError(KbitError):
     """A benchmark configuration got significantly slower than in the baseline run."""
 
 
-@task(name="run-benchmark", retries=1, retry_delay_seconds=BACKOFF_S[1], retry_condition_fn=is_transient,
-      timeout_seconds=12 * 3600)
+@task(
+    name="run-benchmark",
+    retries=1,
+    retry_delay_seconds=BACKOFF_S[1],
+    retry_condition_fn=is_transient,
+    timeout_seconds=12 * 3600,
+)
 def run_benchmark_iterations(cfg: KbitConfig) -> dict[str, Any]:
     """Run the benchmark matrix; return where its report went and its MLflow parent run."""
     result = run_benchmark(cfg, progress=show_progress())
-    summary = {"run_id": result.run_id, "report_dir": str(result.report_dir),
-               "stats_json": str(result.files.stats_json), "summary_md": str(result.files.summary_md),
-               "mlflow_run_id": result.parent_run_id, "fastest": result.stats["comparison"][RANKING_METRIC]["fastest"]}
+    summary = {
+        "run_id": result.run_id,
+        "report_dir": str(result.report_dir),
+        "stats_json": str(result.files.stats_json),
+        "summary_md": str(result.files.summary_md),
+        "mlflow_run_id": result.parent_run_id,
+        "fastest": result.stats["comparison"][RANKING_METRIC]["fastest"],
+    }
     get_run_logger().info("benchmark report in %s (MLflow run %s)", summary["report_dir"], summary["mlflow_run_id"])
     return summary
 
@@ -49,12 +59,19 @@ def fail_on_regressions(comparison: dict[str, Any], baseline_run_id: str) -> Non
     regressed = [d for d in comparison["deltas"] if d["name"] in comparison["regressions"]]
     if regressed:
         detail = ", ".join(f"{d['name']} {d['change_pct']:+.1f}% (Holm p={d['p_holm']:.3g})" for d in regressed)
-        raise RegressionError(f"{len(regressed)} configuration(s) regressed against MLflow run {baseline_run_id} "
-                              f"beyond {comparison['threshold']:.0%}: {detail}")
+        raise RegressionError(
+            f"{len(regressed)} configuration(s) regressed against MLflow run {baseline_run_id} "
+            f"beyond {comparison['threshold']:.0%}: {detail}"
+        )
 
 
-@task(name="draw-history", retries=2, retry_delay_seconds=BACKOFF_S[:2], retry_condition_fn=is_transient,
-      timeout_seconds=600)
+@task(
+    name="draw-history",
+    retries=2,
+    retry_delay_seconds=BACKOFF_S[:2],
+    retry_condition_fn=is_transient,
+    timeout_seconds=600,
+)
 def draw_history(cfg: KbitConfig, run_id: str | None, report_dir: str) -> dict[str, Any]:
     """Each configuration's nightly median with its CI, change points and unstable configurations, written next
     to the report and attached to the MLflow run (plot, table, and the verdict in its description)."""
@@ -65,5 +82,9 @@ def draw_history(cfg: KbitConfig, run_id: str | None, report_dir: str) -> dict[s
     log.info(history.verdict())
     for reason in left_out:
         log.info("left out of the history: %s", reason)
-    return {"verdict": history.verdict(), "table": table, "unstable": history.unstable,
-            "change_points": {name: [cp.commits for cp in cps] for name, cps in history.change_points.items()}}
+    return {
+        "verdict": history.verdict(),
+        "table": table,
+        "unstable": history.unstable,
+        "change_points": {name: [cp.commits for cp in cps] for name, cps in history.change_points.items()},
+    }

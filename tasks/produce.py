@@ -39,15 +39,32 @@ def topic_identity_key(context: TaskRunContext, parameters: dict[str, Any]) -> s
     return "kbit-topics-" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
 
 
-@task(name="ensure-topics", retries=len(BACKOFF_S), retry_delay_seconds=BACKOFF_S, retry_condition_fn=is_transient,
-      timeout_seconds=3600, cache_key_fn=topic_identity_key, cache_expiration=timedelta(hours=12),
-      persist_result=True, result_serializer="json")
+@task(
+    name="ensure-topics",
+    retries=len(BACKOFF_S),
+    retry_delay_seconds=BACKOFF_S,
+    retry_condition_fn=is_transient,
+    timeout_seconds=3600,
+    cache_key_fn=topic_identity_key,
+    cache_expiration=timedelta(hours=12),
+    persist_result=True,
+    result_serializer="json",
+)
 def ensure_dataset_topics(cfg: KbitConfig, variants: list[DataVariant] | None = None) -> list[dict[str, Any]]:
     """Produce the topics of ``variants`` (default: the configured one) that no matching manifest covers."""
     manifests = ensure_topics(cfg, variants or [cfg.produce.variant], progress=show_progress())
     logger = get_run_logger()
     for m in manifests:
-        logger.info("topic %s: %d messages, %d records, %d value bytes", m.topic, m.num_messages, m.num_records,
-                    m.value_bytes)
-    return [{"topic": m.topic, "variant": m.variant.name, "num_messages": m.num_messages,
-             "num_records": m.num_records, "value_bytes": m.value_bytes} for m in manifests]
+        logger.info(
+            "topic %s: %d messages, %d records, %d value bytes", m.topic, m.num_messages, m.num_records, m.value_bytes
+        )
+    return [
+        {
+            "topic": m.topic,
+            "variant": m.variant.name,
+            "num_messages": m.num_messages,
+            "num_records": m.num_records,
+            "value_bytes": m.value_bytes,
+        }
+        for m in manifests
+    ]

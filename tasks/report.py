@@ -17,8 +17,9 @@ def _key(text: str) -> str:
 
 
 @task(name="publish-benchmark-summary")
-def publish_benchmark_summary(profile: str, summary_md: str, mlflow_run_url: str | None,
-                              history: dict[str, Any] | None = None) -> str:
+def publish_benchmark_summary(
+    profile: str, summary_md: str, mlflow_run_url: str | None, history: dict[str, Any] | None = None
+) -> str:
     """Publish the report's summary tables (file ``summary_md``, which carries the one heading), the history's
     verdict and table when drawn, and where to find the run in MLflow."""
     link = f"[Open the run in MLflow]({mlflow_run_url})\n\n" if mlflow_run_url else ""
@@ -27,8 +28,11 @@ def publish_benchmark_summary(profile: str, summary_md: str, mlflow_run_url: str
     parts = [title, "", link + (f"**{history['verdict']}**\n" if history else ""), body.lstrip("\n")]
     if history:
         parts += ["## History", "", history["table"]]
-    artifact_id = create_markdown_artifact(markdown="\n".join(parts), key=_key(f"kbit-benchmark-{profile}"),
-                                           description=f"kbit benchmark summary ({profile})")
+    artifact_id = create_markdown_artifact(
+        markdown="\n".join(parts),
+        key=_key(f"kbit-benchmark-{profile}"),
+        description=f"kbit benchmark summary ({profile})",
+    )
     return str(artifact_id)
 
 
@@ -36,15 +40,22 @@ def publish_benchmark_summary(profile: str, summary_md: str, mlflow_run_url: str
 def publish_regression_check(profile: str, comparison: dict[str, Any], baseline_run_id: str) -> str:
     """Publish the run-to-run comparison as a table, regressions first."""
     rows = sorted(comparison["deltas"], key=lambda d: (d["verdict"] != "regression", -d["change_pct"]))
-    lines = [f"Baseline MLflow run `{baseline_run_id}`; threshold {comparison['threshold']:.0%}, "
-             f"alpha {comparison['alpha']} (Holm-corrected), `{comparison['metric']}` per iteration.", "",
-             "| " + " | ".join(COMPARISON_COLUMNS) + " |", "|---" * len(COMPARISON_COLUMNS) + "|"]
+    lines = [
+        f"Baseline MLflow run `{baseline_run_id}`; threshold {comparison['threshold']:.0%}, "
+        f"alpha {comparison['alpha']} (Holm-corrected), `{comparison['metric']}` per iteration.",
+        "",
+        "| " + " | ".join(COMPARISON_COLUMNS) + " |",
+        "|---" * len(COMPARISON_COLUMNS) + "|",
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in comparison_rows(rows)]
     for side, names in (("only in the baseline", comparison["only_in_a"]), ("new", comparison["only_in_b"])):
         if names:
             lines.append(f"\n{side}: {', '.join(names)}")
-    artifact_id = create_markdown_artifact(markdown="\n".join(lines), key=_key(f"kbit-regression-{profile}"),
-                                           description=f"kbit run-to-run comparison ({profile})")
+    artifact_id = create_markdown_artifact(
+        markdown="\n".join(lines),
+        key=_key(f"kbit-regression-{profile}"),
+        description=f"kbit run-to-run comparison ({profile})",
+    )
     return str(artifact_id)
 
 
@@ -55,8 +66,12 @@ def publish_sweep_table(results: list[dict[str, Any]], best: dict[str, Any], met
     lines = ["| trial | " + " | ".join(keys) + f" | {metric} | MLflow run | |", "|---" * (len(keys) + 4) + "|"]
     for r in results:
         mark = "best" if r["trial"] == best["trial"] else ""
-        lines.append(f"| {r['trial']} | " + " | ".join(str(r["params"][k]) for k in keys)
-                     + f" | {r['metrics'][metric]:.4g} | {r['mlflow_run_id'] or '-'} | {mark} |")
-    artifact_id = create_markdown_artifact(markdown="\n".join(lines), key="kbit-sweep",
-                                           description=f"kbit sweep trials by {metric}")
+        lines.append(
+            f"| {r['trial']} | "
+            + " | ".join(str(r["params"][k]) for k in keys)
+            + f" | {r['metrics'][metric]:.4g} | {r['mlflow_run_id'] or '-'} | {mark} |"
+        )
+    artifact_id = create_markdown_artifact(
+        markdown="\n".join(lines), key="kbit-sweep", description=f"kbit sweep trials by {metric}"
+    )
     return str(artifact_id)

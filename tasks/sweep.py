@@ -11,8 +11,9 @@ from kbit_core.trials import DEFAULT_SPACE, best_trial, expand_space
 
 
 @task(name="sweep-trials")
-def sweep_trials(base: KbitConfig, space: dict[str, list[Any]] | None, num_trials: int | None,
-                 seed: int) -> list[tuple[dict[str, Any], KbitConfig]]:
+def sweep_trials(
+    base: KbitConfig, space: dict[str, list[Any]] | None, num_trials: int | None, seed: int
+) -> list[tuple[dict[str, Any], KbitConfig]]:
     """Each point of ``space`` (default: the standard space; a grid, or ``num_trials`` sampled from it, seeded) with
     its validated config, before anything runs."""
     return [(trial, base.override(trial)) for trial in expand_space(space or DEFAULT_SPACE, num_trials, seed)]

@@ -18,15 +18,25 @@ from kbit_core.errors import ConfigError
 from tasks.policy import BACKOFF_S, is_transient
 
 
-@task(name="mlflow-run-url", retries=2, retry_delay_seconds=BACKOFF_S[:2], retry_condition_fn=is_transient,
-      timeout_seconds=120)
+@task(
+    name="mlflow-run-url",
+    retries=2,
+    retry_delay_seconds=BACKOFF_S[:2],
+    retry_condition_fn=is_transient,
+    timeout_seconds=120,
+)
 def mlflow_run_url(cfg: KbitConfig, run_id: str | None) -> str | None:
     """The run's page in the MLflow UI; None when not tracked or the store has no UI (sqlite)."""
     return tracking.run_url(cfg, run_id)
 
 
-@task(name="record-overrides", retries=2, retry_delay_seconds=BACKOFF_S[:2], retry_condition_fn=is_transient,
-      timeout_seconds=120)
+@task(
+    name="record-overrides",
+    retries=2,
+    retry_delay_seconds=BACKOFF_S[:2],
+    retry_condition_fn=is_transient,
+    timeout_seconds=120,
+)
 def record_overrides(cfg: KbitConfig, run_id: str | None, overrides: dict[str, Any] | None) -> dict[str, str]:
     """Tag the run with the overrides that change what it measures: a run with any never becomes a baseline."""
     recorded = tracking.record_overrides(cfg, run_id, overrides)
@@ -35,8 +45,13 @@ def record_overrides(cfg: KbitConfig, run_id: str | None, overrides: dict[str, A
     return recorded
 
 
-@task(name="find-previous-run", retries=2, retry_delay_seconds=BACKOFF_S[:2], retry_condition_fn=is_transient,
-      timeout_seconds=300)
+@task(
+    name="find-previous-run",
+    retries=2,
+    retry_delay_seconds=BACKOFF_S[:2],
+    retry_condition_fn=is_transient,
+    timeout_seconds=300,
+)
 def previous_benchmark(cfg: KbitConfig, current_run_id: str, current_stats_json: str) -> dict[str, Any] | None:
     """The newest finished, override-free benchmark run of this profile with the current run's identity (read from
     ``current_stats_json``), with its stats document; the runs passed over are logged with the reason.
@@ -51,6 +66,9 @@ def previous_benchmark(cfg: KbitConfig, current_run_id: str, current_stats_json:
     for reason in passed_over:
         log.info("not a comparable baseline: %s", reason)
     if previous is None:
-        log.info("no comparable finished %r benchmark in experiment %s: this run is the baseline",
-                 cfg.profile, cfg.experiment_name())
+        log.info(
+            "no comparable finished %r benchmark in experiment %s: this run is the baseline",
+            cfg.profile,
+            cfg.experiment_name(),
+        )
     return previous

@@ -13,8 +13,13 @@ from kbit_core.tracking import final_metrics
 from tasks.policy import BACKOFF_S, is_transient, show_progress
 
 
-@task(name="train", retries=1, retry_delay_seconds=BACKOFF_S[1], retry_condition_fn=is_transient,
-      timeout_seconds=12 * 3600)
+@task(
+    name="train",
+    retries=1,
+    retry_delay_seconds=BACKOFF_S[1],
+    retry_condition_fn=is_transient,
+    timeout_seconds=12 * 3600,
+)
 def train_model(cfg: KbitConfig) -> dict[str, Any]:
     """Run one distributed training, tracked as one MLflow run (params, metrics per epoch, final metrics, model).
 
@@ -25,8 +30,12 @@ def train_model(cfg: KbitConfig) -> dict[str, Any]:
     metrics = final_metrics(result)
     logger = get_run_logger()
     logger.info("training run %s: %s", result["mlflow_run_id"], {k: round(v, 4) for k, v in metrics.items()})
-    summary = {"mlflow_run_id": result["mlflow_run_id"], "topic": result["topic"],
-               "checkpoint": result.get("checkpoint"), "metrics": metrics}
+    summary = {
+        "mlflow_run_id": result["mlflow_run_id"],
+        "topic": result["topic"],
+        "checkpoint": result.get("checkpoint"),
+        "metrics": metrics,
+    }
     if "tracking_error" in result:
         logger.warning("training finished but was not fully recorded in MLflow: %s", result["tracking_error"])
         summary["tracking_error"] = result["tracking_error"]

@@ -12,12 +12,22 @@ from kbit_core.trials import DEFAULT_SPACE
 
 
 @task(name="ray-tune-sweep", timeout_seconds=24 * 3600)
-def tune_trials(cfg: KbitConfig, space: dict[str, list[Any]] | None, num_trials: int | None, metric: str,
-                mode: Literal["max", "min"], seed: int) -> dict[str, Any]:
+def tune_trials(
+    cfg: KbitConfig,
+    space: dict[str, list[Any]] | None,
+    num_trials: int | None,
+    metric: str,
+    mode: Literal["max", "min"],
+    seed: int,
+) -> dict[str, Any]:
     """The sweep's trials and best trial, as the Prefect backend returns them (plus the parent MLflow run id);
     ``space`` None: the standard space."""
     out = tune_sweep(cfg, space or DEFAULT_SPACE, num_trials, metric, mode, seed)
     stopped = [t["trial"] for t in out["trials"] if t["epochs"] < cfg.train.epochs]
-    get_run_logger().info("ray-tune sweep %s: best trial %s; ASHA stopped trials %s early",
-                          out["mlflow_run_id"], out["best"]["trial"], stopped)
+    get_run_logger().info(
+        "ray-tune sweep %s: best trial %s; ASHA stopped trials %s early",
+        out["mlflow_run_id"],
+        out["best"]["trial"],
+        stopped,
+    )
     return out

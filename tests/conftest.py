@@ -23,8 +23,13 @@ import pytest
 # (Test modules import this file again as tests.conftest: the variable keeps that second import on the same home.)
 TEST_HOME = Path(os.environ.get("KBIT_TEST_HOME") or tempfile.mkdtemp(prefix="kbit-test-home-"))
 os.environ["KBIT_TEST_HOME"] = str(TEST_HOME)
-for _variable, _subdir in {"HOME": ".", "XDG_CONFIG_HOME": ".config", "XDG_CACHE_HOME": ".cache",
-                           "XDG_DATA_HOME": ".local/share", "XDG_STATE_HOME": ".local/state"}.items():
+for _variable, _subdir in {
+    "HOME": ".",
+    "XDG_CONFIG_HOME": ".config",
+    "XDG_CACHE_HOME": ".cache",
+    "XDG_DATA_HOME": ".local/share",
+    "XDG_STATE_HOME": ".local/state",
+}.items():
     os.environ[_variable] = str(TEST_HOME / _subdir)
 
 from kbit_core import ray_env  # noqa: E402  (after the home is set)
@@ -102,8 +107,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     status = config.stash.get(_exit_status, 1)
 
     def exit_if_still_alive() -> None:
-        sys.stderr.write(f"kbit tests: the interpreter has not exited {EXIT_WATCHDOG_S}s after the session; "
-                         "every thread's stack:\n")
+        sys.stderr.write(
+            f"kbit tests: the interpreter has not exited {EXIT_WATCHDOG_S}s after the session; every thread's stack:\n"
+        )
         faulthandler.dump_traceback(all_threads=True)
         os._exit(status or 1)
 
@@ -222,9 +228,12 @@ def launch_debris() -> Callable[..., list[str]]:
 def ray_head_config(tmp_path_factory: pytest.TempPathFactory) -> KbitConfig:
     """The session head's settings: free ports for the head and its Ray Client server (Ray's default client port,
     10001, would be taken by a concurrent session's head)."""
-    return KbitConfig.from_dict({"workdir": str(tmp_path_factory.mktemp("ray-head")),
-                                 "launch": {"engine": "ray", "ray_head_port": free_port(),
-                                            "ray_client_server_port": free_port()}})
+    return KbitConfig.from_dict(
+        {
+            "workdir": str(tmp_path_factory.mktemp("ray-head")),
+            "launch": {"engine": "ray", "ray_head_port": free_port(), "ray_client_server_port": free_port()},
+        }
+    )
 
 
 @pytest.fixture(scope="session")
@@ -244,8 +253,11 @@ def ray_head_service(ray_head_config: KbitConfig) -> Iterator[Service]:
 
 def ray_head_settings(head: Service) -> dict[str, Any]:
     """``launch`` settings that run ranks on the session's Ray head, with the head's token."""
-    return {"engine": "ray", "ray_head_port": head.port,
-            "ray_auth_token_file": str(ray_env.own_token_file(head.run_dir))}
+    return {
+        "engine": "ray",
+        "ray_head_port": head.port,
+        "ray_auth_token_file": str(ray_env.own_token_file(head.run_dir)),
+    }
 
 
 @pytest.fixture

@@ -38,13 +38,17 @@ class Significance:
 
 def tested_family(pairs: Mapping[str, tuple[np.ndarray, np.ndarray]], alpha: float) -> dict[str, Significance]:
     """Test every pair, Holm-correct the p-values of the pairs that have enough runs, and name each verdict."""
-    testable = {name: pair for name, pair in pairs.items()
-                if can_be_significant(pair[0].size, pair[1].size, len(pairs), alpha)}
+    testable = {
+        name: pair for name, pair in pairs.items() if can_be_significant(pair[0].size, pair[1].size, len(pairs), alpha)
+    }
     raw = {name: mann_whitney_p(a, b) for name, (a, b) in testable.items()}
     adjusted = dict(zip(raw, holm_adjust(list(raw.values()))))
-    return {name: Significance(raw[name], adjusted[name],
-                               SIGNIFICANT if adjusted[name] < alpha else NOT_SIGNIFICANT)
-            if name in raw else Significance(None, None, INSUFFICIENT) for name in pairs}
+    return {
+        name: Significance(raw[name], adjusted[name], SIGNIFICANT if adjusted[name] < alpha else NOT_SIGNIFICANT)
+        if name in raw
+        else Significance(None, None, INSUFFICIENT)
+        for name in pairs
+    }
 
 
 @dataclass(frozen=True)
@@ -70,8 +74,12 @@ class Comparison:
     entries: tuple[ConfigComparison, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fastest": self.fastest, "slowest": self.slowest, "alpha": self.alpha,
-                "ranking": [asdict(e) for e in self.entries]}
+        return {
+            "fastest": self.fastest,
+            "slowest": self.slowest,
+            "alpha": self.alpha,
+            "ranking": [asdict(e) for e in self.entries],
+        }
 
 
 def compare_configs(samples: Mapping[str, Sequence[float]], alpha: float = ALPHA) -> Comparison:
@@ -91,9 +99,19 @@ def compare_configs(samples: Mapping[str, Sequence[float]], alpha: float = ALPHA
     for rank, name in enumerate(order, start=1):
         median = float(np.median(arrays[name]))
         t = tests[name]
-        entries.append(ConfigComparison(
-            name=name, rank=rank, runs=int(arrays[name].size), median=median, ratio=median / best,
-            slowdown_pct=(median / best - 1) * 100, p_value=t.p_value, p_holm=t.p_holm, significance=t.verdict))
+        entries.append(
+            ConfigComparison(
+                name=name,
+                rank=rank,
+                runs=int(arrays[name].size),
+                median=median,
+                ratio=median / best,
+                slowdown_pct=(median / best - 1) * 100,
+                p_value=t.p_value,
+                p_holm=t.p_holm,
+                significance=t.verdict,
+            )
+        )
     return Comparison(fastest=fastest, slowest=order[-1], alpha=alpha, entries=tuple(entries))
 
 
@@ -138,10 +156,16 @@ class RunComparison:
         return tuple(d for d in self.deltas if d.verdict == INSUFFICIENT)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "threshold": self.threshold, "alpha": self.alpha,
-                "deltas": [asdict(d) for d in self.deltas], "regressions": [d.name for d in self.regressions],
-                "insufficient_runs": [d.name for d in self.insufficient],
-                "only_in_a": list(self.only_in_a), "only_in_b": list(self.only_in_b)}
+        return {
+            "metric": self.metric,
+            "threshold": self.threshold,
+            "alpha": self.alpha,
+            "deltas": [asdict(d) for d in self.deltas],
+            "regressions": [d.name for d in self.regressions],
+            "insufficient_runs": [d.name for d in self.insufficient],
+            "only_in_a": list(self.only_in_a),
+            "only_in_b": list(self.only_in_b),
+        }
 
 
 def run_samples(stats_json: Mapping[str, Any], metric: Metric) -> dict[str, list[float]]:
@@ -155,8 +179,13 @@ def run_samples(stats_json: Mapping[str, Any], metric: Metric) -> dict[str, list
     return {str(k): list(v) for k, v in raw.items()}
 
 
-def compare_runs(a_stats_json: Mapping[str, Any], b_stats_json: Mapping[str, Any], threshold: float,
-                 alpha: float = ALPHA, metric: Metric = "makespan") -> RunComparison:
+def compare_runs(
+    a_stats_json: Mapping[str, Any],
+    b_stats_json: Mapping[str, Any],
+    threshold: float,
+    alpha: float = ALPHA,
+    metric: Metric = "makespan",
+) -> RunComparison:
     """Compare run B against baseline run A per shared configuration, one sample per iteration.
 
     A regression is a B median slower than A's by more than ``threshold`` (relative, 0.10 = 10 %) *and*
@@ -176,14 +205,36 @@ def compare_runs(a_stats_json: Mapping[str, Any], b_stats_json: Mapping[str, Any
             raise StatisticsError(f"configuration {name!r} has a non-positive baseline median ({a_med})")
         change = b_med / a_med - 1
         t = tests[name]
-        verdict = (t.verdict if t.verdict == INSUFFICIENT
-                   else "regression" if change > threshold and t.verdict == SIGNIFICANT
-                   else "improvement" if change < -threshold and t.verdict == SIGNIFICANT else "same")
-        deltas.append(RunDelta(name=name, a_runs=int(a.size), b_runs=int(b.size), a_median=a_med, b_median=b_med,
-                               change_pct=change * 100, p_value=t.p_value, p_holm=t.p_holm, verdict=verdict))
-    return RunComparison(metric=metric, threshold=threshold, alpha=alpha, deltas=tuple(deltas),
-                         only_in_a=tuple(sorted(a_runs.keys() - b_runs.keys())),
-                         only_in_b=tuple(sorted(b_runs.keys() - a_runs.keys())))
+        verdict = (
+            t.verdict
+            if t.verdict == INSUFFICIENT
+            else "regression"
+            if change > threshold and t.verdict == SIGNIFICANT
+            else "improvement"
+            if change < -threshold and t.verdict == SIGNIFICANT
+            else "same"
+        )
+        deltas.append(
+            RunDelta(
+                name=name,
+                a_runs=int(a.size),
+                b_runs=int(b.size),
+                a_median=a_med,
+                b_median=b_med,
+                change_pct=change * 100,
+                p_value=t.p_value,
+                p_holm=t.p_holm,
+                verdict=verdict,
+            )
+        )
+    return RunComparison(
+        metric=metric,
+        threshold=threshold,
+        alpha=alpha,
+        deltas=tuple(deltas),
+        only_in_a=tuple(sorted(a_runs.keys() - b_runs.keys())),
+        only_in_b=tuple(sorted(b_runs.keys() - a_runs.keys())),
+    )
 
 
 # The run-to-run comparison as a table: `kbit compare` prints it, the nightly flow publishes it as an artifact.
@@ -193,6 +244,15 @@ COMPARISON_COLUMNS = ("configuration", "runs A/B", "A median s", "B median s", "
 def comparison_rows(deltas: Iterable[Mapping[str, Any]]) -> list[tuple[str, ...]]:
     """One row of text per configuration (``RunDelta`` dicts, as ``RunComparison.to_dict`` gives them), under
     :data:`COMPARISON_COLUMNS`."""
-    return [(d["name"], f"{d['a_runs']}/{d['b_runs']}", f"{d['a_median']:.4f}", f"{d['b_median']:.4f}",
-             f"{d['change_pct']:+.1f}%", "–" if d["p_holm"] is None else f"{d['p_holm']:.3g}", d["verdict"])
-            for d in deltas]
+    return [
+        (
+            d["name"],
+            f"{d['a_runs']}/{d['b_runs']}",
+            f"{d['a_median']:.4f}",
+            f"{d['b_median']:.4f}",
+            f"{d['change_pct']:+.1f}%",
+            "–" if d["p_holm"] is None else f"{d['p_holm']:.3g}",
+            d["verdict"],
+        )
+        for d in deltas
+    ]

@@ -52,7 +52,7 @@ def parse_variant(name: str) -> DataVariant:
     """``format_layout_compression[_xN]`` (e.g. ``mongodb_avro_list_lz4``, ``raw_bytes_zstd_x8``) -> variant."""
     for fmt in sorted(FORMATS, key=len, reverse=True):
         if name.startswith(fmt + "_"):
-            rest = name[len(fmt) + 1:].split("_")
+            rest = name[len(fmt) + 1 :].split("_")
             break
     else:
         raise ConfigError(f"variant {name!r} does not start with a format ({', '.join(FORMATS)})")
@@ -61,8 +61,12 @@ def parse_variant(name: str) -> DataVariant:
     if rest[1] not in COMPRESSIONS:
         raise ConfigError(f"variant {name!r}: compression {rest[1]!r} is not one of {', '.join(COMPRESSIONS)}")
     try:
-        return DataVariant(format=fmt, layout=rest[0], compression=rest[1],
-                           records_per_message=int(rest[2][1:]) if len(rest) == 3 else 1)
+        return DataVariant(
+            format=fmt,
+            layout=rest[0],
+            compression=rest[1],
+            records_per_message=int(rest[2][1:]) if len(rest) == 3 else 1,
+        )
     except ValueError as exc:
         raise ConfigError(f"variant {name!r}: {exc}") from None
 
@@ -131,9 +135,13 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
     if fast is not stock or pool:
         codecs["fast"] = pool or fast
     fetch_s, decode_s, loader_s = [], {d: [] for d in codecs}, []
-    with make_split_loader(cfg, manifest, "train", 0, 1, client=client) as loader, \
-            RangeReader(cfg.kafka, cfg.reader.model_copy(update={"decode_processes": 0}), manifest.topic, stock,
-                        client) as reader, pool or contextlib.nullcontext():
+    with (
+        make_split_loader(cfg, manifest, "train", 0, 1, client=client) as loader,
+        RangeReader(
+            cfg.kafka, cfg.reader.model_copy(update={"decode_processes": 0}), manifest.topic, stock, client
+        ) as reader,
+        pool or contextlib.nullcontext(),
+    ):
         # one untimed pass of each: connections, metadata and offset checks stay outside the timed region; the
         # first block also shows that every timed decoder returns the stock library's batch
         for i, (_, records) in enumerate(reader.read_raw(ranges)):
@@ -149,13 +157,23 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
             loaded = sum(len(y) for _, y in loader)
             loader_s.append(time.perf_counter() - t0)
     if fetched != manifest.num_messages or set(decoded.values()) != {manifest.num_records}:
-        raise KbitError(f"{manifest.topic}: read {fetched} messages / {decoded} records, the manifest has "
-                        f"{manifest.num_messages} / {manifest.num_records}")
+        raise KbitError(
+            f"{manifest.topic}: read {fetched} messages / {decoded} records, the manifest has "
+            f"{manifest.num_messages} / {manifest.num_records}"
+        )
     return _row(cfg, manifest, client, fetch_s, decode_s, loader_s, loaded, fast is not stock)
 
 
-def _row(cfg: KbitConfig, manifest: Manifest, client: ClientName, fetch_s: list[float],
-         decode_s: dict[str, list[float]], loader_s: list[float], loaded: int, fast_decoder: bool) -> DataPlaneRow:
+def _row(
+    cfg: KbitConfig,
+    manifest: Manifest,
+    client: ClientName,
+    fetch_s: list[float],
+    decode_s: dict[str, list[float]],
+    loader_s: list[float],
+    loaded: int,
+    fast_decoder: bool,
+) -> DataPlaneRow:
     """One variant × client's medians as rates and ratios (decode rates include the fetch they follow)."""
     n, mb = manifest.num_records, manifest.value_bytes / 1e6
     f, ld = statistics.median(fetch_s), statistics.median(loader_s)
@@ -163,22 +181,36 @@ def _row(cfg: KbitConfig, manifest: Manifest, client: ClientName, fetch_s: list[
     fast_t = statistics.median(decode_s["fast"]) if "fast" in decode_s else stock_t
     v = manifest.variant
     return DataPlaneRow(
-        variant=v.name, format=v.format, layout=v.layout, compression=v.compression,
-        records_per_message=v.records_per_message, client=client, records=n, value_mb=round(mb, 3),
+        variant=v.name,
+        format=v.format,
+        layout=v.layout,
+        compression=v.compression,
+        records_per_message=v.records_per_message,
+        client=client,
+        records=n,
+        value_mb=round(mb, 3),
         bytes_per_record=round(manifest.value_bytes / max(n, 1), 1),
         produce_records_per_s=_rate(n, manifest.produce_seconds),
-        fetch_records_per_s=_rate(n, f), fetch_mb_per_s=_rate(mb, f),
-        decode_records_per_s=_rate(n, f + fast_t), decode_mb_per_s=_rate(mb, f + fast_t),
-        stock_decode_records_per_s=_rate(n, f + stock_t), loader_records_per_s=_rate(loaded, ld),
-        decode_ratio=f / (f + fast_t), stock_decode_ratio=f / (f + stock_t), loader_ratio=f / ld,
-        speedup=(f + stock_t) / (f + fast_t), decode_only_speedup=_rate(stock_t, fast_t),
-        fast_decoder=fast_decoder, decode_processes=cfg.reader.decode_processes,
+        fetch_records_per_s=_rate(n, f),
+        fetch_mb_per_s=_rate(mb, f),
+        decode_records_per_s=_rate(n, f + fast_t),
+        decode_mb_per_s=_rate(mb, f + fast_t),
+        stock_decode_records_per_s=_rate(n, f + stock_t),
+        loader_records_per_s=_rate(loaded, ld),
+        decode_ratio=f / (f + fast_t),
+        stock_decode_ratio=f / (f + stock_t),
+        loader_ratio=f / ld,
+        speedup=(f + stock_t) / (f + fast_t),
+        decode_only_speedup=_rate(stock_t, fast_t),
+        fast_decoder=fast_decoder,
+        decode_processes=cfg.reader.decode_processes,
         connect_ms=1e3 * statistics.median(_connect_seconds(cfg, manifest, client)),
     )
 
 
-def _timed_pass(reader: RangeReader, ranges: list[OffsetRange], codecs: dict[str, Any]
-                ) -> tuple[int, dict[str, int], float, dict[str, float]]:
+def _timed_pass(
+    reader: RangeReader, ranges: list[OffsetRange], codecs: dict[str, Any]
+) -> tuple[int, dict[str, int], float, dict[str, float]]:
     """One read of ``ranges``, each block decoded by every codec in turn: messages fetched, records decoded per
     codec, seconds fetching and seconds decoding per codec."""
     fetched, decoded = 0, dict.fromkeys(codecs, 0)
@@ -204,8 +236,10 @@ def _require_same_batches(codecs: dict[str, Any], values: list[bytes], topic: st
         for field in ("indices", "labels", "pixels"):
             got, want = getattr(batch, field), getattr(expected, field)
             if got.dtype != want.dtype or got.shape != want.shape or got.tobytes() != want.tobytes():
-                raise KbitError(f"{topic}: the {name} decoder's {field} differ from the stock library's on the "
-                                f"first block ({len(values)} values); not timing it")
+                raise KbitError(
+                    f"{topic}: the {name} decoder's {field} differ from the stock library's on the "
+                    f"first block ({len(values)} values); not timing it"
+                )
 
 
 def _connect_seconds(cfg: KbitConfig, manifest: Manifest, client: ClientName, repeats: int = 7) -> list[float]:
@@ -256,8 +290,9 @@ print(json.dumps({"records_read": records, "seconds": seconds, "rss_after_first_
 """
 
 
-def measure_stream_rss(cfg: KbitConfig, sizes: Sequence[int] = DEFAULT_RSS_RECORDS, keep_topics: bool = False,
-                       progress: bool = True) -> dict[str, Any]:
+def measure_stream_rss(
+    cfg: KbitConfig, sizes: Sequence[int] = DEFAULT_RSS_RECORDS, keep_topics: bool = False, progress: bool = True
+) -> dict[str, Any]:
     """Peak RSS of a fresh process streaming a whole topic of each size (stream mode, one rank)."""
     runs = []
     for size in sizes:
@@ -265,18 +300,28 @@ def measure_stream_rss(cfg: KbitConfig, sizes: Sequence[int] = DEFAULT_RSS_RECOR
         manifest, created = _produce(size_cfg, RSS_VARIANT, progress)
         try:
             # the config (with any secret) goes through stdin, never through a file or the command line
-            out = subprocess.run([sys.executable, "-c", RSS_PROBE, str(manifest_path(size_cfg.workdir, manifest.topic))],
-                                 input=json.dumps(size_cfg.to_secret_dict()), capture_output=True, text=True,
-                                 check=False)
+            out = subprocess.run(
+                [sys.executable, "-c", RSS_PROBE, str(manifest_path(size_cfg.workdir, manifest.topic))],
+                input=json.dumps(size_cfg.to_secret_dict()),
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if out.returncode:
                 raise KbitError(f"RSS probe for {size} records failed:\n{out.stderr[-2000:]}")
-            runs.append({"records": size, "variant": RSS_VARIANT.name, **json.loads(out.stdout.strip().splitlines()[-1])})
+            runs.append(
+                {"records": size, "variant": RSS_VARIANT.name, **json.loads(out.stdout.strip().splitlines()[-1])}
+            )
         finally:
             if created and not keep_topics:
                 _drop_topic(size_cfg, manifest)
     growth = runs[-1]["peak_rss_mb"] - runs[0]["peak_rss_mb"]
-    return {"runs": runs, "peak_growth_mb": growth, "target_mb": TARGET_RSS_GROWTH_MB,
-            "meets_target": growth <= TARGET_RSS_GROWTH_MB}
+    return {
+        "runs": runs,
+        "peak_growth_mb": growth,
+        "target_mb": TARGET_RSS_GROWTH_MB,
+        "meets_target": growth <= TARGET_RSS_GROWTH_MB,
+    }
 
 
 def evaluate_targets(rows: Sequence[DataPlaneRow], rss: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -284,29 +329,61 @@ def evaluate_targets(rows: Sequence[DataPlaneRow], rss: dict[str, Any] | None) -
     out = []
     for r in rows:
         ratio = TARGET_DECODE_RATIO[r.layout]
-        out.append({"target": f"{r.variant} ({r.client}) decode >= {ratio}x fetch",
-                    "value": round(r.decode_ratio, 3), "met": r.decode_ratio >= ratio})
-        out.append({"target": f"{r.variant} ({r.client}) connect stage <= {TARGET_CONNECT_MS:g} ms",
-                    "value": round(r.connect_ms, 2), "met": r.connect_ms <= TARGET_CONNECT_MS})
+        out.append(
+            {
+                "target": f"{r.variant} ({r.client}) decode >= {ratio}x fetch",
+                "value": round(r.decode_ratio, 3),
+                "met": r.decode_ratio >= ratio,
+            }
+        )
+        out.append(
+            {
+                "target": f"{r.variant} ({r.client}) connect stage <= {TARGET_CONNECT_MS:g} ms",
+                "value": round(r.connect_ms, 2),
+                "met": r.connect_ms <= TARGET_CONNECT_MS,
+            }
+        )
         speedup = TARGET_SPEEDUP.get((r.format, r.layout))
         if speedup is not None:
-            out.append({"target": f"{r.variant} ({r.client}) fast read+decode >= {speedup:g}x stock",
-                        "value": round(r.speedup, 2), "met": r.speedup >= speedup})
+            out.append(
+                {
+                    "target": f"{r.variant} ({r.client}) fast read+decode >= {speedup:g}x stock",
+                    "value": round(r.speedup, 2),
+                    "met": r.speedup >= speedup,
+                }
+            )
         if r.client == "confluent" and r.format == "raw" and r.layout == "bytes":
-            out.append({"target": f"{r.variant} (confluent) decode >= {TARGET_CONFLUENT_RAW_RECORDS_PER_S:,} rec/s",
-                        "value": round(r.decode_records_per_s), "met":
-                        r.decode_records_per_s >= TARGET_CONFLUENT_RAW_RECORDS_PER_S})
+            out.append(
+                {
+                    "target": f"{r.variant} (confluent) decode >= {TARGET_CONFLUENT_RAW_RECORDS_PER_S:,} rec/s",
+                    "value": round(r.decode_records_per_s),
+                    "met": r.decode_records_per_s >= TARGET_CONFLUENT_RAW_RECORDS_PER_S,
+                }
+            )
     if rss is not None:
-        out.append({"target": f"stream peak RSS growth {rss['runs'][0]['records']:,} -> {rss['runs'][-1]['records']:,} "
-                              f"records <= {TARGET_RSS_GROWTH_MB:.0f} MB",
-                    "value": round(rss["peak_growth_mb"], 1), "met": rss["meets_target"]})
+        out.append(
+            {
+                "target": f"stream peak RSS growth {rss['runs'][0]['records']:,} -> {rss['runs'][-1]['records']:,} "
+                f"records <= {TARGET_RSS_GROWTH_MB:.0f} MB",
+                "value": round(rss["peak_growth_mb"], 1),
+                "met": rss["meets_target"],
+            }
+        )
     return out
 
 
-def run_data_plane(cfg: KbitConfig, *, records: int | None = None, variants: Sequence[DataVariant] | None = None,
-                   clients: Sequence[ClientName] | None = None, repeats: int = 3,
-                   rss_sizes: Sequence[int] | None = DEFAULT_RSS_RECORDS, keep_topics: bool = False,
-                   progress: bool = True, ray_peer: bool = False) -> dict[str, Any]:
+def run_data_plane(
+    cfg: KbitConfig,
+    *,
+    records: int | None = None,
+    variants: Sequence[DataVariant] | None = None,
+    clients: Sequence[ClientName] | None = None,
+    repeats: int = 3,
+    rss_sizes: Sequence[int] | None = DEFAULT_RSS_RECORDS,
+    keep_topics: bool = False,
+    progress: bool = True,
+    ray_peer: bool = False,
+) -> dict[str, Any]:
     """Run the whole benchmark and return the JSON-able results (meta, rows, rss, targets; with ``ray_peer``,
     ``ray_read_kafka``: ray.data.read_kafka on each topic next to these rows, see :mod:`.ray_data_peer`)."""
     bench_cfg = _bench_config(cfg, records)
@@ -325,17 +402,22 @@ def run_data_plane(cfg: KbitConfig, *, records: int | None = None, variants: Seq
                     rows.append(measure_variant(bench_cfg, manifest, client, repeats))
                     bar.advance(task)
                 if ray_peer:
-                    peers.append(compare(bench_cfg, manifest, [asdict(r) for r in rows[-len(clients):]], repeats))
+                    peers.append(compare(bench_cfg, manifest, [asdict(r) for r in rows[-len(clients) :]], repeats))
             finally:
                 if created and not keep_topics:
                     _drop_topic(bench_cfg, manifest)
     rss = measure_stream_rss(cfg, rss_sizes, keep_topics, progress) if rss_sizes else None
     return {
         "meta": {
-            "created_at": datetime.now(UTC).isoformat(), "host": platform.node(),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "dataset": bench_cfg.dataset.name,
-            "records": bench_cfg.dataset.num_records, "partitions": bench_cfg.produce.partitions,
-            "repeats": repeats, "block_records": bench_cfg.shard.block_records,
+            "created_at": datetime.now(UTC).isoformat(),
+            "host": platform.node(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "dataset": bench_cfg.dataset.name,
+            "records": bench_cfg.dataset.num_records,
+            "partitions": bench_cfg.produce.partitions,
+            "repeats": repeats,
+            "block_records": bench_cfg.shard.block_records,
             "decode_processes": bench_cfg.reader.decode_processes,
             "per_rank_batch": bench_cfg.train.global_batch_size,
             "broker": admin.describe_broker(bench_cfg.kafka),
@@ -394,8 +476,10 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(fmt(row[key]) for key, _, fmt in _COLUMNS) + " |" for row in results["rows"]]
     if results["rss"]:
         lines += ["", "| stream RSS: records | peak RSS MB | RSS after first batch MB | seconds |", "|---|---|---|---|"]
-        lines += [f"| {r['records']:,} | {r['peak_rss_mb']:.1f} | {r['rss_after_first_batch_mb']:.1f} | "
-                  f"{r['seconds']:.1f} |" for r in results["rss"]["runs"]]
+        lines += [
+            f"| {r['records']:,} | {r['peak_rss_mb']:.1f} | {r['rss_after_first_batch_mb']:.1f} | {r['seconds']:.1f} |"
+            for r in results["rss"]["runs"]
+        ]
     lines += ["", "| target | measured | met |", "|---|---|---|"]
     lines += [f"| {t['target']} | {t['value']:,} | {'yes' if t['met'] else 'no'} |" for t in results["targets"]]
     return "\n".join(lines) + "\n"

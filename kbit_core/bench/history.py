@@ -80,10 +80,14 @@ class History:
     def verdict(self) -> str:
         """One sentence: how many nights, which configurations changed level (with commits), which are unstable."""
         if len(self.nights) < 2 * MIN_SEGMENT:
-            return (f"History: {len(self.nights)} night(s) of this identity; change points need at least "
-                    f"{2 * MIN_SEGMENT}.")
-        changes = [f"{name} {cp.change_pct:+.0f}% at {cp.started[:10]} ({cp.commits})"
-                   for name, cps in self.change_points.items() for cp in cps]
+            return (
+                f"History: {len(self.nights)} night(s) of this identity; change points need at least {2 * MIN_SEGMENT}."
+            )
+        changes = [
+            f"{name} {cp.change_pct:+.0f}% at {cp.started[:10]} ({cp.commits})"
+            for name, cps in self.change_points.items()
+            for cp in cps
+        ]
         text = f"History over {len(self.nights)} nights since {self.nights[0].started[:10]}: "
         text += ("change points in " + "; ".join(changes)) if changes else "no change point"
         if self.unstable:
@@ -91,9 +95,12 @@ class History:
         return text + "."
 
     def to_dict(self) -> dict[str, Any]:
-        return {"threshold": self.threshold, "verdict": self.verdict(),
-                "nights": [{**asdict(n), "medians": {k: list(v) for k, v in n.medians.items()}} for n in self.nights],
-                "configurations": [asdict(c) for c in self.configurations]}
+        return {
+            "threshold": self.threshold,
+            "verdict": self.verdict(),
+            "nights": [{**asdict(n), "medians": {k: list(v) for k, v in n.medians.items()}} for n in self.nights],
+            "configurations": [asdict(c) for c in self.configurations],
+        }
 
 
 def noise_sigma(log_medians: np.ndarray) -> float:
@@ -112,8 +119,11 @@ def level_shifts(log_medians: np.ndarray, sigma: float) -> list[int]:
         return []
     # A flat series (σ = 0) has no noise to scale by: any change in it is exact, so a tiny σ keeps it visible.
     scaled = log_medians / max(sigma, 1e-9)
-    breaks = ruptures.Pelt(model="l2", min_size=MIN_SEGMENT, jump=1).fit(scaled.reshape(-1, 1)).predict(
-        pen=PENALTY_PER_LOG_NIGHT * np.log(n))
+    breaks = (
+        ruptures.Pelt(model="l2", min_size=MIN_SEGMENT, jump=1)
+        .fit(scaled.reshape(-1, 1))
+        .predict(pen=PENALTY_PER_LOG_NIGHT * np.log(n))
+    )
     return [b for b in breaks if b < n]
 
 
@@ -143,26 +153,46 @@ def analyze_history(nights: Sequence[Night], threshold: float) -> History:
             after = float(np.median(values[start:stop, 0]))
             if abs(after / before - 1) >= threshold:
                 night = present[start]
-                changes.append(ChangePoint(night=night, run_id=nights[night].run_id, started=nights[night].started,
-                                           before_s=before, after_s=after, change_pct=(after / before - 1) * 100,
-                                           commits=commit_range(nights[present[start - 1]], nights[night])))
+                changes.append(
+                    ChangePoint(
+                        night=night,
+                        run_id=nights[night].run_id,
+                        started=nights[night].started,
+                        before_s=before,
+                        after_s=after,
+                        change_pct=(after / before - 1) * 100,
+                        commits=commit_range(nights[present[start - 1]], nights[night]),
+                    )
+                )
         noise_pct = (float(np.expm1(sigma)) * 100) if len(present) >= 3 else None
-        configurations.append(ConfigHistory(
-            name=name, nights=tuple(present), medians=tuple(values[:, 0]), ci_low=tuple(values[:, 1]),
-            ci_high=tuple(values[:, 2]), noise_pct=noise_pct,
-            unstable=noise_pct is not None and noise_pct > threshold * 100 / 2, change_points=tuple(changes)))
+        configurations.append(
+            ConfigHistory(
+                name=name,
+                nights=tuple(present),
+                medians=tuple(values[:, 0]),
+                ci_low=tuple(values[:, 1]),
+                ci_high=tuple(values[:, 2]),
+                noise_pct=noise_pct,
+                unstable=noise_pct is not None and noise_pct > threshold * 100 / 2,
+                change_points=tuple(changes),
+            )
+        )
     return History(nights=tuple(nights), threshold=threshold, configurations=tuple(configurations))
 
 
 def history_markdown(history: History) -> str:
     """One row per configuration: nights, latest median with CI, noise, change points."""
-    lines = ["| configuration | nights | latest median s [95% CI] | noise | change points (first night, change, "
-             "commits) |", "|---|---|---|---|---|"]
+    lines = [
+        "| configuration | nights | latest median s [95% CI] | noise | change points (first night, change, commits) |",
+        "|---|---|---|---|---|",
+    ]
     for c in history.configurations:
         noise = "–" if c.noise_pct is None else f"{c.noise_pct:.1f}%" + (" **unstable**" if c.unstable else "")
         changes = "; ".join(f"{cp.started[:10]} {cp.change_pct:+.0f}% ({cp.commits})" for cp in c.change_points)
-        lines.append(f"| {c.name} | {len(c.nights)} | {c.medians[-1]:.4f} [{c.ci_low[-1]:.4f}, {c.ci_high[-1]:.4f}] "
-                     f"| {noise} | {changes or 'none'} |")
+        lines.append(
+            f"| {c.name} | {len(c.nights)} | {c.medians[-1]:.4f} [{c.ci_low[-1]:.4f}, {c.ci_high[-1]:.4f}] "
+            f"| {noise} | {changes or 'none'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -177,8 +207,15 @@ def plot_history(history: History, path: Path, columns: int = 3) -> None:
     axes = fig.subplots(rows, columns, squeeze=False).ravel()
     for ax, c in zip(axes, configs):
         medians, low, high = (np.asarray(v) for v in (c.medians, c.ci_low, c.ci_high))
-        ax.errorbar(c.nights, medians, yerr=[medians - low, high - medians], fmt="o-", ms=3, capsize=2,
-                    color="tab:red" if c.unstable else "tab:blue")
+        ax.errorbar(
+            c.nights,
+            medians,
+            yerr=[medians - low, high - medians],
+            fmt="o-",
+            ms=3,
+            capsize=2,
+            color="tab:red" if c.unstable else "tab:blue",
+        )
         for cp in c.change_points:
             ax.axvline(cp.night - 0.5, color="tab:orange", ls="--")
             ax.annotate(f"{cp.change_pct:+.0f}%", (cp.night - 0.5, float(high.max())), fontsize=8, color="tab:orange")
@@ -186,7 +223,7 @@ def plot_history(history: History, path: Path, columns: int = 3) -> None:
         ax.set_ylabel("makespan s")
         ax.set_xlabel("night (oldest first)")
         ax.grid(alpha=0.3)
-    for ax in axes[len(configs):]:
+    for ax in axes[len(configs) :]:
         ax.set_visible(False)
     fig.suptitle(history.verdict(), fontsize=9, wrap=True)
     fig.savefig(path, dpi=100)

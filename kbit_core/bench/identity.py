@@ -19,8 +19,14 @@ from kbit_core.config import KbitConfig, flatten
 from kbit_core.errors import StatisticsError
 
 # Overrides under these dotted prefixes move a run elsewhere without changing what it measures.
-OPERATIONAL_OVERRIDES = ("workdir", "tracking.", "stack.", "produce.topic_prefix", "bench.output_dir",
-                         "kafka.embedded.")
+OPERATIONAL_OVERRIDES = (
+    "workdir",
+    "tracking.",
+    "stack.",
+    "produce.topic_prefix",
+    "bench.output_dir",
+    "kafka.embedded.",
+)
 HARDWARE_FINGERPRINT = ("machine", "cpu_model", "cpu_count", "memory_gb", "gpus")
 
 
@@ -55,14 +61,20 @@ def identity_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str
     """Every field where identities ``a`` and ``b`` differ, as 'dataset.num_records: 70000 vs 20000'."""
     da, db = flatten(a), flatten(b)
     missing = "(absent)"
-    return [f"{k}: {da.get(k, missing)} vs {db.get(k, missing)}"
-            for k in sorted(da.keys() | db.keys()) if da.get(k, missing) != db.get(k, missing)]
+    return [
+        f"{k}: {da.get(k, missing)} vs {db.get(k, missing)}"
+        for k in sorted(da.keys() | db.keys())
+        if da.get(k, missing) != db.get(k, missing)
+    ]
 
 
 def measurement_overrides(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
     """The overrides (nested or dotted) that change what a run measures, as dotted keys."""
-    return {k: v for k, v in flatten(overrides or {}).items()
-            if not any(k == p or k.startswith(p) for p in OPERATIONAL_OVERRIDES)}
+    return {
+        k: v
+        for k, v in flatten(overrides or {}).items()
+        if not any(k == p or k.startswith(p) for p in OPERATIONAL_OVERRIDES)
+    }
 
 
 def stats_identity(stats: Mapping[str, Any], side: str) -> dict[str, Any]:
@@ -85,5 +97,6 @@ def check_comparable(a_stats: Mapping[str, Any], b_stats: Mapping[str, Any]) -> 
     """Raise :class:`StatisticsError` naming every problem unless runs A and B share one identity."""
     problems = comparability_problems(a_stats, b_stats)
     if problems:
-        raise StatisticsError("runs A and B are not comparable: " + "; ".join(problems)
-                              + " (pass --force to compare them anyway)")
+        raise StatisticsError(
+            "runs A and B are not comparable: " + "; ".join(problems) + " (pass --force to compare them anyway)"
+        )

@@ -40,8 +40,14 @@ if TYPE_CHECKING:
     from kbit_core.train.loop import SplitLoaders
 
 STAGES: tuple[str, ...] = ("connect", "fetch", "decode", "collate", "other")
-COUNTERS: tuple[str, ...] = ("skipped_messages", "gap_offsets", "padded_messages", "padded_records",
-                             "dropped_messages", "kafka_clients")
+COUNTERS: tuple[str, ...] = (
+    "skipped_messages",
+    "gap_offsets",
+    "padded_messages",
+    "padded_records",
+    "dropped_messages",
+    "kafka_clients",
+)
 
 
 @dataclass(frozen=True)
@@ -101,12 +107,19 @@ class Task:
 
 def cell_config(base: KbitConfig, task: Task) -> KbitConfig:
     """The KbitConfig one configuration runs with: eager reader, its client, decoder and global batch size."""
-    return base.override({"reader.mode": "eager", "reader.decoder": task.decoder, "kafka.client": task.client,
-                          "train.global_batch_size": task.batch_size})
+    return base.override(
+        {
+            "reader.mode": "eager",
+            "reader.decoder": task.decoder,
+            "kafka.client": task.client,
+            "train.global_batch_size": task.batch_size,
+        }
+    )
 
 
-def measure_iteration(cfg: KbitConfig, tasks: list[dict[str, Any]], iteration: int, warmup: bool,
-                      train_epoch: bool) -> list[dict[str, Any]]:
+def measure_iteration(
+    cfg: KbitConfig, tasks: list[dict[str, Any]], iteration: int, warmup: bool, train_epoch: bool
+) -> list[dict[str, Any]]:
     """Run every task in the given order on this rank; return all ranks' :class:`Sample` rows (on every rank).
 
     Args:
@@ -124,8 +137,19 @@ def measure_iteration(cfg: KbitConfig, tasks: list[dict[str, Any]], iteration: i
         gathered = all_gather(mine, env)
         slowest = max(range(len(gathered)), key=lambda r: gathered[r]["load_s"])
         for rank, numbers in enumerate(gathered):
-            rows.append(asdict(Sample(iteration=iteration, warmup=warmup, order_position=position, rank=rank,
-                                      world_size=env.world_size, is_slowest_rank=rank == slowest, **numbers)))
+            rows.append(
+                asdict(
+                    Sample(
+                        iteration=iteration,
+                        warmup=warmup,
+                        order_position=position,
+                        rank=rank,
+                        world_size=env.world_size,
+                        is_slowest_rank=rank == slowest,
+                        **numbers,
+                    )
+                )
+            )
     teardown()
     return rows
 
@@ -140,16 +164,25 @@ def _measure_task(base: KbitConfig, task: Task, env: Any, train_epoch: bool) -> 
     dist.barrier()
     numbers, loaders = time_loading(cfg, manifest, env.rank, env.world_size)
     variant = manifest.variant
-    numbers.update({
-        "config": task.config, "format": variant.format, "layout": variant.layout,
-        "compression": variant.compression, "records_per_message": variant.records_per_message,
-        "client": task.client, "decoder": task.decoder, "batch_size": task.batch_size,
-        "train_epoch_s": float("nan"), "train_samples_per_s": float("nan"),
-    })
+    numbers.update(
+        {
+            "config": task.config,
+            "format": variant.format,
+            "layout": variant.layout,
+            "compression": variant.compression,
+            "records_per_message": variant.records_per_message,
+            "client": task.client,
+            "decoder": task.decoder,
+            "batch_size": task.batch_size,
+            "train_epoch_s": float("nan"),
+            "train_samples_per_s": float("nan"),
+        }
+    )
     try:
         if train_epoch:
-            numbers["train_epoch_s"], numbers["train_samples_per_s"] = _train_one_epoch(cfg, env, manifest,
-                                                                                        loaders.train)
+            numbers["train_epoch_s"], numbers["train_samples_per_s"] = _train_one_epoch(
+                cfg, env, manifest, loaders.train
+            )
     finally:
         loaders.close()
     del loaders
@@ -179,16 +212,26 @@ def time_loading(cfg: KbitConfig, manifest: Any, rank: int, world_size: int) -> 
         raise
     read = loaders.shared.reader.stats
     shards = [loader.shard for loader in loaders.splits().values()]
-    measured = {"connect_s": connect, "fetch_s": read.fetch_seconds, "decode_s": read.decode_seconds,
-                "collate_s": collate}
+    measured = {
+        "connect_s": connect,
+        "fetch_s": read.fetch_seconds,
+        "decode_s": read.decode_seconds,
+        "collate_s": collate,
+    }
     return {
-        **measured, "other_s": max(0.0, load - sum(measured.values())), "load_s": load,
-        "started_unix_s": started_unix_s, "finished_unix_s": started_unix_s + load,
-        "records": read.records, "bytes": read.bytes,
-        "skipped_messages": read.skipped, "gap_offsets": read.gaps,
+        **measured,
+        "other_s": max(0.0, load - sum(measured.values())),
+        "load_s": load,
+        "started_unix_s": started_unix_s,
+        "finished_unix_s": started_unix_s + load,
+        "records": read.records,
+        "bytes": read.bytes,
+        "skipped_messages": read.skipped,
+        "gap_offsets": read.gaps,
         "padded_messages": sum(s.padded for s in shards),
         "padded_records": sum(loader.stats.padded_records for loader in loaders.splits().values()),
-        "dropped_messages": sum(s.dropped for s in shards), "kafka_clients": read.kafka_clients,
+        "dropped_messages": sum(s.dropped for s in shards),
+        "kafka_clients": read.kafka_clients,
     }, loaders
 
 

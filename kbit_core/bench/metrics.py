@@ -9,9 +9,25 @@ from collections.abc import Mapping
 from typing import Any
 
 # The median first: MLflow's compare view opens on a run's first logged metric.
-STAT_METRICS = ("median", "count", "q1", "q3", "iqr", "lower_fence", "upper_fence", "lower_whisker",
-                "upper_whisker", "mean", "variance", "std_dev", "min", "max", "olympic_mean", "median_ci_low",
-                "median_ci_high")
+STAT_METRICS = (
+    "median",
+    "count",
+    "q1",
+    "q3",
+    "iqr",
+    "lower_fence",
+    "upper_fence",
+    "lower_whisker",
+    "upper_whisker",
+    "mean",
+    "variance",
+    "std_dev",
+    "min",
+    "max",
+    "olympic_mean",
+    "median_ci_low",
+    "median_ci_high",
+)
 
 
 def stat_metric_name(group: str, stat: str) -> str:
@@ -24,9 +40,11 @@ def stat_metric_name(group: str, stat: str) -> str:
 def configuration_metrics(doc: Mapping[str, Any], name: str) -> dict[str, float]:
     """Every summary number of one configuration under its stable metric name."""
     out: dict[str, float] = {}
-    for group, stats in (("makespan", doc["makespan"]["statistical_analysis"][name]),
-                         ("rank_mean", doc["rank_mean"]["statistical_analysis"][name]),
-                         ("per_rank", doc["statistical_analysis"][name])):
+    for group, stats in (
+        ("makespan", doc["makespan"]["statistical_analysis"][name]),
+        ("rank_mean", doc["rank_mean"]["statistical_analysis"][name]),
+        ("per_rank", doc["statistical_analysis"][name]),
+    ):
         out.update({stat_metric_name(group, s): float(stats[s]) for s in STAT_METRICS})
         out[f"{group}_stats_outliers"] = float(len(stats["lower_outliers"]) + len(stats["upper_outliers"]))
     out.update({f"throughput_{k}": float(v) for k, v in doc["throughput"][name].items()})
@@ -54,4 +72,3 @@ def verdict_against_fastest(entry: Mapping[str, Any]) -> str:
         return f"{entry['ratio']:.2f}× the fastest, insufficient runs for a test"
     word = "slower" if entry["significance"] == "significant" else "the fastest, not significant"
     return f"{entry['ratio']:.2f}× {word} (p={entry['p_holm']:.2g}, Holm)"
-

@@ -31,9 +31,18 @@ RESULTS_FILE = "placement_bench.json"
 
 def local_placement(cfg: KbitConfig) -> KbitConfig:
     """``cfg`` launched on this machine only: local[N] with local_mode, the driver on loopback."""
-    return cfg.override({"launch": {"master": f"local[{cfg.launch.num_processes}]", "local_mode": True,
-                                    "driver_host": "127.0.0.1", "driver_bind_address": "127.0.0.1",
-                                    "executor_cores": None, "executor_memory": None}})
+    return cfg.override(
+        {
+            "launch": {
+                "master": f"local[{cfg.launch.num_processes}]",
+                "local_mode": True,
+                "driver_host": "127.0.0.1",
+                "driver_bind_address": "127.0.0.1",
+                "executor_cores": None,
+                "executor_memory": None,
+            }
+        }
+    )
 
 
 def run_placement_bench(cfg: KbitConfig, *, repeats: int = 1, output: Path | None = None) -> dict[str, Any]:
@@ -62,18 +71,26 @@ def run_placement_bench(cfg: KbitConfig, *, repeats: int = 1, output: Path | Non
                 hosts[name] = sorted({rank["host"] for rank in result["ranks"]})
         stop_spark()
     results = {
-        "config": {"master": cfg.launch.master, "world_size": cfg.launch.num_processes,
-                   "model": cfg.train.model.name, "variant": cfg.produce.variant.name,
-                   "num_records": cfg.dataset.num_records, "global_batch_size": cfg.train.global_batch_size,
-                   "bootstrap": cfg.kafka.resolved_bootstrap(), "security_protocol": cfg.kafka.security_protocol,
-                   "repeats": repeats},
+        "config": {
+            "master": cfg.launch.master,
+            "world_size": cfg.launch.num_processes,
+            "model": cfg.train.model.name,
+            "variant": cfg.produce.variant.name,
+            "num_records": cfg.dataset.num_records,
+            "global_batch_size": cfg.train.global_batch_size,
+            "bootstrap": cfg.kafka.resolved_bootstrap(),
+            "security_protocol": cfg.kafka.security_protocol,
+            "repeats": repeats,
+        },
         "hosts": hosts,
         "session_start_s": session_start,
         "first_step_s": first_step,
         "samples_per_s": samples_per_s,
-        "cluster_vs_local": {"session_start": ratio(median(session_start["cluster"]), median(session_start["local"])),
-                             "first_step": ratio(median(first_step["cluster"]), median(first_step["local"])),
-                             "samples_per_s": ratio(median(samples_per_s["cluster"]), median(samples_per_s["local"]))},
+        "cluster_vs_local": {
+            "session_start": ratio(median(session_start["cluster"]), median(session_start["local"])),
+            "first_step": ratio(median(first_step["cluster"]), median(first_step["local"])),
+            "samples_per_s": ratio(median(samples_per_s["cluster"]), median(samples_per_s["local"])),
+        },
     }
     target = output or Path(cfg.bench.output_dir).resolve() / RESULTS_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -82,17 +99,30 @@ def run_placement_bench(cfg: KbitConfig, *, repeats: int = 1, output: Path | Non
 
 
 def placement_table(results: dict[str, Any]) -> Table:
-    table = Table(title=f"placement benchmark ({results['config']['world_size']} ranks, "
-                        f"{results['config']['variant']}, {results['config']['repeats']} round(s))")
+    table = Table(
+        title=f"placement benchmark ({results['config']['world_size']} ranks, "
+        f"{results['config']['variant']}, {results['config']['repeats']} round(s))"
+    )
     for column in ("measure", "local (one host)", "cluster", "cluster / local"):
         table.add_column(column, justify="left" if column == "measure" else "right")
     ratios = results["cluster_vs_local"]
-    table.add_row("session + executors ready (s)", fmt(median(results["session_start_s"]["local"]), "{:.2f}"),
-                  fmt(median(results["session_start_s"]["cluster"]), "{:.2f}"),
-                  fmt(ratios["session_start"], "{:.2f}x"))
-    table.add_row("call → first step (s)", fmt(median(results["first_step_s"]["local"]), "{:.2f}"),
-                  fmt(median(results["first_step_s"]["cluster"]), "{:.2f}"), fmt(ratios["first_step"], "{:.2f}x"))
-    table.add_row("streamed samples/s", fmt(median(results["samples_per_s"]["local"]), "{:,.0f}"),
-                  fmt(median(results["samples_per_s"]["cluster"]), "{:,.0f}"), fmt(ratios["samples_per_s"], "{:.2f}x"))
+    table.add_row(
+        "session + executors ready (s)",
+        fmt(median(results["session_start_s"]["local"]), "{:.2f}"),
+        fmt(median(results["session_start_s"]["cluster"]), "{:.2f}"),
+        fmt(ratios["session_start"], "{:.2f}x"),
+    )
+    table.add_row(
+        "call → first step (s)",
+        fmt(median(results["first_step_s"]["local"]), "{:.2f}"),
+        fmt(median(results["first_step_s"]["cluster"]), "{:.2f}"),
+        fmt(ratios["first_step"], "{:.2f}x"),
+    )
+    table.add_row(
+        "streamed samples/s",
+        fmt(median(results["samples_per_s"]["local"]), "{:,.0f}"),
+        fmt(median(results["samples_per_s"]["cluster"]), "{:,.0f}"),
+        fmt(ratios["samples_per_s"], "{:.2f}x"),
+    )
     table.caption = "hosts: " + "; ".join(f"{name}: {', '.join(h)}" for name, h in results["hosts"].items())
     return table

@@ -42,17 +42,25 @@ def measure_read_kafka(cfg: KbitConfig, manifest: Manifest, repeats: int = 3) ->
             if attempt:  # the first read warms Ray's workers and their imports
                 seconds.append(time.perf_counter() - t0)
         median_s = statistics.median(seconds)
-        rows.append({"reader": name, "override_num_blocks": blocks, "records": records,
-                     "records_missing": manifest.num_records - records,
-                     "records_per_s": records / median_s if median_s > 0 else float("nan"),
-                     "seconds": seconds, "ray_init_s": init_s})
+        rows.append(
+            {
+                "reader": name,
+                "override_num_blocks": blocks,
+                "records": records,
+                "records_missing": manifest.num_records - records,
+                "records_per_s": records / median_s if median_s > 0 else float("nan"),
+                "seconds": seconds,
+                "ray_init_s": init_s,
+            }
+        )
     return rows
 
 
 def _read(data: Any, cfg: KbitConfig, manifest: Manifest, blocks: int | None) -> int:
     ranges = manifest.ranges()
     dataset = data.read_kafka(
-        manifest.topic, bootstrap_servers=cfg.kafka.resolved_bootstrap(),
+        manifest.topic,
+        bootstrap_servers=cfg.kafka.resolved_bootstrap(),
         start_offset={manifest.topic: {p: start for p, (start, _) in ranges.items()}},
         end_offset={manifest.topic: {p: stop for p, (_, stop) in ranges.items()}},
         override_num_blocks=blocks,
@@ -77,10 +85,17 @@ def compare(cfg: KbitConfig, manifest: Manifest, kbit_rows: list[dict[str, Any]]
     in the same run): records/s of each, and kbit's read+decode rate over Ray's (above 1: kbit is faster)."""
     ray_rows = measure_read_kafka(cfg, manifest, repeats)
     kbit = {row["client"]: row["decode_records_per_s"] for row in kbit_rows}
-    return {"variant": manifest.variant.name, "topic": manifest.topic, "records": manifest.num_records,
-            "kbit_records_per_s": kbit, "ray": ray_rows,
-            "kbit_over_ray": {client: {row["reader"]: rate / row["records_per_s"] for row in ray_rows
-                                       if row["records_per_s"]} for client, rate in kbit.items()}}
+    return {
+        "variant": manifest.variant.name,
+        "topic": manifest.topic,
+        "records": manifest.num_records,
+        "kbit_records_per_s": kbit,
+        "ray": ray_rows,
+        "kbit_over_ray": {
+            client: {row["reader"]: rate / row["records_per_s"] for row in ray_rows if row["records_per_s"]}
+            for client, rate in kbit.items()
+        },
+    }
 
 
 def peer_table(comparisons: list[dict[str, Any]]) -> Table:
@@ -93,6 +108,11 @@ def peer_table(comparisons: list[dict[str, Any]]) -> Table:
             table.add_row(comparison["variant"], f"kbit, {client}", f"{rate:,.0f}", "-", "0")
         for row in comparison["ray"]:
             ratios = " / ".join(f"{by[row['reader']]:.2f}x" for by in comparison["kbit_over_ray"].values())
-            table.add_row(comparison["variant"], row["reader"], f"{row['records_per_s']:,.0f}", ratios,
-                          f"{row['records_missing']:,}")
+            table.add_row(
+                comparison["variant"],
+                row["reader"],
+                f"{row['records_per_s']:,.0f}",
+                ratios,
+                f"{row['records_missing']:,}",
+            )
     return table

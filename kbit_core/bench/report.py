@@ -45,8 +45,14 @@ class ReportFiles:
 
     @classmethod
     def in_dir(cls, out_dir: Path) -> ReportFiles:
-        return cls(out_dir / RAW_CSV, out_dir / STATS_JSON, out_dir / SUMMARY_MD, out_dir / BOXPLOT_PNG,
-                   out_dir / MEAN_STD_PNG, out_dir / STAGES_PNG)
+        return cls(
+            out_dir / RAW_CSV,
+            out_dir / STATS_JSON,
+            out_dir / SUMMARY_MD,
+            out_dir / BOXPLOT_PNG,
+            out_dir / MEAN_STD_PNG,
+            out_dir / STAGES_PNG,
+        )
 
     def to_dict(self) -> dict[str, str]:
         return {k: str(v) for k, v in asdict(self).items()}
@@ -89,8 +95,9 @@ def per_iteration(rows: pd.DataFrame) -> pd.DataFrame:
     """The independent units, one per iteration and configuration: the slowest rank's load time (makespan),
     the mean over ranks, and the records and bytes all ranks read."""
     grouped = rows.groupby(["config", "iteration"], sort=False)
-    return grouped.agg(makespan_s=("load_s", "max"), rank_mean_s=("load_s", "mean"), records=("records", "sum"),
-                       bytes=("bytes", "sum")).reset_index()
+    return grouped.agg(
+        makespan_s=("load_s", "max"), rank_mean_s=("load_s", "mean"), records=("records", "sum"), bytes=("bytes", "sum")
+    ).reset_index()
 
 
 def iteration_orders(timings: pd.DataFrame) -> dict[str, list[str]]:
@@ -108,10 +115,15 @@ def analyze(timings: pd.DataFrame, *, bootstrap_resamples: int, seed: int) -> di
 
     def view(frame: Mapping[str, pd.DataFrame], column: str, label: str) -> dict[str, Any]:
         """Raw samples and box statistics of one column per configuration."""
-        return {"raw_results": {n: frame[n][column].tolist() for n in names},
-                "statistical_analysis": {n: boxplot_stats(frame[n][column].to_numpy(), name=f"{n}{label}",
-                                                          bootstrap_resamples=bootstrap_resamples, seed=seed
-                                                          ).to_dict() for n in names}}
+        return {
+            "raw_results": {n: frame[n][column].tolist() for n in names},
+            "statistical_analysis": {
+                n: boxplot_stats(
+                    frame[n][column].to_numpy(), name=f"{n}{label}", bootstrap_resamples=bootstrap_resamples, seed=seed
+                ).to_dict()
+                for n in names
+            },
+        }
 
     per_iteration_views = {metric: view(units, f"{metric}_s", f" ({metric})") for metric in METRICS}
     doc: dict[str, Any] = {
@@ -123,8 +135,9 @@ def analyze(timings: pd.DataFrame, *, bootstrap_resamples: int, seed: int) -> di
         "stages": {n: {f"{s}_s": float(by_config[n][f"{s}_s"].median()) for s in STAGES} for n in names},
         # The maximum, not a median: one run that skipped or dropped data must show.
         "counters": {n: {c: int(by_config[n][c].max()) for c in COUNTERS} for n in names},
-        "comparison": {metric: compare_configs(v["raw_results"]).to_dict()
-                       for metric, v in per_iteration_views.items()},
+        "comparison": {
+            metric: compare_configs(v["raw_results"]).to_dict() for metric, v in per_iteration_views.items()
+        },
     }
     training = {n: training_stats(by_config[n], n) for n in names if by_config[n]["train_epoch_s"].notna().any()}
     if training:
@@ -153,19 +166,27 @@ def throughput(rows: pd.DataFrame, spans: pd.DataFrame, name: str) -> dict[str, 
 
 def training_stats(rows: pd.DataFrame, name: str) -> dict[str, float]:
     epoch = boxplot_stats(rows["train_epoch_s"].to_numpy(), name=f"{name} (train epoch)", bootstrap_resamples=100)
-    return {"epoch_s_median": epoch.median, "epoch_s_iqr": epoch.iqr,
-            "samples_per_s_median": float(rows["train_samples_per_s"].median())}
+    return {
+        "epoch_s_median": epoch.median,
+        "epoch_s_iqr": epoch.iqr,
+        "samples_per_s_median": float(rows["train_samples_per_s"].median()),
+    }
 
 
-def write_report(timings: pd.DataFrame, metadata: Mapping[str, Any], out_dir: Path, *, bootstrap_resamples: int,
-                 seed: int) -> ReportFiles:
+def write_report(
+    timings: pd.DataFrame, metadata: Mapping[str, Any], out_dir: Path, *, bootstrap_resamples: int, seed: int
+) -> ReportFiles:
     """Write the raw CSV, stats JSON, markdown summary and plots into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = ReportFiles.in_dir(out_dir)
     timings.to_csv(files.raw_csv, index=False)
     doc = analyze(timings, bootstrap_resamples=bootstrap_resamples, seed=seed)
-    doc["metadata"] = {**metadata, "order": iteration_orders(timings),
-                       "bootstrap_resamples": bootstrap_resamples, "bootstrap_seed": seed}
+    doc["metadata"] = {
+        **metadata,
+        "order": iteration_orders(timings),
+        "bootstrap_resamples": bootstrap_resamples,
+        "bootstrap_seed": seed,
+    }
     files.stats_json.write_text(json.dumps(doc, indent=2, allow_nan=False))
     files.summary_md.write_text(markdown_summary(doc))
     plot_boxplots(doc, files.boxplot_png)
@@ -179,8 +200,13 @@ def rebuild_report(run_dir: Path) -> ReportFiles:
     files = ReportFiles.in_dir(run_dir)
     timings = read_timings(files.raw_csv)
     metadata = load_stats(run_dir).get("metadata", {}) if files.stats_json.is_file() else {}
-    return write_report(timings, metadata, run_dir, bootstrap_resamples=int(metadata.get("bootstrap_resamples", 2000)),
-                        seed=int(metadata.get("bootstrap_seed", 0)))
+    return write_report(
+        timings,
+        metadata,
+        run_dir,
+        bootstrap_resamples=int(metadata.get("bootstrap_resamples", 2000)),
+        seed=int(metadata.get("bootstrap_seed", 0)),
+    )
 
 
 def load_stats(path: Path) -> dict[str, Any]:
@@ -216,20 +242,31 @@ def ranking_markdown(doc: Mapping[str, Any]) -> str:
     meta = doc.get("metadata", {})
     comparison = doc["comparison"][RANKING_METRIC]
     title = " · ".join(str(v) for v in (meta.get("profile"), meta.get("run_id")) if v)
-    return "\n".join([
-        f"# kbit benchmark {title}".rstrip(), "", run_line(meta), "", "## Ranking", "",
-        "One sample per iteration: its makespan (the slowest rank, what a synchronous job waits for). "
-        "CI = percentile-bootstrap 95 % interval of the median; *vs fastest* = two-sided Mann–Whitney U "
-        f"against the fastest, Holm-adjusted across the {len(comparison['ranking']) - 1} tests (significant below "
-        f"{comparison['alpha']}), or *insufficient runs* when so few iterations cannot reach significance.", "",
-        ranking_table(doc)])
+    return "\n".join(
+        [
+            f"# kbit benchmark {title}".rstrip(),
+            "",
+            run_line(meta),
+            "",
+            "## Ranking",
+            "",
+            "One sample per iteration: its makespan (the slowest rank, what a synchronous job waits for). "
+            "CI = percentile-bootstrap 95 % interval of the median; *vs fastest* = two-sided Mann–Whitney U "
+            f"against the fastest, Holm-adjusted across the {len(comparison['ranking']) - 1} tests (significant below "
+            f"{comparison['alpha']}), or *insufficient runs* when so few iterations cannot reach significance.",
+            "",
+            ranking_table(doc),
+        ]
+    )
 
 
 def run_line(meta: Mapping[str, Any]) -> str:
     """What was run, in one sentence: iterations, world size, broker, host CPUs, commit."""
-    return (f"{meta.get('iterations', '?')} measured iterations (+{meta.get('warmup', '?')} warm-up), "
-            f"world size {meta.get('world_size', '?')}, broker {meta.get('broker', '?')}, "
-            f"host {meta.get('hardware', {}).get('cpu_count', '?')} CPUs, commit {meta.get('git_commit', '?')}.")
+    return (
+        f"{meta.get('iterations', '?')} measured iterations (+{meta.get('warmup', '?')} warm-up), "
+        f"world size {meta.get('world_size', '?')}, broker {meta.get('broker', '?')}, "
+        f"host {meta.get('hardware', {}).get('cpu_count', '?')} CPUs, commit {meta.get('git_commit', '?')}."
+    )
 
 
 def ranking_table(doc: Mapping[str, Any]) -> str:
@@ -238,8 +275,10 @@ def ranking_table(doc: Mapping[str, Any]) -> str:
     lines = ["| # | configuration | runs | makespan s [95% CI] | ratio | vs fastest |", "|---|---|---|---|---|---|"]
     for name in ranked_names(doc):
         m, r = doc["makespan"]["statistical_analysis"][name], ranking[name]
-        lines.append(f"| {r['rank']} | {name} | {r['runs']} | {m['median']:.4f} [{m['median_ci_low']:.4f}, "
-                     f"{m['median_ci_high']:.4f}] | {r['ratio']:.2f} | {significance_label(r)} |")
+        lines.append(
+            f"| {r['rank']} | {name} | {r['runs']} | {m['median']:.4f} [{m['median_ci_low']:.4f}, "
+            f"{m['median_ci_high']:.4f}] | {r['ratio']:.2f} | {significance_label(r)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -249,40 +288,70 @@ def headline(doc: Mapping[str, Any]) -> str:
     fastest = comparison["fastest"]
     median = doc["makespan"]["statistical_analysis"][fastest]["median"]
     verdicts = [e["significance"] for e in comparison["ranking"][1:]]
-    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in ("significant", "not significant", "insufficient runs")
-                       if v in verdicts)
-    return (f"Fastest: {fastest}, median makespan {median:.4f} s. Against it, the other {len(verdicts)}: "
-            f"{counts or 'none'} (Holm-corrected Mann–Whitney on one sample per iteration).")
+    counts = ", ".join(
+        f"{verdicts.count(v)} {v}" for v in ("significant", "not significant", "insufficient runs") if v in verdicts
+    )
+    return (
+        f"Fastest: {fastest}, median makespan {median:.4f} s. Against it, the other {len(verdicts)}: "
+        f"{counts or 'none'} (Holm-corrected Mann–Whitney on one sample per iteration)."
+    )
 
 
 def details_markdown(doc: Mapping[str, Any]) -> str:
     """The per-rank view, stages, counters and the optional training epoch, fastest first."""
     names = ranked_names(doc)
-    lines = ["", "## Per rank", "",
-              "Rank mean = the mean over ranks per iteration (tested like the makespan); the per-rank median pools "
-              "iterations × ranks (the original's view, descriptive only); rates are per rank.", "",
-              "| configuration | rank mean s | per-rank s [95% CI] | IQR s | records/s | MB/s |",
-              "|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "## Per rank",
+        "",
+        "Rank mean = the mean over ranks per iteration (tested like the makespan); the per-rank median pools "
+        "iterations × ranks (the original's view, descriptive only); rates are per rank.",
+        "",
+        "| configuration | rank mean s | per-rank s [95% CI] | IQR s | records/s | MB/s |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in names:
         s, t = doc["statistical_analysis"][name], doc["throughput"][name]
-        lines.append(f"| {name} | {doc['rank_mean']['statistical_analysis'][name]['median']:.4f} "
-                     f"| {s['median']:.4f} [{s['median_ci_low']:.4f}, {s['median_ci_high']:.4f}] | {s['iqr']:.4f} "
-                     f"| {t['records_per_s_median']:,.0f} | {t['mb_per_s_median']:.2f} |")
-    lines += ["", "## Stages", "", "Median seconds per rank.", "",
-              "| configuration | " + " | ".join(STAGES) + " | bytes/record |",
-              "|---|" + "---|" * (len(STAGES) + 1)]
+        lines.append(
+            f"| {name} | {doc['rank_mean']['statistical_analysis'][name]['median']:.4f} "
+            f"| {s['median']:.4f} [{s['median_ci_low']:.4f}, {s['median_ci_high']:.4f}] | {s['iqr']:.4f} "
+            f"| {t['records_per_s_median']:,.0f} | {t['mb_per_s_median']:.2f} |"
+        )
+    lines += [
+        "",
+        "## Stages",
+        "",
+        "Median seconds per rank.",
+        "",
+        "| configuration | " + " | ".join(STAGES) + " | bytes/record |",
+        "|---|" + "---|" * (len(STAGES) + 1),
+    ]
     for name in names:
         st = doc["stages"][name]
-        lines.append(f"| {name} | " + " | ".join(f"{st[f'{s}_s']:.4f}" for s in STAGES)
-                     + f" | {doc['throughput'][name]['bytes_per_record']:.1f} |")
-    lines += ["", "## Counters", "", "The most one rank had in one measured run.", "",
-              "| configuration | " + " | ".join(c.replace("_", " ") for c in COUNTERS) + " |",
-              "|---|" + "---|" * len(COUNTERS)]
+        lines.append(
+            f"| {name} | "
+            + " | ".join(f"{st[f'{s}_s']:.4f}" for s in STAGES)
+            + f" | {doc['throughput'][name]['bytes_per_record']:.1f} |"
+        )
+    lines += [
+        "",
+        "## Counters",
+        "",
+        "The most one rank had in one measured run.",
+        "",
+        "| configuration | " + " | ".join(c.replace("_", " ") for c in COUNTERS) + " |",
+        "|---|" + "---|" * len(COUNTERS),
+    ]
     for name in names:
         lines.append(f"| {name} | " + " | ".join(f"{doc['counters'][name][c]:,}" for c in COUNTERS) + " |")
     if "training" in doc:
-        lines += ["", "## Training epoch", "", "| configuration | epoch s (median) | samples/s (median) |",
-                  "|---|---|---|"]
+        lines += [
+            "",
+            "## Training epoch",
+            "",
+            "| configuration | epoch s (median) | samples/s (median) |",
+            "|---|---|---|",
+        ]
         for name, t in doc["training"].items():
             lines.append(f"| {name} | {t['epoch_s_median']:.3f} | {t['samples_per_s_median']:,.0f} |")
     return "\n".join(lines) + "\n"
@@ -301,8 +370,10 @@ def plot_boxplots(doc: Mapping[str, Any], path: Path) -> None:
     """Tukey box plots (whis=1.5), fastest on top: pooled per-rank load times (descriptive) and makespans."""
     names = ranked_names(doc)[::-1]
     fig, (pooled, span) = _figure(len(names), panels=2)
-    for ax, raw, title in ((pooled, doc["raw_results"], "load time per rank"),
-                           (span, doc["makespan"]["raw_results"], "makespan per run (slowest rank)")):
+    for ax, raw, title in (
+        (pooled, doc["raw_results"], "load time per rank"),
+        (span, doc["makespan"]["raw_results"], "makespan per run (slowest rank)"),
+    ):
         ax.boxplot([raw[n] for n in names], tick_labels=names, whis=1.5, orientation="horizontal")
         ax.set_title(title)
         ax.set_xlabel("seconds")

@@ -89,8 +89,9 @@ def olympic_mean(values: np.ndarray) -> float:
     return float(ordered[1:-1].mean())
 
 
-def bootstrap_median_ci(values: np.ndarray, resamples: int, seed: int,
-                        confidence: float = CONFIDENCE) -> tuple[float, float]:
+def bootstrap_median_ci(
+    values: np.ndarray, resamples: int, seed: int, confidence: float = CONFIDENCE
+) -> tuple[float, float]:
     """Percentile-bootstrap confidence interval of the median, reproducible for a given seed.
 
     The percentile method, not BCa: BCa's acceleration estimate is undefined for tied or constant samples,
@@ -99,13 +100,21 @@ def bootstrap_median_ci(values: np.ndarray, resamples: int, seed: int,
     if values.size < 2 or values.min() == values.max():
         v = float(np.median(values))
         return v, v
-    res = scipy_stats.bootstrap((values,), np.median, n_resamples=resamples, confidence_level=confidence,
-                                method="percentile", vectorized=True, rng=np.random.default_rng(seed))
+    res = scipy_stats.bootstrap(
+        (values,),
+        np.median,
+        n_resamples=resamples,
+        confidence_level=confidence,
+        method="percentile",
+        vectorized=True,
+        rng=np.random.default_rng(seed),
+    )
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def boxplot_stats(values: Sequence[float] | np.ndarray, *, name: str = "values", bootstrap_resamples: int = 2000,
-                  seed: int = 0) -> BoxStats:
+def boxplot_stats(
+    values: Sequence[float] | np.ndarray, *, name: str = "values", bootstrap_resamples: int = 2000, seed: int = 0
+) -> BoxStats:
     """Compute :class:`BoxStats` of ``values`` (numpy linear percentiles, 1.5·IQR fences)."""
     x = checked_samples(values, name)
     q1, median, q3 = (float(v) for v in np.percentile(x, [25, 50, 75]))
@@ -118,19 +127,35 @@ def boxplot_stats(values: Sequence[float] | np.ndarray, *, name: str = "values",
     variance = float(x.var(ddof=1)) if x.size > 1 and x.min() != x.max() else 0.0
     ci_low, ci_high = bootstrap_median_ci(x, bootstrap_resamples, seed)
     return BoxStats(
-        count=int(x.size), q1=q1, median=median, q3=q3, iqr=iqr,
-        lower_fence=lower_fence, upper_fence=upper_fence,
-        lower_whisker=lower_whisker, upper_whisker=upper_whisker,
+        count=int(x.size),
+        q1=q1,
+        median=median,
+        q3=q3,
+        iqr=iqr,
+        lower_fence=lower_fence,
+        upper_fence=upper_fence,
+        lower_whisker=lower_whisker,
+        upper_whisker=upper_whisker,
         lower_outliers=tuple(float(v) for v in np.sort(x[x < lower_fence])),
         upper_outliers=tuple(float(v) for v in np.sort(x[x > upper_fence])),
-        mean=float(x.mean()), variance=variance, std_dev=variance ** 0.5,
-        min=float(x.min()), max=float(x.max()), olympic_mean=olympic_mean(x),
-        median_ci_low=ci_low, median_ci_high=ci_high,
+        mean=float(x.mean()),
+        variance=variance,
+        std_dev=variance**0.5,
+        min=float(x.min()),
+        max=float(x.max()),
+        olympic_mean=olympic_mean(x),
+        median_ci_low=ci_low,
+        median_ci_high=ci_high,
     )
 
 
-def rate_median(amounts: Sequence[float] | np.ndarray, seconds: Sequence[float] | np.ndarray, *,
-                name: str = "values", scale: float = 1.0) -> float:
+def rate_median(
+    amounts: Sequence[float] | np.ndarray,
+    seconds: Sequence[float] | np.ndarray,
+    *,
+    name: str = "values",
+    scale: float = 1.0,
+) -> float:
     """Median of the per-sample rates ``amounts[i] / seconds[i] / scale`` (e.g. records/s, or MB/s with 1e6).
 
     The median of rates, not total/total: it stays paired with the median time of the same samples and is

@@ -56,8 +56,9 @@ def first_step_probe(cfg: KbitConfig, called_at: float) -> float:
     return elapsed
 
 
-def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int = 1,
-                    variants: Sequence[DataVariant] = ()) -> dict[str, Any]:
+def run_train_bench(
+    cfg: KbitConfig, *, output: Path | None = None, repeats: int = 1, variants: Sequence[DataVariant] = ()
+) -> dict[str, Any]:
     """Measure everything in the module docstring ``repeats`` times (in shuffled order) and write the JSON."""
     base = bench_config(cfg)
     ds_name = f"deepspeed_zero{cfg.deepspeed.zero_stage}"
@@ -71,8 +72,9 @@ def run_train_bench(cfg: KbitConfig, *, output: Path | None = None, repeats: int
     for name, launcher in launchers.items():
         if name != launcher_name(base):  # the base launcher's streamed run is kafka_stream itself
             trainings[f"{name}_stream"] = stream.override(launcher)
-    launches = {name: functools.partial(launch_first_step, base.override(launcher))
-                for name, launcher in launchers.items()}
+    launches = {
+        name: functools.partial(launch_first_step, base.override(launcher)) for name, launcher in launchers.items()
+    }
     other_variants = list({v.name: v for v in variants if v.name != base.produce.variant.name}.values())
     for variant in other_variants:
         trainings[stream_name(variant)] = stream.override({"produce": {"variant": variant.model_dump()}})
@@ -147,8 +149,12 @@ def _start_runtimes(cfg: KbitConfig, launchers: dict[str, dict[str, Any]]) -> No
 
 def bench_config(cfg: KbitConfig) -> KbitConfig:
     """The user's config with at least two epochs (the last one is measured) and no checkpoint I/O in the timing."""
-    return cfg.override({"train": {"epochs": max(2, cfg.train.epochs)},
-                       "checkpoint": {"dir": None, "max_restarts": 0, "resume": "none"}})
+    return cfg.override(
+        {
+            "train": {"epochs": max(2, cfg.train.epochs)},
+            "checkpoint": {"dir": None, "max_restarts": 0, "resume": "none"},
+        }
+    )
 
 
 def _measure_launch(name: str, measure: Callable[[], float]) -> float | None:
@@ -181,33 +187,55 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 def _run_settings(cfg: KbitConfig, topic: str, repeats: int) -> dict[str, Any]:
     """What the results were measured with."""
     return {
-        "topic": topic, "world_size": cfg.launch.num_processes, "global_batch_size": cfg.train.global_batch_size,
-        "model": cfg.train.model.name, "epochs": cfg.train.epochs, "num_records": cfg.dataset.num_records,
-        "variant": cfg.produce.variant.name, "master": cfg.launch.master, "use_gpu": cfg.launch.use_gpu,
-        "launcher": launcher_name(cfg), "precision": cfg.train.precision, "repeats": repeats,
+        "topic": topic,
+        "world_size": cfg.launch.num_processes,
+        "global_batch_size": cfg.train.global_batch_size,
+        "model": cfg.train.model.name,
+        "epochs": cfg.train.epochs,
+        "num_records": cfg.dataset.num_records,
+        "variant": cfg.produce.variant.name,
+        "master": cfg.launch.master,
+        "use_gpu": cfg.launch.use_gpu,
+        "launcher": launcher_name(cfg),
+        "precision": cfg.train.precision,
+        "repeats": repeats,
     }
 
 
-def _by_variant(cfg: KbitConfig, speed: dict[str, list[float]], samples: dict[str, list[dict[str, Any]]],
-                other_variants: Sequence[DataVariant]) -> dict[str, dict[str, Any]]:
+def _by_variant(
+    cfg: KbitConfig,
+    speed: dict[str, list[float]],
+    samples: dict[str, list[dict[str, Any]]],
+    other_variants: Sequence[DataVariant],
+) -> dict[str, dict[str, Any]]:
     """Each streamed variant's throughput and its ratio to the in-memory baseline."""
     by_variant = {}
     for variant, name in ((cfg.produce.variant, "kafka_stream"), *((v, stream_name(v)) for v in other_variants)):
         vs_memory = ratio(median(speed[name]), median(speed["memory"]))
         by_variant[variant.name] = {
-            "samples_per_s": speed[name], "data_wait_fraction": [r["data_wait_fraction"] for r in samples[name]],
-            "vs_memory": vs_memory, "meets_target": vs_memory is not None and vs_memory >= STREAM_TARGET}
+            "samples_per_s": speed[name],
+            "data_wait_fraction": [r["data_wait_fraction"] for r in samples[name]],
+            "vs_memory": vs_memory,
+            "meets_target": vs_memory is not None and vs_memory >= STREAM_TARGET,
+        }
     return by_variant
 
 
-def _summarize(cfg: KbitConfig, topic: str, ds_name: str, samples: dict[str, list[dict[str, Any]]],
-               overheads: dict[str, list[float | None]], repeats: int,
-               other_variants: Sequence[DataVariant] = ()) -> dict[str, Any]:
+def _summarize(
+    cfg: KbitConfig,
+    topic: str,
+    ds_name: str,
+    samples: dict[str, list[dict[str, Any]]],
+    overheads: dict[str, list[float | None]],
+    repeats: int,
+    other_variants: Sequence[DataVariant] = (),
+) -> dict[str, Any]:
     speed = {name: [r["samples_per_s"] for r in runs] for name, runs in samples.items()}
     step_time = {name: [cfg.train.global_batch_size / s for s in speed[name] if s] for name in ("memory", ds_name)}
     kafka_vs_memory = ratio(median(speed["kafka_stream"]), median(speed["memory"]))
-    by_launcher = {name: speed["kafka_stream" if name == launcher_name(cfg) else f"{name}_stream"]
-                   for name in overheads}
+    by_launcher = {
+        name: speed["kafka_stream" if name == launcher_name(cfg) else f"{name}_stream"] for name in overheads
+    }
     torchrun = median(overheads["torchrun"])
     return {
         "config": _run_settings(cfg, topic, repeats),
@@ -222,20 +250,26 @@ def _summarize(cfg: KbitConfig, topic: str, ds_name: str, samples: dict[str, lis
         "stream_by_variant": _by_variant(cfg, speed, samples, other_variants),
         "stream_samples_per_s_by_launcher": {
             **by_launcher,
-            "vs_torchrun": {name: ratio(median(values), median(by_launcher["torchrun"]))
-                            for name, values in by_launcher.items() if name != "torchrun"},
+            "vs_torchrun": {
+                name: ratio(median(values), median(by_launcher["torchrun"]))
+                for name, values in by_launcher.items()
+                if name != "torchrun"
+            },
         },
         "launch_overhead_s": {
             **overheads,
-            "vs_torchrun": {name: ratio(median(values), torchrun) for name, values in overheads.items()
-                            if name != "torchrun"},
+            "vs_torchrun": {
+                name: ratio(median(values), torchrun) for name, values in overheads.items() if name != "torchrun"
+            },
         },
         "step_time_s": {
             "ddp": step_time["memory"],
             ds_name: step_time[ds_name],
             "deepspeed_vs_ddp": ratio(median(step_time[ds_name]), median(step_time["memory"])),
-            "final_loss": {"ddp": [r["loss_curve"][-1] for r in samples["memory"] if r["loss_curve"]],
-                           ds_name: [r["loss_curve"][-1] for r in samples[ds_name] if r["loss_curve"]]},
+            "final_loss": {
+                "ddp": [r["loss_curve"][-1] for r in samples["memory"] if r["loss_curve"]],
+                ds_name: [r["loss_curve"][-1] for r in samples[ds_name] if r["loss_curve"]],
+            },
         },
     }
 
@@ -244,34 +278,54 @@ def results_table(results: dict[str, Any]) -> Table:
     """Medians and ratios as one rich table."""
     config = results["config"]
     device = "GPU" if config["use_gpu"] else "CPU"
-    table = Table(title=f"training benchmark ({config['world_size']} {device} processes under {config['launcher']}, "
-                        f"{config['variant']}, {config['repeats']} round(s))")
+    table = Table(
+        title=f"training benchmark ({config['world_size']} {device} processes under {config['launcher']}, "
+        f"{config['variant']}, {config['repeats']} round(s))"
+    )
     for column in ("measure", "median", "ratio", "baseline"):
         table.add_column(column, justify="left" if column in ("measure", "baseline") else "right")
     thr, launch, steps = results["throughput"], results["launch_overhead_s"], results["step_time_s"]
     verdict = "[green]meets[/]" if thr["meets_target"] else "[red]below[/]"
-    table.add_row("samples/s kafka stream", fmt(median(thr["kafka_stream_samples_per_s"]), "{:,.0f}"),
-                  fmt(thr["kafka_vs_memory"], "{:.3f}x"), f"in-memory; target {thr['target']}x {verdict}")
+    table.add_row(
+        "samples/s kafka stream",
+        fmt(median(thr["kafka_stream_samples_per_s"]), "{:,.0f}"),
+        fmt(thr["kafka_vs_memory"], "{:.3f}x"),
+        f"in-memory; target {thr['target']}x {verdict}",
+    )
     table.add_row("samples/s in memory", fmt(median(thr["memory_samples_per_s"]), "{:,.0f}"), "1.000x", "")
     for variant, streamed in results["stream_by_variant"].items():
         if variant != config["variant"]:
             verdict = "[green]meets[/]" if streamed["meets_target"] else "[red]below[/]"
-            table.add_row(f"samples/s kafka stream, {variant}", fmt(median(streamed["samples_per_s"]), "{:,.0f}"),
-                          fmt(streamed["vs_memory"], "{:.3f}x"), f"in-memory; target {thr['target']}x {verdict}")
+            table.add_row(
+                f"samples/s kafka stream, {variant}",
+                fmt(median(streamed["samples_per_s"]), "{:,.0f}"),
+                fmt(streamed["vs_memory"], "{:.3f}x"),
+                f"in-memory; target {thr['target']}x {verdict}",
+            )
     by_launcher = results["stream_samples_per_s_by_launcher"]
-    table.add_row("samples/s kafka stream, plain torchrun", fmt(median(by_launcher["torchrun"]), "{:,.0f}"),
-                  "1.000x", "")
+    table.add_row(
+        "samples/s kafka stream, plain torchrun", fmt(median(by_launcher["torchrun"]), "{:,.0f}"), "1.000x", ""
+    )
     for name, ratio_ in by_launcher["vs_torchrun"].items():
-        table.add_row(f"samples/s kafka stream, {name}", fmt(median(by_launcher[name]), "{:,.0f}"),
-                      fmt(ratio_, "{:.3f}x"), "plain torchrun")
+        table.add_row(
+            f"samples/s kafka stream, {name}",
+            fmt(median(by_launcher[name]), "{:,.0f}"),
+            fmt(ratio_, "{:.3f}x"),
+            "plain torchrun",
+        )
     table.add_row("first step, plain torchrun (s)", fmt(median(launch["torchrun"]), "{:.2f}"), "1.000x", "")
     for name, ratio_ in launch["vs_torchrun"].items():
-        table.add_row(f"first step, {name} (s)", fmt(median(launch[name]), "{:.2f}"), fmt(ratio_, "{:.2f}x"),
-                      "plain torchrun")
+        table.add_row(
+            f"first step, {name} (s)", fmt(median(launch[name]), "{:.2f}"), fmt(ratio_, "{:.2f}x"), "plain torchrun"
+        )
     ds_name = next(k for k in steps if k.startswith("deepspeed_zero"))
     table.add_row("step time DDP (ms)", fmt(_ms(median(steps["ddp"])), "{:.1f}"), "1.000x", "")
-    table.add_row(f"step time {ds_name} (ms)", fmt(_ms(median(steps[ds_name])), "{:.1f}"),
-                  fmt(steps["deepspeed_vs_ddp"], "{:.2f}x"), "DDP")
+    table.add_row(
+        f"step time {ds_name} (ms)",
+        fmt(_ms(median(steps[ds_name])), "{:.1f}"),
+        fmt(steps["deepspeed_vs_ddp"], "{:.2f}x"),
+        "DDP",
+    )
     return table
 
 

@@ -17,7 +17,6 @@ app = typer.Typer(
 )
 
 
-
 @app.callback()
 def _root(debug: DebugOpt = False) -> None:
     """kbit: Kafka-streamed distributed training and its benchmark."""

@@ -28,35 +28,65 @@ def results_table(stats: dict[str, Any]) -> Table:
     """Median makespan per iteration with its bootstrap CI and its Holm-corrected test against the fastest, the
     per-rank median and throughput, fastest first."""
     table = Table(title=f"kbit benchmark {stats.get('metadata', {}).get('run_id', '')}".rstrip())
-    for column in ("#", "configuration", "runs", "makespan s [95% CI]", "ratio", "vs fastest (p Holm)",
-                   "per-rank median s", "records/s", "MB/s"):
-        table.add_column(column, justify="left" if column == "configuration" else "right",
-                         no_wrap=column == "configuration")
+    for column in (
+        "#",
+        "configuration",
+        "runs",
+        "makespan s [95% CI]",
+        "ratio",
+        "vs fastest (p Holm)",
+        "per-rank median s",
+        "records/s",
+        "MB/s",
+    ):
+        table.add_column(
+            column, justify="left" if column == "configuration" else "right", no_wrap=column == "configuration"
+        )
     for entry in stats["comparison"][RANKING_METRIC]["ranking"]:
         name = entry["name"]
-        s, m, t = (stats["statistical_analysis"][name], stats["makespan"]["statistical_analysis"][name],
-                   stats["throughput"][name])
-        table.add_row(str(entry["rank"]), name, str(entry["runs"]),
-                      f"{m['median']:.4f} [{m['median_ci_low']:.4f}, {m['median_ci_high']:.4f}]",
-                      f"{entry['ratio']:.2f}", significance_label(entry), f"{s['median']:.4f}",
-                      f"{t['records_per_s_median']:,.0f}", f"{t['mb_per_s_median']:.2f}")
+        s, m, t = (
+            stats["statistical_analysis"][name],
+            stats["makespan"]["statistical_analysis"][name],
+            stats["throughput"][name],
+        )
+        table.add_row(
+            str(entry["rank"]),
+            name,
+            str(entry["runs"]),
+            f"{m['median']:.4f} [{m['median_ci_low']:.4f}, {m['median_ci_high']:.4f}]",
+            f"{entry['ratio']:.2f}",
+            significance_label(entry),
+            f"{s['median']:.4f}",
+            f"{t['records_per_s_median']:,.0f}",
+            f"{t['mb_per_s_median']:.2f}",
+        )
     return table
 
 
 def comparison_table(result: Any) -> Table:
-    table = Table(title=f"B vs A ({result.metric} per iteration, threshold {result.threshold:.0%}, "
-                        f"alpha {result.alpha}, Holm-corrected)")
+    table = Table(
+        title=f"B vs A ({result.metric} per iteration, threshold {result.threshold:.0%}, "
+        f"alpha {result.alpha}, Holm-corrected)"
+    )
     for column in COMPARISON_COLUMNS:
-        table.add_column(column, justify="left" if column in ("configuration", "verdict") else "right",
-                         no_wrap=column == "configuration")
+        table.add_column(
+            column,
+            justify="left" if column in ("configuration", "verdict") else "right",
+            no_wrap=column == "configuration",
+        )
     for *cells, verdict in comparison_rows(result.to_dict()["deltas"]):
-        table.add_row(*cells, {"regression": "[red]REGRESSION[/]", "improvement": "[green]improvement[/]"}.get(
-            verdict, verdict))
+        table.add_row(
+            *cells, {"regression": "[red]REGRESSION[/]", "improvement": "[green]improvement[/]"}.get(verdict, verdict)
+        )
     return table
 
 
-def bench(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = False,
-          quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False) -> None:
+def bench(
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+    as_json: JsonOpt = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
     """Benchmark loading every configured variant from Kafka across ranks (warm-up + N iterations).
 
     A run with --set overrides that change what is measured never becomes a nightly baseline."""
@@ -71,12 +101,15 @@ def bench(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = Fals
         print_json(result.to_dict())
         return
     Console().print(results_table(result.stats))
-    console.print(f"report: {result.report_dir}"
-                  + (f"  mlflow run: {result.parent_run_id}" if result.parent_run_id else ""))
+    console.print(
+        f"report: {result.report_dir}" + (f"  mlflow run: {result.parent_run_id}" if result.parent_run_id else "")
+    )
 
 
-def report(run_dir: Annotated[Path, typer.Argument(help="A benchmark report directory (holds raw_timings.csv).")],
-           as_json: JsonOpt = False) -> None:
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A benchmark report directory (holds raw_timings.csv).")],
+    as_json: JsonOpt = False,
+) -> None:
     """Rebuild every report file of RUN_DIR from its raw timings CSV."""
     files = run_guarded(rebuild_report, run_dir)
     stats = load_stats(files.stats_json)
@@ -90,13 +123,15 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A benchmark report dire
 def compare(
     a: Annotated[Path, typer.Argument(help="Baseline: report directory or its stats.json.")],
     b: Annotated[Path, typer.Argument(help="Candidate: report directory or its stats.json.")],
-    threshold: Annotated[float | None, typer.Option(
-        help="Relative median slowdown that counts as a regression (default bench.regression_threshold).")] = None,
+    threshold: Annotated[
+        float | None,
+        typer.Option(help="Relative median slowdown that counts as a regression (default bench.regression_threshold)."),
+    ] = None,
     alpha: Annotated[float, typer.Option(help="Family-wise significance level (Mann–Whitney U, Holm).")] = 0.05,
-    metric: Annotated[str, typer.Option(help="Per-iteration unit: 'makespan' (slowest rank) or 'rank_mean'.")
-                      ] = "makespan",
-    force: Annotated[bool, typer.Option("--force", help="Compare runs of different identities anyway.")
-                     ] = False,
+    metric: Annotated[
+        str, typer.Option(help="Per-iteration unit: 'makespan' (slowest rank) or 'rank_mean'.")
+    ] = "makespan",
+    force: Annotated[bool, typer.Option("--force", help="Compare runs of different identities anyway.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Compare run B against baseline A; exit code 1 when any configuration regressed.
@@ -125,15 +160,24 @@ def compare(
 
 
 def history(
-    profile: Annotated[str | None, typer.Option(
-        help="Benchmark profile whose runs to read (experiment kbit-<profile>); default: the config's, "
-             "or nightly without --config.")] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            help="Benchmark profile whose runs to read (experiment kbit-<profile>); default: the config's, "
+            "or nightly without --config."
+        ),
+    ] = None,
     last: Annotated[int | None, typer.Option(min=1, help="Only the newest N nights.")] = None,
-    tracking_uri: Annotated[str | None, typer.Option(
-        envvar="MLFLOW_TRACKING_URI", help="MLflow store (default: the config's, sqlite in its workdir).")] = None,
-    out: Annotated[Path | None, typer.Option(
-        help="Where history.png/.md/.json go (default: <bench.output_dir>/history).")] = None,
-    config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = False,
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(envvar="MLFLOW_TRACKING_URI", help="MLflow store (default: the config's, sqlite in its workdir)."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Where history.png/.md/.json go (default: <bench.output_dir>/history).")
+    ] = None,
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Each configuration's nightly median makespan with its CI, change points (with the commits between)
     and unstable configurations, over the finished override-free runs of the newest run's identity."""

@@ -15,8 +15,7 @@ from kbit_core.testbed import down as bed_down
 from kbit_core.testbed import status as bed_status
 from kbit_core.testbed import up as bed_up
 
-cluster_app = typer.Typer(help="Start, stop and inspect the multi-host test bed (root on Linux).",
-                          no_args_is_help=True)
+cluster_app = typer.Typer(help="Start, stop and inspect the multi-host test bed (root on Linux).", no_args_is_help=True)
 out = Console()
 
 
@@ -29,8 +28,10 @@ def _report(st: BedStatus, as_json: bool) -> None:
         print_json(st.to_dict())
         return
     if st.state is None:
-        out.print("the test bed is not up" + (" (leftovers found: run `kbit cluster down`)"
-                                              if st.bridge or st.namespaces else ""))
+        out.print(
+            "the test bed is not up"
+            + (" (leftovers found: run `kbit cluster down`)" if st.bridge or st.namespaces else "")
+        )
         return
     s = st.state
     hosts = Table(title=f"kbit test bed ({s.subnet}) — {'[green]up[/]' if st.up else '[red]degraded[/]'}")
@@ -38,30 +39,46 @@ def _report(st: BedStatus, as_json: bool) -> None:
         hosts.add_column(col)
     hosts.add_row(s.driver.name, s.driver.address, "(root)", "-")
     for n in s.nodes:
-        hosts.add_row(n.name, n.address, n.netns or "-",
-                      "[green]ALIVE[/]" if n.address in st.alive_workers else "[red]not registered[/]")
+        hosts.add_row(
+            n.name,
+            n.address,
+            n.netns or "-",
+            "[green]ALIVE[/]" if n.address in st.alive_workers else "[red]not registered[/]",
+        )
     procs = Table(title="processes")
     for col in ("process", "host", "state", "pid", "hostname", "log"):
         procs.add_column(col, overflow="fold")  # paths are copied from here: never elide them
     for p in st.processes:
-        procs.add_row(p.name, f"{p.host} ({p.address})", "[green]alive[/]" if p.alive else "[red]dead[/]",
-                      str(p.pid or "-"), p.hostname or "-", p.log)
+        procs.add_row(
+            p.name,
+            f"{p.host} ({p.address})",
+            "[green]alive[/]" if p.alive else "[red]dead[/]",
+            str(p.pid or "-"),
+            p.hostname or "-",
+            p.log,
+        )
     out.print(hosts, procs)
-    out.print(f"Spark master: {s.master_url} (UI {s.master_webui})\n"
-              f"Kafka bootstrap: {s.broker_bootstrap} ({s.security_protocol}); CA {s.ssl_cafile}"
-              + (f"; client cert {s.ssl_certfile}, key {s.ssl_keyfile}" if s.ssl_certfile else "")
-              + (f"\nRay: {s.ray_address} (Ray Client; token {s.ray_overrides()['launch.ray_auth_token_file']}); "
-                 f"nodes alive: {', '.join(st.ray_nodes) or 'none'}" if s.ray_address
-                 else "\nRay: not installed, not started")
-              + f"\nstate file: {s.bed_dir / 'state.json'}")
+    out.print(
+        f"Spark master: {s.master_url} (UI {s.master_webui})\n"
+        f"Kafka bootstrap: {s.broker_bootstrap} ({s.security_protocol}); CA {s.ssl_cafile}"
+        + (f"; client cert {s.ssl_certfile}, key {s.ssl_keyfile}" if s.ssl_certfile else "")
+        + (
+            f"\nRay: {s.ray_address} (Ray Client; token {s.ray_overrides()['launch.ray_auth_token_file']}); "
+            f"nodes alive: {', '.join(st.ray_nodes) or 'none'}"
+            if s.ray_address
+            else "\nRay: not installed, not started"
+        )
+        + f"\nstate file: {s.bed_dir / 'state.json'}"
+    )
 
 
 @cluster_app.command("up")
 def up(
     config: ConfigOpt = None,
     sets: SetOpt = None,
-    subnet: Annotated[str, typer.Option(help="Private subnet of the bed; the driver takes .1, nodes .11, .12, ...")]
-    = DEFAULT_SUBNET,
+    subnet: Annotated[
+        str, typer.Option(help="Private subnet of the bed; the driver takes .1, nodes .11, .12, ...")
+    ] = DEFAULT_SUBNET,
     nodes: Annotated[int, typer.Option(min=1, max=8, help="Worker hosts (network namespaces).")] = 2,
     broker_port: Annotated[int, typer.Option(help="TLS port of the broker on the driver address.")] = 19093,
     client_auth: Annotated[bool, typer.Option(help="Require client certificates (mutual TLS).")] = True,

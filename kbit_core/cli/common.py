@@ -30,8 +30,10 @@ def load_cli_config(config: Path | None, sets: list[str] | None) -> KbitConfig:
     return load_config(config, sets or [])
 
 
-DebugOpt = Annotated[bool, typer.Option("--debug", envvar="KBIT_DEBUG",
-                                        help="Print the full traceback of an error, not just its message.")]
+DebugOpt = Annotated[
+    bool,
+    typer.Option("--debug", envvar="KBIT_DEBUG", help="Print the full traceback of an error, not just its message."),
+]
 
 # Exit code of a run ended by SIGINT or SIGTERM, as shells report a process killed by SIGINT (128 + 2).
 INTERRUPTED_EXIT = 130
@@ -75,8 +77,11 @@ def run_guarded(fn, *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
     except KeyboardInterrupt:
-        console.print("[bold red]interrupted:[/] stopped the workers and cleaned up; "
-                      "with checkpoint.dir set, rerun with --set checkpoint.resume=latest to continue", highlight=False)
+        console.print(
+            "[bold red]interrupted:[/] stopped the workers and cleaned up; "
+            "with checkpoint.dir set, rerun with --set checkpoint.resume=latest to continue",
+            highlight=False,
+        )
         raise typer.Exit(code=INTERRUPTED_EXIT) from None
     except Exception as exc:
         raise fail(exc) from None
@@ -89,6 +94,7 @@ def terminate_like_interrupt() -> None:
     KeyboardInterrupt, and a live SparkContext's own handler first cancels its jobs (which stops the workers
     that, unlike with Ctrl-C in a terminal, got no signal themselves) and then raises it.
     """
+
     def on_sigterm(signum: int, frame: Any) -> None:
         handler = signal.getsignal(signal.SIGINT)
         if callable(handler):

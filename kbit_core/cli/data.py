@@ -29,11 +29,17 @@ RecordsOpt = Annotated[int | None, typer.Option("--records", "-n", help="Records
 PartitionsOpt = Annotated[int | None, typer.Option("--partitions", "-p", help="Topic partitions.")]
 TopicOpt = Annotated[str | None, typer.Option("--topic", "-t", help="Topic name (derived when unset).")]
 RecreateOpt = Annotated[bool, typer.Option("--recreate", help="Delete the topic and produce it again.")]
-PerMessageOpt = Annotated[int | None, typer.Option("--records-per-message", "-k",
-                                                      help="Records grouped into one message.")]
+PerMessageOpt = Annotated[
+    int | None, typer.Option("--records-per-message", "-k", help="Records grouped into one message.")
+]
 ClientOpt = Annotated[str | None, typer.Option("--client", help="confluent | kafka-python")]
-StreamOpt = Annotated[bool, typer.Option("--stream", help="Append to the stream topic at --rate instead (live "
-                                                          "producer; --records then counts stream records).")]
+StreamOpt = Annotated[
+    bool,
+    typer.Option(
+        "--stream",
+        help="Append to the stream topic at --rate instead (live producer; --records then counts stream records).",
+    ),
+]
 RateOpt = Annotated[float | None, typer.Option("--rate", help="--stream: records per second.")]
 DurationOpt = Annotated[float | None, typer.Option("--duration", help="--stream: seconds to produce.")]
 
@@ -54,15 +60,21 @@ def manifest_table(m: Manifest) -> Table:
     table.add_column("value")
     ds = m.dataset
     rows = [
-        ("dataset", f"{ds.name} seed={ds.seed} records={ds.num_records:,} shape={'x'.join(map(str, ds.image_shape))} "
-                    f"classes={ds.num_classes}"),
+        (
+            "dataset",
+            f"{ds.name} seed={ds.seed} records={ds.num_records:,} shape={'x'.join(map(str, ds.image_shape))} "
+            f"classes={ds.num_classes}",
+        ),
         ("variant", f"{m.variant.name} ({m.variant.records_per_message} record(s)/message)"),
         ("schema fingerprint", m.schema_fingerprint),
         ("records / messages", f"{m.num_records:,} / {m.num_messages:,}"),
         ("value MB / wire MB", f"{_mb(m.value_bytes)} / {_mb(m.wire_bytes)}"),
         ("bytes per record", f"{m.value_bytes / max(m.num_records, 1):,.1f}"),
-        ("produce", f"{m.produce_seconds:.2f} s, {m.num_records / max(m.produce_seconds, 1e-9):,.0f} rec/s, "
-                    f"{m.value_bytes / 1e6 / max(m.produce_seconds, 1e-9):,.1f} MB/s ({m.client})"),
+        (
+            "produce",
+            f"{m.produce_seconds:.2f} s, {m.num_records / max(m.produce_seconds, 1e-9):,.0f} rec/s, "
+            f"{m.value_bytes / 1e6 / max(m.produce_seconds, 1e-9):,.1f} MB/s ({m.client})",
+        ),
         ("offsets", " ".join(m.offset_strings())),
         ("created", f"{m.created_at:%Y-%m-%d %H:%M:%S %Z} by kbit {m.kbit_version}"),
     ]
@@ -79,11 +91,20 @@ def partitions_table(m: Manifest, check: TopicCheck | None = None) -> Table:
     for col in columns:
         table.add_column(col, justify="right")
     for p in m.partitions:
-        row = [str(p.partition), str(p.first_offset), str(p.last_offset), f"{p.num_messages:,}", f"{p.num_records:,}",
-               _mb(p.value_bytes)]
+        row = [
+            str(p.partition),
+            str(p.first_offset),
+            str(p.last_offset),
+            f"{p.num_messages:,}",
+            f"{p.num_records:,}",
+            _mb(p.value_bytes),
+        ]
         if check is not None:
-            row += [str(check.earliest.get(p.partition, "-")), str(check.ends.get(p.partition, "-")),
-                    "[red]differs[/]" if p.partition in check.differing else "[green]ok[/]"]
+            row += [
+                str(check.earliest.get(p.partition, "-")),
+                str(check.ends.get(p.partition, "-")),
+                "[red]differs[/]" if p.partition in check.differing else "[green]ok[/]",
+            ]
         table.add_row(*row)
     return table
 
@@ -107,20 +128,32 @@ def produce(
 ) -> None:
     """Produce the dataset into Kafka as one variant and print its offset manifest (reuses a matching topic);
     with --stream, append to the live stream topic at a target rate instead."""
-    cfg = run_guarded(_config_with_flags, config, sets, {
-        "produce.variant.format": fmt, "produce.variant.layout": layout,
-        "produce.variant.compression": compression, "produce.variant.records_per_message": per_message,
-        "stream.records" if stream else "dataset.num_records": records, "produce.partitions": partitions,
-        "stream.topic" if stream else "produce.topic": topic, "produce.recreate": recreate or None,
-        "produce.client": client, "stream.rate": rate, "stream.duration_s": duration,
-    })
+    cfg = run_guarded(
+        _config_with_flags,
+        config,
+        sets,
+        {
+            "produce.variant.format": fmt,
+            "produce.variant.layout": layout,
+            "produce.variant.compression": compression,
+            "produce.variant.records_per_message": per_message,
+            "stream.records" if stream else "dataset.num_records": records,
+            "produce.partitions": partitions,
+            "stream.topic" if stream else "produce.topic": topic,
+            "produce.recreate": recreate or None,
+            "produce.client": client,
+            "stream.rate": rate,
+            "stream.duration_s": duration,
+        },
+    )
     if stream:
         produce_stream(cfg, as_json)
         return
     manifest = run_guarded(produce_dataset, cfg, progress=not as_json)
     if as_json:
-        print_json({"manifest_path": str(manifest_path(cfg.workdir, manifest.topic)),
-                    **manifest.model_dump(mode="json")})
+        print_json(
+            {"manifest_path": str(manifest_path(cfg.workdir, manifest.topic)), **manifest.model_dump(mode="json")}
+        )
         return
     out.print(manifest_table(manifest))
     out.print(partitions_table(manifest))
@@ -137,9 +170,18 @@ def inspect(
     cfg = run_guarded(_config_with_flags, config, sets, {})
     check, manifest = run_guarded(_inspect, cfg, topic)
     if as_json:
-        print_json({"topic": topic, "ok": check.holds_manifest, "exists": check.exists,
-                    "partitions": check.partitions, "earliest": check.earliest, "ends": check.ends,
-                    "problems": check.problems, "manifest": manifest.model_dump(mode="json")})
+        print_json(
+            {
+                "topic": topic,
+                "ok": check.holds_manifest,
+                "exists": check.exists,
+                "partitions": check.partitions,
+                "earliest": check.earliest,
+                "ends": check.ends,
+                "problems": check.problems,
+                "manifest": manifest.model_dump(mode="json"),
+            }
+        )
     else:
         out.print(manifest_table(manifest))
         out.print(partitions_table(manifest, check))
@@ -162,7 +204,9 @@ def _inspect(cfg: KbitConfig, topic: str) -> tuple[TopicCheck, Manifest]:
     path = manifest_path(cfg.workdir, topic)
     if not path.is_file():
         where = "exists on" if admin.topic_exists(cfg.kafka, topic) else "is not on"
-        raise TopicError(f"topic {topic!r} has no manifest at {path} and {where} the "
-                         f"{admin.describe_broker(cfg.kafka)}; produce it with `kbit produce`")
+        raise TopicError(
+            f"topic {topic!r} has no manifest at {path} and {where} the "
+            f"{admin.describe_broker(cfg.kafka)}; produce it with `kbit produce`"
+        )
     manifest = Manifest.load(path)
     return admin.check_topic(cfg.kafka, manifest), manifest

@@ -29,20 +29,26 @@ def bench_data(
     config: ConfigOpt = None,
     sets: SetOpt = None,
     records: Annotated[int | None, typer.Option("--records", "-n", help="Records per topic.")] = None,
-    variants: Annotated[list[str] | None, typer.Option(
-        "--variants", "-v", help="format_layout_compression[_xN], repeatable (default: bench.variants).")] = None,
-    clients: Annotated[list[str] | None, typer.Option(
-        "--clients", help="confluent | kafka-python, repeatable (default: bench.clients).")] = None,
+    variants: Annotated[
+        list[str] | None,
+        typer.Option("--variants", "-v", help="format_layout_compression[_xN], repeatable (default: bench.variants)."),
+    ] = None,
+    clients: Annotated[
+        list[str] | None,
+        typer.Option("--clients", help="confluent | kafka-python, repeatable (default: bench.clients)."),
+    ] = None,
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, help="Timed reads per cell (median).")] = 3,
     rss: Annotated[bool, typer.Option("--rss/--no-rss", help="Measure streaming peak RSS on two topic sizes.")] = True,
-    rss_records: Annotated[str, typer.Option("--rss-records", help="Small,large topic sizes for the RSS check.")]
-    = "60000,600000",
+    rss_records: Annotated[
+        str, typer.Option("--rss-records", help="Small,large topic sizes for the RSS check.")
+    ] = "60000,600000",
     keep_topics: Annotated[bool, typer.Option("--keep-topics", help="Keep the topics this run produced.")] = False,
-    ray_peer: Annotated[bool, typer.Option("--ray-peer", help="Also read each topic with ray.data.read_kafka "
-                                                              "(the `ray` extra) and compare.")] = False,
+    ray_peer: Annotated[
+        bool,
+        typer.Option("--ray-peer", help="Also read each topic with ray.data.read_kafka (the `ray` extra) and compare."),
+    ] = False,
     output: Annotated[Path | None, typer.Option("--out", "-o", help="Write the results JSON here.")] = None,
-    markdown: Annotated[Path | None, typer.Option("--markdown", help="Write the tables as markdown here.")]
-    = None,
+    markdown: Annotated[Path | None, typer.Option("--markdown", help="Write the tables as markdown here.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Benchmark the data plane: every rate next to the raw fetch rate of the same topic, measured in the same run."""
@@ -52,9 +58,16 @@ def bench_data(
         if client not in ("confluent", "kafka-python"):
             raise typer.BadParameter(f"unknown client {client!r}; use confluent or kafka-python")
     results = run_guarded(
-        data_plane.run_data_plane, cfg, records=records, variants=chosen, clients=clients or None,
-        repeats=repeats, rss_sizes=_sizes(rss_records) if rss else None, keep_topics=keep_topics,
-        progress=not as_json, ray_peer=ray_peer,
+        data_plane.run_data_plane,
+        cfg,
+        records=records,
+        variants=chosen,
+        clients=clients or None,
+        repeats=repeats,
+        rss_sizes=_sizes(rss_records) if rss else None,
+        keep_topics=keep_topics,
+        progress=not as_json,
+        ray_peer=ray_peer,
     )
     if output:
         output.parent.mkdir(parents=True, exist_ok=True)

@@ -12,8 +12,7 @@ from rich.table import Table
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
 from kbit_core.stack import LocalStack, ServiceStatus
 
-stack_app = typer.Typer(help="Start, stop and inspect the local stack (broker, Prefect, MLflow).",
-                        no_args_is_help=True)
+stack_app = typer.Typer(help="Start, stop and inspect the local stack (broker, Prefect, MLflow).", no_args_is_help=True)
 out = Console()
 
 
@@ -29,8 +28,18 @@ def _table(services: list[ServiceStatus]) -> Table:
 
 def _report(services: list[ServiceStatus], as_json: bool) -> None:
     if as_json:
-        print_json([{"name": s.name, "running": s.running, "pid": s.pid, "url": s.url,
-                     "log": str(s.log_path) if s.log_path else None} for s in services])
+        print_json(
+            [
+                {
+                    "name": s.name,
+                    "running": s.running,
+                    "pid": s.pid,
+                    "url": s.url,
+                    "log": str(s.log_path) if s.log_path else None,
+                }
+                for s in services
+            ]
+        )
     else:
         out.print(_table(services))
 
@@ -40,8 +49,12 @@ def up(
     config: ConfigOpt = None,
     sets: SetOpt = None,
     broker_only: Annotated[bool, typer.Option("--broker-only", help="Start only the embedded broker.")] = False,
-    ray: Annotated[bool, typer.Option("--ray", help="Also start a local Ray head on 127.0.0.1 "
-                                                    "(launch.ray_head_port) for launch.engine=ray.")] = False,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray", help="Also start a local Ray head on 127.0.0.1 (launch.ray_head_port) for launch.engine=ray."
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Start the broker, Prefect server, MLflow server (and with --ray a Ray head); deploy, start the worker."""

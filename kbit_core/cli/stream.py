@@ -37,9 +37,13 @@ def produce_stream(cfg: KbitConfig, as_json: bool) -> None:
 def bench_stream_command(
     config: ConfigOpt = None,
     sets: SetOpt = None,
-    variant_specs: Annotated[list[str] | None, typer.Option(
-        "--variant", help="format:layout:compression, repeatable (default: raw:bytes:lz4, avro:list:lz4, "
-                          "json:list:lz4).")] = None,
+    variant_specs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--variant",
+            help="format:layout:compression, repeatable (default: raw:bytes:lz4, avro:list:lz4, json:list:lz4).",
+        ),
+    ] = None,
     rates: Annotated[str, typer.Option(help="Comma-separated produce rates to climb, records/s.")] = "200,400,800,1600",
     fixed_rate: Annotated[float, typer.Option(help="Rate of the first stage, where freshness is measured.")] = 100,
     warmup_s: Annotated[float, typer.Option(help="Length of the fixed-rate stage (it absorbs the start-up).")] = 60,
@@ -50,11 +54,22 @@ def bench_stream_command(
     """Per format: the highest produce rate continuous training sustains with bounded lag, and its freshness."""
     cfg = run_guarded(load_cli_config, config, sets)
     chosen = variant_specs or ["raw:bytes:lz4", "avro:list:lz4", "json:list:lz4"]
-    variants = run_guarded(lambda: [DataVariant(**dict(zip(("format", "layout", "compression"), v.split(":"))))
-                                    for v in chosen])
-    print_results(lambda: run_stream_bench(cfg, variants, [float(r) for r in rates.split(",")], fixed_rate=fixed_rate,
-                                           warmup_s=warmup_s, stage_s=stage_s, output=output),
-                  results_table, as_json)
+    variants = run_guarded(
+        lambda: [DataVariant(**dict(zip(("format", "layout", "compression"), v.split(":")))) for v in chosen]
+    )
+    print_results(
+        lambda: run_stream_bench(
+            cfg,
+            variants,
+            [float(r) for r in rates.split(",")],
+            fixed_rate=fixed_rate,
+            warmup_s=warmup_s,
+            stage_s=stage_s,
+            output=output,
+        ),
+        results_table,
+        as_json,
+    )
 
 
 def register(app: typer.Typer) -> None:

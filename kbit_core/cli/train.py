@@ -86,14 +86,19 @@ def bench_train_command(
     sets: SetOpt = None,
     output: OutputOpt = None,
     repeats: Annotated[int, typer.Option(min=1, help="Launches per measured mode.")] = 1,
-    variants: Annotated[list[str] | None, typer.Option(
-        "--variants", "-v", help="Also stream these variants (format_layout_compression[_xN]), repeatable.")] = None,
+    variants: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--variants", "-v", help="Also stream these variants (format_layout_compression[_xN]), repeatable."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Kafka-streamed vs in-memory training throughput, launch overheads, and DeepSpeed vs DDP step time."""
     chosen = [run_guarded(parse_variant, v) for v in variants or ()]
-    _run_bench(functools.partial(run_train_bench, variants=chosen), results_table, config, sets, output, repeats,
-               as_json)
+    _run_bench(
+        functools.partial(run_train_bench, variants=chosen), results_table, config, sets, output, repeats, as_json
+    )
 
 
 def bench_placement_command(
@@ -107,8 +112,15 @@ def bench_placement_command(
     _run_bench(run_placement_bench, placement_table, config, sets, output, repeats, as_json)
 
 
-def _run_bench(run: Callable[..., dict[str, Any]], table: Callable[[dict[str, Any]], Table], config: Path | None,
-               sets: list[str] | None, output: Path | None, repeats: int, as_json: bool) -> None:
+def _run_bench(
+    run: Callable[..., dict[str, Any]],
+    table: Callable[[dict[str, Any]], Table],
+    config: Path | None,
+    sets: list[str] | None,
+    output: Path | None,
+    repeats: int,
+    as_json: bool,
+) -> None:
     cfg = run_guarded(load_cli_config, config, sets)
     print_results(lambda: run(cfg, output=output, repeats=repeats), table, as_json)
 

@@ -51,10 +51,10 @@ class DecodePool:
         cuts = np.linspace(0, len(values), runs + 1).astype(int).tolist()
         with self._lock:
             try:
-                workers = self._started()[:runs - 1]
+                workers = self._started()[: runs - 1]
                 for worker, start, stop in zip(workers, cuts[1:], cuts[2:]):
                     worker.send(values[start:stop])
-                parts = [self._decode_here(values[:cuts[1]])] + [worker.receive() for worker in workers]
+                parts = [self._decode_here(values[: cuts[1]])] + [worker.receive() for worker in workers]
                 self._count_deferred(workers)
             except _WorkerDied as exc:
                 self._deaths += 1
@@ -67,8 +67,12 @@ class DecodePool:
                 self._stop_workers()
                 raise
             if all(part is not None for part in parts):  # joined here: the workers' pixels view their outboxes
-                return DecodedBatch(*(np.concatenate([getattr(p, name) for p in parts])  # type: ignore[union-attr]
-                                      for name in ("indices", "labels", "pixels")))
+                return DecodedBatch(
+                    *(
+                        np.concatenate([getattr(p, name) for p in parts])  # type: ignore[union-attr]
+                        for name in ("indices", "labels", "pixels")
+                    )
+                )
         return self.codec.decode(values)
 
     def _started(self) -> list[_Worker]:
@@ -139,7 +143,7 @@ class _Worker:
         # value by value into the buffer: a joined copy first would be a fresh block-sized allocation every time
         inbox, at = memoryview(self._inbox.numpy()), 0
         for value in values:
-            inbox[at:at + len(value)] = value
+            inbox[at : at + len(value)] = value
             at += len(value)
         self._call(lambda: self._conn.send((lengths, grown)))
 
@@ -163,8 +167,9 @@ class _Worker:
             return call()
         except (EOFError, OSError) as exc:
             self.process.join(timeout=1)
-            raise _WorkerDied(f"decode worker process {self.process.pid} died (exit code "
-                              f"{self.process.exitcode}): {exc!r}") from None
+            raise _WorkerDied(
+                f"decode worker process {self.process.pid} died (exit code {self.process.exitcode}): {exc!r}"
+            ) from None
 
     def stop(self) -> None:
         self._conn.close()  # the worker's recv ends with EOFError and it exits
@@ -199,9 +204,15 @@ def _serve(conn: Any, codec: Codec) -> None:
             new_outbox = None
             if len(rows) > len(outbox):
                 outbox = new_outbox = torch.empty(2 * len(rows), dtype=torch.uint8).share_memory_()
-            outbox.numpy()[:len(rows)] = rows
-            answer = (batch.indices, batch.labels, batch.pixels.dtype.str, batch.pixels.shape, new_outbox,
-                      getattr(codec, "deferred_batches", 0) - deferred)
+            outbox.numpy()[: len(rows)] = rows
+            answer = (
+                batch.indices,
+                batch.labels,
+                batch.pixels.dtype.str,
+                batch.pixels.shape,
+                new_outbox,
+                getattr(codec, "deferred_batches", 0) - deferred,
+            )
         try:
             conn.send(answer)
         except OSError:  # the parent is gone

@@ -51,11 +51,15 @@ def per_rank_batch_size(global_batch_size: int, world_size: int) -> int:
     truncated silently, training on a smaller global batch than configured)."""
     size = global_batch_size // world_size
     if size == 0:
-        raise ConfigError(f"train.global_batch_size={global_batch_size} gives 0 samples per rank on "
-                          f"{world_size} ranks")
+        raise ConfigError(f"train.global_batch_size={global_batch_size} gives 0 samples per rank on {world_size} ranks")
     if global_batch_size % world_size:
-        log.warning("train.global_batch_size=%d does not divide by %d ranks: %d per rank, %d globally",
-                    global_batch_size, world_size, size, size * world_size)
+        log.warning(
+            "train.global_batch_size=%d does not divide by %d ranks: %d per rank, %d globally",
+            global_batch_size,
+            world_size,
+            size,
+            size * world_size,
+        )
     return size
 
 
@@ -67,9 +71,20 @@ class ShardLoader:
     available) page-locks the batches for asynchronous copies to the GPU.
     """
 
-    def __init__(self, cfg: KbitConfig, manifest: Manifest, split: str, rank: int, world_size: int, codec: Any,
-                 *, epoch: int = 0, client: ClientName | None = None, reader: RangeReader | None = None,
-                 pin_memory: bool | None = None) -> None:
+    def __init__(
+        self,
+        cfg: KbitConfig,
+        manifest: Manifest,
+        split: str,
+        rank: int,
+        world_size: int,
+        codec: Any,
+        *,
+        epoch: int = 0,
+        client: ClientName | None = None,
+        reader: RangeReader | None = None,
+        pin_memory: bool | None = None,
+    ) -> None:
         self.cfg, self.manifest, self.split = cfg, manifest, split
         self.rank, self.world_size, self.codec = rank, world_size, codec
         self.batch_size = per_rank_batch_size(cfg.train.global_batch_size, world_size)
@@ -95,9 +110,15 @@ class ShardLoader:
 
     def _make_plan(self, epoch: int) -> Plan:
         try:
-            return plan(self.manifest.ranges(), self.cfg.shard.split_rates, self.world_size, epoch=epoch,
-                        seed=self.cfg.shard.seed, remainder=self.cfg.shard.remainder,
-                        records_per_message=self._rpm)
+            return plan(
+                self.manifest.ranges(),
+                self.cfg.shard.split_rates,
+                self.world_size,
+                epoch=epoch,
+                seed=self.cfg.shard.seed,
+                remainder=self.cfg.shard.remainder,
+                records_per_message=self._rpm,
+            )
         except ValueError as exc:
             raise ConfigError(f"cannot plan shards of topic {self.manifest.topic!r}: {exc}") from None
 
@@ -110,8 +131,9 @@ class ShardLoader:
         try:
             self.shard: RankShard = self.plan.shard(self.split, self.rank)
         except ValueError as exc:
-            raise ConfigError(f"topic {self.manifest.topic!r} with shard.split_rates={self.cfg.shard.split_rates}: "
-                              f"{exc}") from None
+            raise ConfigError(
+                f"topic {self.manifest.topic!r} with shard.split_rates={self.cfg.shard.split_rates}: {exc}"
+            ) from None
 
     @property
     def num_records(self) -> int:
@@ -157,21 +179,31 @@ class ShardLoader:
     # -- resume ------------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "epoch": self.epoch, "batches_done": self.batches_done,
-                "seed": self.cfg.shard.seed, "world_size": self.world_size, "plan_hash": self._plan_hash(self.plan)}
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "batches_done": self.batches_done,
+            "seed": self.cfg.shard.seed,
+            "world_size": self.world_size,
+            "plan_hash": self._plan_hash(self.plan),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the first batch not yet seen in ``state['epoch']``; the plan must be the same."""
         if state.get("version") != STATE_VERSION:
             raise ConfigError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
         if state["world_size"] != self.world_size:
-            raise ConfigError(f"the loader state was saved with world size {state['world_size']}, this run has "
-                              f"{self.world_size}; resuming mid-epoch needs the same world size")
+            raise ConfigError(
+                f"the loader state was saved with world size {state['world_size']}, this run has "
+                f"{self.world_size}; resuming mid-epoch needs the same world size"
+            )
         resumed = self._make_plan(state["epoch"])
         if state["seed"] != self.cfg.shard.seed or state["plan_hash"] != self._plan_hash(resumed):
-            raise ConfigError(f"the shard plan changed since the loader state was saved (plan {state['plan_hash']} "
-                              f"seed {state['seed']}, now {self._plan_hash(resumed)} seed {self.cfg.shard.seed}): "
-                              f"topic, split rates, remainder or seed differ")
+            raise ConfigError(
+                f"the shard plan changed since the loader state was saved (plan {state['plan_hash']} "
+                f"seed {state['seed']}, now {self._plan_hash(resumed)} seed {self.cfg.shard.seed}): "
+                f"topic, split rates, remainder or seed differ"
+            )
         self._set_plan(state["epoch"])
         self.batches_done = self._resume_at = int(state["batches_done"])
 
@@ -200,14 +232,26 @@ class ShardLoader:
         left_out = self.left_out_records
         self.stats.left_out_records += left_out
         if left_out > self.tail_records:
-            log.info("rank %d split %s epoch %d: %d records of this rank's shard left out (%d past the last whole "
-                     "batch, %d to yield as many as the rank holding the dataset's short last message)", self.rank,
-                     self.split, self.epoch, left_out, self.tail_records, left_out - self.tail_records)
+            log.info(
+                "rank %d split %s epoch %d: %d records of this rank's shard left out (%d past the last whole "
+                "batch, %d to yield as many as the rank holding the dataset's short last message)",
+                self.rank,
+                self.split,
+                self.epoch,
+                left_out,
+                self.tail_records,
+                left_out - self.tail_records,
+            )
 
     def _groups(self, skip_batches: int) -> Iterator[list[Batch]]:
         """This epoch's batches from the first one not yet seen, in groups (see :meth:`_assemble`)."""
-        blocks = block_order(self.shard, self.cfg.shard.seed, self.epoch,
-                             max(1, self.cfg.shard.block_records // self._rpm), shuffle=self.shuffle)
+        blocks = block_order(
+            self.shard,
+            self.cfg.shard.seed,
+            self.epoch,
+            max(1, self.cfg.shard.block_records // self._rpm),
+            shuffle=self.shuffle,
+        )
         skip_records = skip_batches * self.batch_size
         if self._rpm == 1:  # block sizes are exact: resume without reading the blocks already consumed
             while blocks and len(blocks[0].range) <= skip_records:
@@ -221,8 +265,11 @@ class ShardLoader:
         by_range = {b.range: b for b in blocks}
         ranges = [b.range for b in blocks]
         ahead = self.cfg.reader.fetch_ahead_blocks
-        fetched = (threaded(self.reader.read_raw(ranges), ahead, f"kbit-loader-fetch-r{self.rank}-{self.split}")
-                   if ahead else self.reader.read_raw(ranges))
+        fetched = (
+            threaded(self.reader.read_raw(ranges), ahead, f"kbit-loader-fetch-r{self.rank}-{self.split}")
+            if ahead
+            else self.reader.read_raw(ranges)
+        )
         return ((by_range[r], decoded) for r, decoded in self.reader.decode_ranges(fetched))
 
     def load(self) -> dict[OffsetRange, Any]:
@@ -236,8 +283,9 @@ class ShardLoader:
             self.stats.load_seconds += time.perf_counter() - t0
         return self._eager
 
-    def _assemble(self, decoded: Iterator[tuple[Block, Any]], skip_batches: int,
-                  skip_records: int) -> Iterator[list[Batch]]:
+    def _assemble(
+        self, decoded: Iterator[tuple[Block, Any]], skip_batches: int, skip_records: int
+    ) -> Iterator[list[Batch]]:
         """Permute each block's samples and cut exact batches, yielded per block; pad from the last batch if the
         data ran short. Whole groups cross the prefetch queue: one hand-off per batch would cost a GIL switch
         interval (5 ms) each while the worker thread decodes (measured: 12k instead of 150k records/s)."""
@@ -273,14 +321,22 @@ class ShardLoader:
         have = rows.take(rows.size) if rows.size else None
         source = have if have is not None else last
         if source is None:
-            raise KbitError(f"rank {self.rank} has no readable record in split {self.split!r} of topic "
-                            f"{self.manifest.topic!r} (all skipped as corrupt?) but must yield {len(self)} batches")
+            raise KbitError(
+                f"rank {self.rank} has no readable record in split {self.split!r} of topic "
+                f"{self.manifest.topic!r} (all skipped as corrupt?) but must yield {len(self)} batches"
+            )
         missing = size - (len(have[1]) if have is not None else 0)
         reuse = np.arange(missing) % len(source[1])
         filler = tuple(col[reuse] for col in source)
         self.stats.padded_records += missing
-        log.warning("rank %d split %s: %d records short of len()=%d batches (skipped records?); repeating %d",
-                    self.rank, self.split, missing, len(self), missing)
+        log.warning(
+            "rank %d split %s: %d records short of len()=%d batches (skipped records?); repeating %d",
+            self.rank,
+            self.split,
+            missing,
+            len(self),
+            missing,
+        )
         return filler if have is None else tuple(np.concatenate([a, b]) for a, b in zip(have, filler))
 
     def _timed(self, groups: Iterator[list[Batch]]) -> Iterator[list[Batch]]:
@@ -347,8 +403,9 @@ class _WorkerShard:
     """A loader's shard in its worker process: for each ``(epoch, skip_batches)``, that epoch's groups from there,
     each with the counts so far. The worker's loader (and its consumer) lives as long as the process."""
 
-    def __init__(self, cfg: KbitConfig, manifest: Manifest, split: str, rank: int, world_size: int,
-                 client: ClientName) -> None:
+    def __init__(
+        self, cfg: KbitConfig, manifest: Manifest, split: str, rank: int, world_size: int, client: ClientName
+    ) -> None:
         self.cfg, self.manifest, self.split, self.rank, self.world_size = cfg, manifest, split, rank, world_size
         self.client = client
         self._loader: ShardLoader | None = None
@@ -357,9 +414,17 @@ class _WorkerShard:
         epoch, skip_batches = request
         if self._loader is None:
             # pin_memory off: the child never touches CUDA (the rank pins what arrives)
-            self._loader = ShardLoader(self.cfg, self.manifest, self.split, self.rank, self.world_size,
-                                       manifest_codec(self.manifest, self.cfg.reader.decoder), epoch=epoch,
-                                       client=self.client, pin_memory=False)
+            self._loader = ShardLoader(
+                self.cfg,
+                self.manifest,
+                self.split,
+                self.rank,
+                self.world_size,
+                manifest_codec(self.manifest, self.cfg.reader.decoder),
+                epoch=epoch,
+                client=self.client,
+                pin_memory=False,
+            )
         loader = self._loader
         if loader.epoch != epoch:
             loader._set_plan(epoch)
@@ -370,5 +435,3 @@ class _WorkerShard:
         for group in loader._groups(skip_batches):
             yield group, counts()
         yield [], counts()  # what the last blocks counted after the last group (skipped, gaps)
-
-

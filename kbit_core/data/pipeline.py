@@ -93,9 +93,16 @@ class ChildProcess(Generic[R, T]):
         # torch's DataLoader with one persistent worker supplies the lifecycle: the bounded queue of requested
         # items, the parent's check that the worker is alive, and the shutdown.
         self._items = torch.utils.data.DataLoader(
-            _ChildItems(source, self._requests), batch_size=None, num_workers=1, prefetch_factor=maxsize,
-            collate_fn=_as_is, pin_memory=pin_memory, multiprocessing_context=context, persistent_workers=True,
-            worker_init_fn=functools.partial(_exit_with, os.getpid()))
+            _ChildItems(source, self._requests),
+            batch_size=None,
+            num_workers=1,
+            prefetch_factor=maxsize,
+            collate_fn=_as_is,
+            pin_memory=pin_memory,
+            multiprocessing_context=context,
+            persistent_workers=True,
+            worker_init_fn=functools.partial(_exit_with, os.getpid()),
+        )
 
     def run(self, request: R) -> Iterator[T]:
         # The worker takes one request per iteration: iter() below starts (or resets) it after the put, and its

@@ -52,8 +52,9 @@ class RangeReader:
     Callers bound memory through the size of the ranges they pass (see ``sharding.block_order``).
     """
 
-    def __init__(self, kafka_cfg: KafkaConfig, reader_cfg: ReaderConfig, topic: str, codec: Any,
-                 client: ClientName | None = None) -> None:
+    def __init__(
+        self, kafka_cfg: KafkaConfig, reader_cfg: ReaderConfig, topic: str, codec: Any, client: ClientName | None = None
+    ) -> None:
         self.kafka_cfg, self.reader_cfg, self.topic, self.codec = kafka_cfg, reader_cfg, topic, codec
         self.client: ClientName = client or kafka_cfg.client
         self.stats = ReaderStats()
@@ -108,7 +109,10 @@ class RangeReader:
                 raise OffsetRangeError(
                     f"planned range [{r.start}, {r.stop}) is outside the stored offsets [{low}, {end}) "
                     f"(data deleted, topic recreated, or a manifest from another topic?)",
-                    topic=self.topic, partition=r.partition, offset=r.start if r.start < low else end)
+                    topic=self.topic,
+                    partition=r.partition,
+                    offset=r.start if r.start < low else end,
+                )
 
     # -- raw fetch ---------------------------------------------------------------------------------
 
@@ -182,7 +186,10 @@ class RangeReader:
                     f"no progress for {cfg.deadline_s:g}s reading planned range [{rng.start}, {rng.stop}) with "
                     f"{self.client}: {next_offset - rng.start} of {len(rng)} offsets read, expecting offset "
                     f"{next_offset} next; last client error: {last_error or consumer.last_error or 'none'}",
-                    topic=self.topic, partition=rng.partition, offset=next_offset)
+                    topic=self.topic,
+                    partition=rng.partition,
+                    offset=next_offset,
+                )
         self._position = (rng.partition, rng.stop)
         self.stats.messages += len(records)
         self.stats.bytes += sum(len(r.value) for r in records if r.value is not None)
@@ -193,8 +200,15 @@ class RangeReader:
         """Count offsets ``[expected, found)`` of ``rng`` as missing (logged); returns ``found``."""
         if found > expected:
             self.stats.gaps += found - expected
-            log.warning("topic %s partition %d: offsets %d..%d are missing inside planned range %s "
-                        "(transaction markers or compaction)", self.topic, rng.partition, expected, found - 1, rng)
+            log.warning(
+                "topic %s partition %d: offsets %d..%d are missing inside planned range %s "
+                "(transaction markers or compaction)",
+                self.topic,
+                rng.partition,
+                expected,
+                found - 1,
+                rng,
+            )
         return found
 
     # -- decode ------------------------------------------------------------------------------------
@@ -203,8 +217,9 @@ class RangeReader:
         """Yield ``(range, DecodedBatch)`` per range; a range whose messages were all skipped yields nothing."""
         return self.decode_ranges(self.read_raw(ranges))
 
-    def decode_ranges(self, fetched: Iterable[tuple[OffsetRange, Sequence[RawRecord]]]
-                      ) -> Iterator[tuple[OffsetRange, Any]]:
+    def decode_ranges(
+        self, fetched: Iterable[tuple[OffsetRange, Sequence[RawRecord]]]
+    ) -> Iterator[tuple[OffsetRange, Any]]:
         """Decode what :meth:`read_raw` yielded (possibly fetched ahead on another thread), as :meth:`read` does."""
         for rng, records in fetched:
             batch = self.decode(records)
@@ -231,8 +246,11 @@ class RangeReader:
             if position not in failed:
                 good.append(rec)
                 continue
-            exc = (ValueError("the message has no value (null)") if rec.value is None
-                   else self.codec.corrupt_value_error(0, 1, rec.value, failed[position]))
+            exc = (
+                ValueError("the message has no value (null)")
+                if rec.value is None
+                else self.codec.corrupt_value_error(0, 1, rec.value, failed[position])
+            )
             where = {"topic": self.topic, "partition": rec.partition, "offset": rec.offset}
             what = f"message does not decode as {self.codec.format}/{self.codec.layout}: {exc}"
             if self.reader_cfg.bad_records == "fail":

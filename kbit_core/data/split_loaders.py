@@ -12,21 +12,39 @@ from kbit_core.kafka.manifest import Manifest, manifest_codec
 from kbit_core.sharding import split_names
 
 
-def make_split_loader(cfg: KbitConfig, manifest: Manifest, split: str, rank: int, world_size: int, *,
-                      epoch: int = 0, client: ClientName | None = None,
-                      reader: RangeReader | None = None) -> ShardLoader:
+def make_split_loader(
+    cfg: KbitConfig,
+    manifest: Manifest,
+    split: str,
+    rank: int,
+    world_size: int,
+    *,
+    epoch: int = 0,
+    client: ClientName | None = None,
+    reader: RangeReader | None = None,
+) -> ShardLoader:
     """The loader of ``split`` for ``rank`` of ``world_size`` over the topic ``manifest`` describes.
 
     ``reader`` (another loader's ``.reader`` of the same topic) makes the loaders share one consumer (and its
     bounds check); its owner closes it. :func:`make_split_loaders` builds all splits that way.
     """
     if reader is None:
-        return ShardLoader(cfg, manifest, split, rank, world_size, manifest_codec(manifest, cfg.reader.decoder),
-                           epoch=epoch, client=client)
+        return ShardLoader(
+            cfg,
+            manifest,
+            split,
+            rank,
+            world_size,
+            manifest_codec(manifest, cfg.reader.decoder),
+            epoch=epoch,
+            client=client,
+        )
     if reader.topic != manifest.topic or client not in (None, reader.client):
         wanted = f" with client {client}" if client else ""
-        raise ConfigError(f"the loader of topic {manifest.topic!r}{wanted} cannot share the {reader.client} reader "
-                          f"of topic {reader.topic!r}")
+        raise ConfigError(
+            f"the loader of topic {manifest.topic!r}{wanted} cannot share the {reader.client} reader "
+            f"of topic {reader.topic!r}"
+        )
     return ShardLoader(cfg, manifest, split, rank, world_size, reader.codec, epoch=epoch, reader=reader)
 
 
@@ -70,12 +88,20 @@ class SplitLoaderSet(Mapping[str, ShardLoader]):
         self.close()
 
 
-def make_split_loaders(cfg: KbitConfig, manifest: Manifest, rank: int, world_size: int,
-                       splits: Sequence[str] | None = None, *, epoch: int = 0,
-                       client: ClientName | None = None) -> SplitLoaderSet:
+def make_split_loaders(
+    cfg: KbitConfig,
+    manifest: Manifest,
+    rank: int,
+    world_size: int,
+    splits: Sequence[str] | None = None,
+    *,
+    epoch: int = 0,
+    client: ClientName | None = None,
+) -> SplitLoaderSet:
     """The loaders of ``splits`` (default: every split ``shard.split_rates`` defines) for ``rank``, sharing one
     reader. Nothing connects until :meth:`SplitLoaderSet.connect` or the first read."""
     names = split_names(cfg.shard.split_rates) if splits is None else tuple(splits)
     reader = RangeReader(cfg.kafka, cfg.reader, manifest.topic, manifest_codec(manifest, cfg.reader.decoder), client)
-    return SplitLoaderSet(reader, {s: make_split_loader(cfg, manifest, s, rank, world_size, epoch=epoch, reader=reader)
-                                   for s in names})
+    return SplitLoaderSet(
+        reader, {s: make_split_loader(cfg, manifest, s, rank, world_size, epoch=epoch, reader=reader) for s in names}
+    )

@@ -50,12 +50,15 @@ class DatasetSource(ABC):
         return self.num_records
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(name={self.name!r}, image_shape={self.image_shape}, "
-                f"num_classes={self.num_classes}, num_records={self.num_records})")
+        return (
+            f"{type(self).__name__}(name={self.name!r}, image_shape={self.image_shape}, "
+            f"num_classes={self.num_classes}, num_records={self.num_records})"
+        )
 
 
-def rebatch(chunks: Iterable[tuple[np.ndarray, np.ndarray]],
-            batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def rebatch(
+    chunks: Iterable[tuple[np.ndarray, np.ndarray]], batch_size: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Regroup (images, labels) chunks of any sizes into batches of exactly ``batch_size`` (the last may be shorter)."""
     images_buf: list[np.ndarray] = []
     labels_buf: list[np.ndarray] = []

@@ -87,8 +87,10 @@ def _check_size(path: Path, header: int, payload: int) -> None:
         return
     found, complete = _gzip_payload_size(path)
     if not complete:
-        raise IdxFormatError(f"{path}: the gzip stream is cut off after {found} decompressed bytes "
-                             f"(the {path.stat().st_size}-byte file is truncated); {promise}")
+        raise IdxFormatError(
+            f"{path}: the gzip stream is cut off after {found} decompressed bytes "
+            f"(the {path.stat().st_size}-byte file is truncated); {promise}"
+        )
     if found != expected:
         raise IdxFormatError(f"{path}: decompresses to {found} bytes but {promise}; the file is truncated or padded")
 
@@ -123,16 +125,19 @@ class IdxPart:
             raise IdxFormatError(f"{labels_path}: expected {num_labels} labels, read {labels.size}")
         bad = np.flatnonzero(labels >= num_classes)
         if bad.size:
-            raise IdxFormatError(f"{labels_path}: label {labels[bad[0]]} at position {bad[0]} is outside "
-                                 f"[0, {num_classes}) ({bad.size} such labels)")
+            raise IdxFormatError(
+                f"{labels_path}: label {labels[bad[0]]} at position {bad[0]} is outside "
+                f"[0, {num_classes}) ({bad.size} such labels)"
+            )
         return cls(images_path, count, rows, cols, labels)
 
     def read(self, start: int, stop: int, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield (images uint8[n, 1, rows, cols], labels int64[n]) for [start, stop) in batches."""
         record = self.rows * self.cols
         if self.images_path.suffix != ".gz":
-            images = np.memmap(self.images_path, dtype=np.uint8, mode="r", offset=16,
-                               shape=(self.count, 1, self.rows, self.cols))
+            images = np.memmap(
+                self.images_path, dtype=np.uint8, mode="r", offset=16, shape=(self.count, 1, self.rows, self.cols)
+            )
             for lo in range(start, stop, batch_size):
                 hi = min(lo + batch_size, stop)
                 yield np.array(images[lo:hi]), self.labels[lo:hi].astype(np.int64)

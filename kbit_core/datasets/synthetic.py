@@ -58,9 +58,19 @@ class SyntheticSource(DatasetSource):
         """Draw ``n`` records: (images uint8[n, C, H, W], labels int64[n])."""
 
 
-def _warp(templates: np.ndarray, template_ids: np.ndarray, rng: np.random.Generator, size: int, box: float, *,
-          max_rotation_deg: float, scale: tuple[float, float], max_shear: float, max_shift_px: float,
-          elastic_px: float) -> np.ndarray:
+def _warp(
+    templates: np.ndarray,
+    template_ids: np.ndarray,
+    rng: np.random.Generator,
+    size: int,
+    box: float,
+    *,
+    max_rotation_deg: float,
+    scale: tuple[float, float],
+    max_shear: float,
+    max_shift_px: float,
+    elastic_px: float,
+) -> np.ndarray:
     """Sample each template through its own random affine + smooth elastic warp onto a size×size grid.
 
     ``box`` is the glyph box in output pixels (MNIST centres its digits in a 20-pixel box).
@@ -135,8 +145,18 @@ class SyntheticDigits(SyntheticSource):
         templates, first, count = digit_templates()
         labels = rng.integers(0, self.num_classes, n)
         template_ids = first[labels] + (rng.random(n) * count[labels]).astype(np.int64)
-        ink = _warp(templates, template_ids, rng, 28, 20.0, max_rotation_deg=15, scale=(0.8, 1.1),
-                    max_shear=0.3, max_shift_px=2.5, elastic_px=1.2)
+        ink = _warp(
+            templates,
+            template_ids,
+            rng,
+            28,
+            20.0,
+            max_rotation_deg=15,
+            scale=(0.8, 1.1),
+            max_shear=0.3,
+            max_shift_px=2.5,
+            elastic_px=1.2,
+        )
         strength = rng.uniform(0.6, 1.0, (n, 1, 1)).astype(np.float32)
         grain = rng.standard_normal(ink.shape, dtype=np.float32) * 0.15
         # 1 % of pixels get a speckle of uniform brightness: r < 0.01 makes 100 r uniform on [0, 1).
@@ -158,14 +178,24 @@ class SyntheticColor(SyntheticSource):
 
     def _generate(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         labels = rng.integers(0, self.num_classes, n)
-        alpha = _warp(shape_templates(), labels, rng, 32, 24.0, max_rotation_deg=15, scale=(0.6, 1.05),
-                      max_shear=0.2, max_shift_px=4.0, elastic_px=1.0)[:, None]
+        alpha = _warp(
+            shape_templates(),
+            labels,
+            rng,
+            32,
+            24.0,
+            max_rotation_deg=15,
+            scale=(0.6, 1.05),
+            max_shear=0.2,
+            max_shift_px=4.0,
+            elastic_px=1.0,
+        )[:, None]
         background = rng.random((n, 3, 1, 1)).astype(np.float32)
         # Each channel of the foreground differs from the background by 0.3-0.7 (circularly): always visible.
         foreground = (background + rng.uniform(0.3, 0.7, (n, 3, 1, 1)).astype(np.float32)) % 1.0
         ramp = np.linspace(-0.5, 0.5, 32, dtype=np.float32)
         tilt = rng.uniform(-0.25, 0.25, (n, 2, 1, 1)).astype(np.float32)
-        gradient = (tilt[:, :1] * ramp[None, None, :, None] + tilt[:, 1:] * ramp[None, None, None, :])
+        gradient = tilt[:, :1] * ramp[None, None, :, None] + tilt[:, 1:] * ramp[None, None, None, :]
         noise = rng.standard_normal((n, 3, 32, 32), dtype=np.float32) * 0.05
         image = (background + gradient) * (1 - alpha) + foreground * alpha + noise
         return _to_uint8(image), labels

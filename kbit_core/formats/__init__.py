@@ -31,8 +31,15 @@ def supported(format: str, layout: str) -> bool:
     return format in _CODECS and layout in _CODECS[format].layouts
 
 
-def get_codec(format: str, layout: str, image_shape: Sequence[int], records_per_message: int = 1, *,
-              num_classes: int | None = None, decoder: str = "stock") -> Codec:
+def get_codec(
+    format: str,
+    layout: str,
+    image_shape: Sequence[int],
+    records_per_message: int = 1,
+    *,
+    num_classes: int | None = None,
+    decoder: str = "stock",
+) -> Codec:
     """The codec for ``format`` in ``layout`` for images of ``image_shape`` (C, H, W).
 
     Args:

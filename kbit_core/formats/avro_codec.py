@@ -31,8 +31,10 @@ def load_avro_schema(*names: str) -> tuple[dict[str, Any], str]:
     """
     named: dict[str, Any] = {}
     directory = files("kbit_core.formats") / "schemas"
-    parsed = [fastavro.parse_schema(json.loads((directory / f"{name}.avsc").read_text()), named_schemas=named)
-              for name in names]
+    parsed = [
+        fastavro.parse_schema(json.loads((directory / f"{name}.avsc").read_text()), named_schemas=named)
+        for name in names
+    ]
     return parsed[-1], "\n".join(to_parsing_canonical_form(p) for p in parsed)
 
 
@@ -58,11 +60,14 @@ class AvroCodec(RecordCodec):
             raise ValueError(f"{self.name}: sample index {indices.max()} does not fit the schema's Avro int")
         shape = list(self.image_shape)
         data = [row.tobytes() for row in pixels] if self.layout == "bytes" else pixels.tolist()
-        records = [{"data": d, "shape": shape, "label": int(y), "meta": self._meta(int(i))}
-                   for d, y, i in zip(data, labels, indices)]
+        records = [
+            {"data": d, "shape": shape, "label": int(y), "meta": self._meta(int(i))}
+            for d, y, i in zip(data, labels, indices)
+        ]
         out = io.BytesIO()
-        fastavro.schemaless_writer(out, self._schema, records[0] if self.records_per_message == 1
-                                   else {"items": records})
+        fastavro.schemaless_writer(
+            out, self._schema, records[0] if self.records_per_message == 1 else {"items": records}
+        )
         return out.getvalue()
 
     def _parse_one(self, value: bytes) -> dict[str, Any]:

@@ -64,8 +64,9 @@ class Codec(ABC):
     max_records_per_message: ClassVar[int | None] = None
     single_record_reason: ClassVar[str] = ""
 
-    def __init__(self, layout: str, image_shape: Sequence[int], records_per_message: int = 1, *,
-                 num_classes: int | None = None) -> None:
+    def __init__(
+        self, layout: str, image_shape: Sequence[int], records_per_message: int = 1, *, num_classes: int | None = None
+    ) -> None:
         if layout not in LAYOUTS:
             raise ConfigError(f"unknown pixel layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
         if layout not in self.layouts:
@@ -75,8 +76,10 @@ class Codec(ABC):
         if records_per_message < 1:
             raise ConfigError(f"records_per_message must be >= 1, got {records_per_message}")
         if self.max_records_per_message is not None and records_per_message > self.max_records_per_message:
-            raise ConfigError(f"format {self.format!r} takes at most {self.max_records_per_message} record(s) per "
-                              f"message, got {records_per_message}: {self.single_record_reason}")
+            raise ConfigError(
+                f"format {self.format!r} takes at most {self.max_records_per_message} record(s) per "
+                f"message, got {records_per_message}: {self.single_record_reason}"
+            )
         if num_classes is not None and num_classes < 1:
             raise ConfigError(f"num_classes must be >= 1, got {num_classes}")
         self.layout = layout
@@ -93,8 +96,11 @@ class Codec(ABC):
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled as its class and the arguments that build it again (for decode worker processes): a fast codec
         holds code it generated from the schema, which does not pickle."""
-        return functools.partial(type(self), num_classes=self.num_classes), (self.layout, self.image_shape,
-                                                                            self.records_per_message)
+        return functools.partial(type(self), num_classes=self.num_classes), (
+            self.layout,
+            self.image_shape,
+            self.records_per_message,
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name}, image_shape={self.image_shape}, num_classes={self.num_classes})"
@@ -123,8 +129,9 @@ class Codec(ABC):
         """Message values for checked samples; ``pixels`` is [n, C*H*W], float32 in [0, 1] (list layout)
         or uint8 (bytes layout)."""
 
-    def _check_inputs(self, indices: np.ndarray, images: np.ndarray,
-                      labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _check_inputs(
+        self, indices: np.ndarray, images: np.ndarray, labels: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         indices, images, labels = np.asarray(indices), np.asarray(images), np.asarray(labels)
         if images.dtype != np.uint8:
             raise ValueError(f"{self.name}: images must be uint8, got {images.dtype}")
@@ -132,8 +139,10 @@ class Codec(ABC):
             raise ValueError(f"{self.name}: images have shape {images.shape}, expected (n, *{self.image_shape})")
         n = len(images)
         if indices.shape != (n,) or labels.shape != (n,):
-            raise ValueError(f"{self.name}: need one index and one label per image: indices {indices.shape}, "
-                             f"labels {labels.shape}, images {images.shape}")
+            raise ValueError(
+                f"{self.name}: need one index and one label per image: indices {indices.shape}, "
+                f"labels {labels.shape}, images {images.shape}"
+            )
         if not (np.issubdtype(indices.dtype, np.integer) and np.issubdtype(labels.dtype, np.integer)):
             raise ValueError(f"{self.name}: indices and labels must be integers, got {indices.dtype}, {labels.dtype}")
         if n and indices.min() < 0:
@@ -176,8 +185,7 @@ class Codec(ABC):
             return self.corrupt_value_error(position, len(values), values[position], exc)
         return CorruptRecordError(f"{self.name}: cannot decode {len(values)} values: {batch_error}")
 
-    def corrupt_value_error(self, position: int, total: int, value: bytes | None,
-                            reason: object) -> CorruptRecordError:
+    def corrupt_value_error(self, position: int, total: int, value: bytes | None, reason: object) -> CorruptRecordError:
         size = "null" if value is None else f"{len(value)} bytes"
         return CorruptRecordError(f"{self.name}: cannot decode value {position} of {total} ({size}): {reason}")
 
@@ -190,8 +198,11 @@ class Codec(ABC):
         if indices.size and indices.min() < 0:
             raise ValueError(f"record {int(np.argmin(indices))} has negative index {indices.min()}")
         self._check_labels(labels, "decode")
-        if self.layout == "list" and pixels.size and not (
-                np.isfinite(pixels).all() and pixels.min() >= 0 and pixels.max() <= 1):
+        if (
+            self.layout == "list"
+            and pixels.size
+            and not (np.isfinite(pixels).all() and pixels.min() >= 0 and pixels.max() <= 1)
+        ):
             raise ValueError("float pixels outside [0, 1] or not finite")
         return DecodedBatch(indices, labels, pixels)
 
@@ -203,8 +214,13 @@ class Codec(ABC):
 
     @cached_property
     def _fingerprint(self) -> str:
-        spec = {"format": self.format, "layout": self.layout, "records_per_message": self.records_per_message,
-                "image_shape": list(self.image_shape), "definition": self._definition()}
+        spec = {
+            "format": self.format,
+            "layout": self.layout,
+            "records_per_message": self.records_per_message,
+            "image_shape": list(self.image_shape),
+            "definition": self._definition(),
+        }
         return hashlib.sha256(canonical_json(spec).encode()).hexdigest()
 
     def schema_fingerprint(self) -> str:
@@ -223,8 +239,10 @@ class RecordCodec(Codec):
 
     def _encode(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> list[bytes]:
         step = self.records_per_message
-        return [self._encode_group(indices[i:i + step], labels[i:i + step], pixels[i:i + step])
-                for i in range(0, len(indices), step)]
+        return [
+            self._encode_group(indices[i : i + step], labels[i : i + step], pixels[i : i + step])
+            for i in range(0, len(indices), step)
+        ]
 
     @abstractmethod
     def _encode_group(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> bytes:
@@ -264,8 +282,11 @@ class RecordCodec(Codec):
             pixels = np.frombuffer(bytearray().join(columns.pixels), dtype=np.uint8)
         else:
             pixels = np.fromiter(chain.from_iterable(columns.pixels), dtype=np.float32, count=n * size)
-        return self._finish(np.array(columns.indices, dtype=np.int64), np.array(columns.labels, dtype=np.int64),
-                           pixels.reshape(n, *self.image_shape))
+        return self._finish(
+            np.array(columns.indices, dtype=np.int64),
+            np.array(columns.labels, dtype=np.int64),
+            pixels.reshape(n, *self.image_shape),
+        )
 
 
 def canonical_json(obj: Any) -> str:

@@ -22,8 +22,9 @@ class BsonCodec(RecordCodec):
     def _encode_group(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> bytes:
         shape = list(self.image_shape)
         data = [row.tobytes() for row in pixels] if self.layout == "bytes" else pixels.tolist()
-        docs = [{"index": Int64(i), "label": int(y), "data": d, "shape": shape}
-                for i, y, d in zip(indices, labels, data)]
+        docs = [
+            {"index": Int64(i), "label": int(y), "data": d, "shape": shape} for i, y, d in zip(indices, labels, data)
+        ]
         return bson.encode(docs[0] if self.records_per_message == 1 else {"samples": docs})
 
     def _decode(self, values: Sequence[bytes]) -> DecodedBatch:
@@ -45,7 +46,8 @@ class BsonCodec(RecordCodec):
         """
         sizes = b"".join([v[:4] for v in values])
         if len(sizes) != 4 * len(values) or not np.array_equal(
-                np.frombuffer(sizes, dtype="<i4"), np.fromiter(map(len, values), dtype=np.int64, count=len(values))):
+            np.frombuffer(sizes, dtype="<i4"), np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+        ):
             return None
         try:
             return bson.decode_all(b"".join(values))
@@ -75,9 +77,12 @@ class BsonCodec(RecordCodec):
         except (KeyError, TypeError):
             return self._checked_columns(records)
         integers = {int, Int64}
-        if (set(map(type, data)) <= {bytes if self.layout == "bytes" else list}
-                and shapes.count(list(self.image_shape)) == len(shapes)
-                and set(map(type, indices)) <= integers and set(map(type, labels)) <= integers):
+        if (
+            set(map(type, data)) <= {bytes if self.layout == "bytes" else list}
+            and shapes.count(list(self.image_shape)) == len(shapes)
+            and set(map(type, indices)) <= integers
+            and set(map(type, labels)) <= integers
+        ):
             return Columns(indices, labels, data)
         return self._checked_columns(records)
 
@@ -87,8 +92,10 @@ class BsonCodec(RecordCodec):
         for doc in records:
             data = required(doc, "data")
             if type(data) is not expected:
-                raise ValueError(f"field 'data' must be {'binary' if expected is bytes else 'an array'} in the "
-                                 f"{self.layout} layout, got {type(data).__name__}")
+                raise ValueError(
+                    f"field 'data' must be {'binary' if expected is bytes else 'an array'} in the "
+                    f"{self.layout} layout, got {type(data).__name__}"
+                )
             self._check_shape(required(doc, "shape"))
             columns.add(int_field(doc, "index"), int_field(doc, "label"), data)
         return columns

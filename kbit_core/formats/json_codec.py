@@ -26,8 +26,7 @@ class JsonCodec(RecordCodec):
             data = list(pixels)  # float32 rows, serialized by orjson's numpy support
         else:
             data = [base64.b64encode(row.tobytes()).decode("ascii") for row in pixels]
-        docs = [{"data": d, "label": int(y), "index": int(i), "shape": shape}
-                for d, y, i in zip(data, labels, indices)]
+        docs = [{"data": d, "label": int(y), "index": int(i), "shape": shape} for d, y, i in zip(data, labels, indices)]
         return orjson.dumps(docs[0] if self.records_per_message == 1 else docs, option=orjson.OPT_SERIALIZE_NUMPY)
 
     _parse_one = staticmethod(orjson.loads)

@@ -39,8 +39,13 @@ def sample_images(image_shape: Sequence[int], n: int, seed: int = 0) -> tuple[np
     return np.arange(n, dtype=np.int64), images, rng.integers(0, 10, n)
 
 
-def decode_rates(image_shape: Sequence[int] = (1, 28, 28), n: int = 20_000, records_per_message: int = 1,
-                 repeats: int = 3, formats: Sequence[str] | None = None) -> dict[str, Any]:
+def decode_rates(
+    image_shape: Sequence[int] = (1, 28, 28),
+    n: int = 20_000,
+    records_per_message: int = 1,
+    repeats: int = 3,
+    formats: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Records/s of encode and decode for every supported format × layout.
 
     Args:
@@ -66,17 +71,26 @@ def decode_rates(image_shape: Sequence[int] = (1, 28, 28), n: int = 20_000, reco
             codec.decode(values[:100])  # warm caches and lazy imports outside the timing
             encode_s = _median_seconds(partial(codec.encode, indices, images, labels), repeats)
             decode_s = _median_seconds(partial(codec.decode, values), repeats)
-            codecs[f"{fmt}/{layout}"] = {"encode_rps": n / encode_s, "decode_rps": n / decode_s,
-                                         "bytes_per_record": sum(map(len, values)) / n}
+            codecs[f"{fmt}/{layout}"] = {
+                "encode_rps": n / encode_s,
+                "decode_rps": n / decode_s,
+                "bytes_per_record": sum(map(len, values)) / n,
+            }
     base = codecs[BASELINE]["decode_rps"]
     for row in codecs.values():
         row["decode_ratio_to_baseline"] = row["decode_rps"] / base
-    return {"image_shape": list(image_shape), "n": n, "records_per_message": records_per_message,
-            "baseline": BASELINE, "codecs": codecs}
+    return {
+        "image_shape": list(image_shape),
+        "n": n,
+        "records_per_message": records_per_message,
+        "baseline": BASELINE,
+        "codecs": codecs,
+    }
 
 
-def fast_speedups(image_shape: Sequence[int] = (1, 28, 28), n: int = 4096, repeats: int = 7,
-                  groupings: Sequence[int] = (1, 8)) -> dict[str, Any]:
+def fast_speedups(
+    image_shape: Sequence[int] = (1, 28, 28), n: int = 4096, repeats: int = 7, groupings: Sequence[int] = (1, 8)
+) -> dict[str, Any]:
     """The decode step of every fast decoder against its stock codec on the same values.
 
     The samples are every other index (one partition of two, as a reader block holds them). Stock and fast
@@ -103,21 +117,34 @@ def fast_speedups(image_shape: Sequence[int] = (1, 28, 28), n: int = 4096, repea
                 for _ in range(repeats):
                     stock_s.append(_median_seconds(partial(stock.decode, values), 1))
                     fast_s.append(_median_seconds(partial(fast.decode, values), 1))
-                rows.append({"codec": f"{fmt}/{layout}", "records_per_message": rpm,
-                             "stock_us": 1e6 * min(stock_s) / n, "fast_us": 1e6 * min(fast_s) / n,
-                             "speedup": min(stock_s) / min(fast_s)})
+                rows.append(
+                    {
+                        "codec": f"{fmt}/{layout}",
+                        "records_per_message": rpm,
+                        "stock_us": 1e6 * min(stock_s) / n,
+                        "fast_us": 1e6 * min(fast_s) / n,
+                        "speedup": min(stock_s) / min(fast_s),
+                    }
+                )
     return {"image_shape": list(image_shape), "n": n, "rows": rows}
 
 
 def render(result: dict[str, Any]) -> None:
     """Print ``decode_rates`` output as a rich table, fastest decode first."""
-    table = Table(title=f"codec throughput, {tuple(result['image_shape'])} × {result['n']:,} records, "
-                        f"{result['records_per_message']} per message")
+    table = Table(
+        title=f"codec throughput, {tuple(result['image_shape'])} × {result['n']:,} records, "
+        f"{result['records_per_message']} per message"
+    )
     for column in ("codec", "decode rec/s", "× raw", "encode rec/s", "bytes/rec"):
         table.add_column(column, justify="left" if column == "codec" else "right")
     for name, row in sorted(result["codecs"].items(), key=lambda kv: -kv[1]["decode_rps"]):
-        table.add_row(name, f"{row['decode_rps']:,.0f}", f"{row['decode_ratio_to_baseline']:.3f}",
-                      f"{row['encode_rps']:,.0f}", f"{row['bytes_per_record']:,.0f}")
+        table.add_row(
+            name,
+            f"{row['decode_rps']:,.0f}",
+            f"{row['decode_ratio_to_baseline']:.3f}",
+            f"{row['encode_rps']:,.0f}",
+            f"{row['bytes_per_record']:,.0f}",
+        )
     Console().print(table)
 
 

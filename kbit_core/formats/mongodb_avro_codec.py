@@ -34,11 +34,15 @@ class MongoDBAvroCodec(AvroCodec):
 
     def _encode_group(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> bytes:
         avro = super()._encode_group(indices, labels, pixels)
-        return orjson.dumps({
-            "binary_data": {"Subtype": BINARY_SUBTYPE, "Data": base64.b64encode(avro).decode("ascii")},
-            "_source": "mongodb", "_collection": COLLECTION, "_database": DATABASE,
-            "schema_fingerprint": self.schema_fingerprint(),
-        })
+        return orjson.dumps(
+            {
+                "binary_data": {"Subtype": BINARY_SUBTYPE, "Data": base64.b64encode(avro).decode("ascii")},
+                "_source": "mongodb",
+                "_collection": COLLECTION,
+                "_database": DATABASE,
+                "schema_fingerprint": self.schema_fingerprint(),
+            }
+        )
 
     def _parse_one(self, value: bytes) -> dict[str, Any]:
         return super()._parse_one(self._avro_payload(value))
@@ -48,8 +52,10 @@ class MongoDBAvroCodec(AvroCodec):
         doc = orjson.loads(value)
         fingerprint = required(doc, "schema_fingerprint")
         if fingerprint != self.schema_fingerprint():
-            raise ValueError(f"schema_fingerprint {str(fingerprint)[:16]}... is not this codec's "
-                             f"{self.schema_fingerprint()[:16]}... (written with another schema)")
+            raise ValueError(
+                f"schema_fingerprint {str(fingerprint)[:16]}... is not this codec's "
+                f"{self.schema_fingerprint()[:16]}... (written with another schema)"
+            )
         binary = required(doc, "binary_data")
         if required(binary, "Subtype") != BINARY_SUBTYPE:
             raise ValueError(f"binary_data.Subtype is {binary['Subtype']!r}, expected {BINARY_SUBTYPE}")
@@ -59,6 +65,11 @@ class MongoDBAvroCodec(AvroCodec):
         return binascii.a2b_base64(data, strict_mode=True)
 
     def _definition(self) -> str:
-        envelope = {"binary_data": {"Subtype": BINARY_SUBTYPE, "Data": "base64(avro)"}, "_source": "mongodb",
-                    "_collection": "string", "_database": "string", "schema_fingerprint": "string"}
+        envelope = {
+            "binary_data": {"Subtype": BINARY_SUBTYPE, "Data": "base64(avro)"},
+            "_source": "mongodb",
+            "_collection": "string",
+            "_database": "string",
+            "schema_fingerprint": "string",
+        }
         return f"{canonical_json(envelope)}\n{super()._definition()}"

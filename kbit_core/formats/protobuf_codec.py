@@ -41,8 +41,10 @@ class ProtobufCodec(RecordCodec):
     def _encode_group(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> bytes:
         field = "pixels" if self.layout == "bytes" else "data"
         rows = [row.tobytes() for row in pixels] if self.layout == "bytes" else pixels.tolist()
-        samples = [kbit_pb2.Sample(index=int(i), label=int(y), shape=self.image_shape, **{field: row})
-                   for i, y, row in zip(indices, labels, rows)]
+        samples = [
+            kbit_pb2.Sample(index=int(i), label=int(y), shape=self.image_shape, **{field: row})
+            for i, y, row in zip(indices, labels, rows)
+        ]
         if self.records_per_message == 1:
             return samples[0].SerializeToString()
         return kbit_pb2.SampleBatch(samples=samples, count=len(samples)).SerializeToString()

@@ -25,18 +25,22 @@ MAX_LABEL = 2**16 - 1
 class RawCodec(Codec):
     format = "raw"
     layouts = ("bytes",)
-    unsupported_layout_reason = ("raw is the packed-uint8 speed baseline; floats would only make a slower copy "
-                                 "of it. Use layout 'bytes' (or another format for float lists).")
+    unsupported_layout_reason = (
+        "raw is the packed-uint8 speed baseline; floats would only make a slower copy "
+        "of it. Use layout 'bytes' (or another format for float lists)."
+    )
 
-    def __init__(self, layout: str, image_shape: Sequence[int], records_per_message: int = 1, *,
-                 num_classes: int | None = None) -> None:
+    def __init__(
+        self, layout: str, image_shape: Sequence[int], records_per_message: int = 1, *, num_classes: int | None = None
+    ) -> None:
         super().__init__(layout, image_shape, records_per_message, num_classes=num_classes)
         if any(d > 0xFFFF for d in self.image_shape):
             raise ConfigError(f"raw stores C, H, W as uint16; image shape {self.image_shape} is too large")
         self._record = np.dtype([("index", "<u8"), ("label", "<u2"), ("pixels", "u1", self.image_shape)])
         self._full_header = self._header(self.records_per_message)
-        self._full_message = np.dtype([("header", "u1", HEADER.size),
-                                       ("records", self._record, (self.records_per_message,))])
+        self._full_message = np.dtype(
+            [("header", "u1", HEADER.size), ("records", self._record, (self.records_per_message,))]
+        )
 
     def _header(self, count: int) -> bytes:
         return HEADER.pack(MAGIC, VERSION, count, *self.image_shape)
@@ -48,8 +52,10 @@ class RawCodec(Codec):
         records["index"], records["label"] = indices, labels
         records["pixels"] = pixels.reshape(len(indices), *self.image_shape)
         buffer, size, step = records.tobytes(), self._record.itemsize, self.records_per_message
-        return [self._header(min(step, len(indices) - i)) + buffer[i * size:(i + step) * size]
-                for i in range(0, len(indices), step)]
+        return [
+            self._header(min(step, len(indices) - i)) + buffer[i * size : (i + step) * size]
+            for i in range(0, len(indices), step)
+        ]
 
     def _decode(self, values: Sequence[bytes]) -> DecodedBatch:
         full = self._full_message.itemsize
@@ -64,9 +70,12 @@ class RawCodec(Codec):
             problem = next(filter(None, map(self._header_problem, values)), "")
             if problem:
                 raise ValueError(problem)
-            records = np.frombuffer(b"".join(v[HEADER.size:] for v in values), dtype=self._record)
-        return self._finish(records["index"].astype(np.int64), records["label"].astype(np.int64),
-                            np.ascontiguousarray(records["pixels"]))
+            records = np.frombuffer(b"".join(v[HEADER.size :] for v in values), dtype=self._record)
+        return self._finish(
+            records["index"].astype(np.int64),
+            records["label"].astype(np.int64),
+            np.ascontiguousarray(records["pixels"]),
+        )
 
     def _header_problem(self, value: bytes) -> str:
         """Why a value's header does not match this codec, or "" when it does."""
@@ -85,5 +94,6 @@ class RawCodec(Codec):
         return ""
 
     def _definition(self) -> str:
-        return canonical_json({"header": HEADER.format, "magic": MAGIC.decode(), "version": VERSION,
-                               "record": self._record.descr})
+        return canonical_json(
+            {"header": HEADER.format, "magic": MAGIC.decode(), "version": VERSION, "record": self._record.descr}
+        )

@@ -100,17 +100,25 @@ class BenchResult:
         """Stats and raw samples per configuration and the path of every report file (``kbit bench --json``)."""
         s = self.stats
         return {
-            "run_id": self.run_id, "report_dir": str(self.report_dir), "files": self.files.to_dict(),
+            "run_id": self.run_id,
+            "report_dir": str(self.report_dir),
+            "files": self.files.to_dict(),
             "mlflow": {"parent_run_id": self.parent_run_id, "child_run_ids": self.child_run_ids},
             "configurations": {
-                name: {"load_time": s["statistical_analysis"][name],
-                       "makespan": s["makespan"]["statistical_analysis"][name],
-                       "raw_load_s": s["raw_results"][name], "raw_makespan_s": s["makespan"]["raw_results"][name],
-                       "throughput": s["throughput"][name], "stages": s["stages"][name],
-                       "counters": s["counters"][name],
-                       **({"training": s["training"][name]} if name in s.get("training", {}) else {})}
-                for name in s["statistical_analysis"]},
-            "comparison": s["comparison"], "metadata": s["metadata"],
+                name: {
+                    "load_time": s["statistical_analysis"][name],
+                    "makespan": s["makespan"]["statistical_analysis"][name],
+                    "raw_load_s": s["raw_results"][name],
+                    "raw_makespan_s": s["makespan"]["raw_results"][name],
+                    "throughput": s["throughput"][name],
+                    "stages": s["stages"][name],
+                    "counters": s["counters"][name],
+                    **({"training": s["training"][name]} if name in s.get("training", {}) else {}),
+                }
+                for name in s["statistical_analysis"]
+            },
+            "comparison": s["comparison"],
+            "metadata": s["metadata"],
         }
 
 
@@ -123,8 +131,13 @@ def run_iterations(cfg: KbitConfig, cells: list[Cell], manifests: dict[str, str]
     launchers = sorted({(c.world_size, c.engine) for c in cells})
     jobs = [(i, ws, engine) for i in range(b.warmup_iterations + b.iterations) for ws, engine in launchers]
     rows: list[dict[str, Any]] = []
-    with Progress(TextColumn("[bold]bench[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), disable=not progress) as bar:
+    with Progress(
+        TextColumn("[bold]bench[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not progress,
+    ) as bar:
         task = bar.add_task("", total=len(jobs))
         for index, ws, engine in jobs:
             iteration = index - b.warmup_iterations
@@ -133,8 +146,9 @@ def run_iterations(cfg: KbitConfig, cells: list[Cell], manifests: dict[str, str]
             order = [c for c in iteration_order(cfg, cells, index) if (c.world_size, c.engine) == (ws, engine)]
             tasks = [asdict(Task(c.name, c.client, c.batch_size, manifests[c.name], c.decoder)) for c in order]
             job_cfg = cfg.override({"launch.num_processes": ws, "launch.engine": engine})
-            samples = launch(measure_iteration, job_cfg, tasks, iteration, iteration < 0, b.train_epoch,
-                             result_type=list[Sample])
+            samples = launch(
+                measure_iteration, job_cfg, tasks, iteration, iteration < 0, b.train_epoch, result_type=list[Sample]
+            )
             rows += [asdict(sample) for sample in samples]
             bar.advance(task)
     return rows
@@ -160,20 +174,29 @@ def run_benchmark(cfg: KbitConfig, *, progress: bool = True) -> BenchResult:
         manifests = [produced[c.variant.name] for c in cells]
         tracker = make_tracker(cfg)
         with tracker.run(cfg, name=f"bench-{run_id}", kind="benchmark", tags={"suite": cfg.profile}) as parent_id:
-            rows = run_iterations(cfg, cells, {c.name: m.model_dump_json() for c, m in zip(cells, manifests)},
-                                  progress=progress)
+            rows = run_iterations(
+                cfg, cells, {c.name: m.model_dump_json() for c, m in zip(cells, manifests)}, progress=progress
+            )
             world_sizes = sorted({c.world_size for c in cells})
             metadata = {
-                "run_id": run_id, "timestamp": started_at.isoformat(), "profile": cfg.profile,
-                "iterations": b.iterations, "warmup": b.warmup_iterations,
+                "run_id": run_id,
+                "timestamp": started_at.isoformat(),
+                "profile": cfg.profile,
+                "iterations": b.iterations,
+                "warmup": b.warmup_iterations,
                 "world_size": world_sizes[0] if len(world_sizes) == 1 else world_sizes,
-                "shuffle_order": b.shuffle_order, "seed": b.seed, "launch": cfg.launch.model_dump(mode="json"),
-                "dataset": cfg.dataset.model_dump(mode="json"), "partitions": cfg.produce.partitions,
+                "shuffle_order": b.shuffle_order,
+                "seed": b.seed,
+                "launch": cfg.launch.model_dump(mode="json"),
+                "dataset": cfg.dataset.model_dump(mode="json"),
+                "partitions": cfg.produce.partitions,
                 "topics": {c.name: m.topic for c, m in zip(cells, manifests)},
-                "mlflow_run_id": parent_id, **run_environment(cfg),
+                "mlflow_run_id": parent_id,
+                **run_environment(cfg),
             }
-            files = write_report(timings_frame(rows), metadata, report_dir, bootstrap_resamples=b.bootstrap_resamples,
-                                 seed=b.seed)
+            files = write_report(
+                timings_frame(rows), metadata, report_dir, bootstrap_resamples=b.bootstrap_resamples, seed=b.seed
+            )
             stats = load_stats(files.stats_json)
             manifest_paths = [manifest_path(cfg.workdir, m.topic) for m in produced.values()]
             children = tracker.log_benchmark(parent_id, stats, rows, [*files.paths(), *manifest_paths])

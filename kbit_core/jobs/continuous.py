@@ -29,8 +29,10 @@ def check_continuous(cfg: KbitConfig) -> None:
     if cfg.train.data != "kafka":
         raise ConfigError("train.mode=continuous reads the live topic: train.data must be 'kafka'")
     if cfg.kafka.client != "confluent":
-        raise ConfigError("train.mode=continuous reads with the confluent client (kafka.client=confluent): it needs "
-                          "each fetch's high watermark for the lag")
+        raise ConfigError(
+            "train.mode=continuous reads with the confluent client (kafka.client=confluent): it needs "
+            "each fetch's high watermark for the lag"
+        )
     assign_partitions(cfg.produce.partitions, cfg.launch.num_processes)
 
 
@@ -40,13 +42,16 @@ def wait_for_stream(cfg: KbitConfig) -> str:
     deadline = time.monotonic() + cfg.stream.idle_timeout_s
     while not admin.topic_exists(cfg.kafka, topic):
         if time.monotonic() > deadline:
-            raise TopicError(f"stream topic {topic!r} does not exist on the {admin.describe_broker(cfg.kafka)} after "
-                             f"{cfg.stream.idle_timeout_s:.0f}s; start `kbit produce --stream` with the same config")
+            raise TopicError(
+                f"stream topic {topic!r} does not exist on the {admin.describe_broker(cfg.kafka)} after "
+                f"{cfg.stream.idle_timeout_s:.0f}s; start `kbit produce --stream` with the same config"
+            )
         time.sleep(0.5)
     partitions = admin.topic_partitions(cfg.kafka, topic)
     if len(partitions) != cfg.produce.partitions:
-        raise TopicError(f"stream topic {topic!r} has {len(partitions)} partitions; produce.partitions="
-                         f"{cfg.produce.partitions}")
+        raise TopicError(
+            f"stream topic {topic!r} has {len(partitions)} partitions; produce.partitions={cfg.produce.partitions}"
+        )
     return topic
 
 
@@ -81,11 +86,20 @@ def train_continuous(cfg: KbitConfig, run_id: str | None, *, progress: bool = Tr
     stop_file.unlink(missing_ok=True)  # a request to an earlier run
     try:
         # A restart after a broker crash finds the held-out topic gone: it is produced again, at the same offsets.
-        result = train_with_restarts(cfg, stream_main, heldout.model_dump_json(),
-                                     before_restart=lambda: produce_dataset(heldout_cfg, progress=False))
+        result = train_with_restarts(
+            cfg,
+            stream_main,
+            heldout.model_dump_json(),
+            before_restart=lambda: produce_dataset(heldout_cfg, progress=False),
+        )
     except BaseException:
         stop_file.parent.mkdir(parents=True, exist_ok=True)
         stop_file.write_text("the driver was interrupted\n")
         raise
-    return {**result, "topic": topic, "heldout_topic": heldout.topic, "mlflow_run_id": run_id,
-            "stream_manifest": str(stream_log_path(cfg.workdir, topic))}
+    return {
+        **result,
+        "topic": topic,
+        "heldout_topic": heldout.topic,
+        "mlflow_run_id": run_id,
+        "stream_manifest": str(stream_log_path(cfg.workdir, topic)),
+    }

@@ -9,7 +9,9 @@ from kbit_core.config import KbitConfig
 from kbit_core.tracking import benchmark_nights
 
 
-def history_report(cfg: KbitConfig, out_dir: Path, last: int | None = None) -> tuple[History, dict[str, Path], list[str]]:
+def history_report(
+    cfg: KbitConfig, out_dir: Path, last: int | None = None
+) -> tuple[History, dict[str, Path], list[str]]:
     """The history of ``cfg``'s profile from its MLflow experiment (the newest run's identity, override-free
     runs only, at most ``last`` nights), written to ``out_dir``; also what was left out and why."""
     nights, left_out = benchmark_nights(cfg, last)

@@ -39,16 +39,18 @@ def check_training(cfg: KbitConfig) -> Preflight:
     source = open_source(cfg.dataset)
     report = check_produce(cfg, cfg.produce.topic_for(cfg.dataset), cfg.produce.variant, source.num_records)
     check_writable(cfg.run_dir, "workdir")
-    check_shards(cfg, source.num_records, cfg.produce.variant, cfg.launch.num_processes,
-                  cfg.train.global_batch_size)
+    check_shards(cfg, source.num_records, cfg.produce.variant, cfg.launch.num_processes, cfg.train.global_batch_size)
     num_params = _check_model(cfg, source.image_shape, source.num_classes)
     directory = cfg.run_dir / cfg.checkpoint.dir if cfg.checkpoint.dir is not None else None
     if directory is not None:
         check_writable(directory, "checkpoint.dir")
         report.checkpoint_bytes = _checkpoint_bytes(cfg, num_params)
-        check_space(directory, report.checkpoint_bytes * (cfg.checkpoint.keep_last + 1),
-                     f"checkpoint.dir={directory} (checkpoint.keep_last={cfg.checkpoint.keep_last}, plus the one "
-                     f"being written, of about {report.checkpoint_bytes / 1e6:,.1f} MB each)")
+        check_space(
+            directory,
+            report.checkpoint_bytes * (cfg.checkpoint.keep_last + 1),
+            f"checkpoint.dir={directory} (checkpoint.keep_last={cfg.checkpoint.keep_last}, plus the one "
+            f"being written, of about {report.checkpoint_bytes / 1e6:,.1f} MB each)",
+        )
     # A resume path that is no checkpoint, or resume=latest without checkpoint.dir, fails here; latest logs which
     # lineage it continues.
     report.resume_from = resolve_resume(cfg, directory, cfg.run_dir)
@@ -105,5 +107,3 @@ def _checkpoint_bytes(cfg: KbitConfig, num_params: int) -> int:
     copies = 1 + _OPTIMIZER_COPIES[optim.name] - (optim.name == "sgd" and optim.momentum == 0)
     copies += cfg.train.ema_decay is not None
     return num_params * _FLOAT32_BYTES * copies
-
-

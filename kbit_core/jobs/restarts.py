@@ -17,13 +17,29 @@ from kbit_core.train import checkpoint as ckpt
 log = logging.getLogger(__name__)
 
 # A worker that raised one of these fails the same way again: restarting would only repeat it.
-NOT_RESTARTABLE = ("ConfigError", "ManifestMismatchError", "TopicError", "CorruptRecordError", "ModuleNotFoundError",
-                   "ImportError", "TrainingDivergedError", "PermissionError", "FileNotFoundError",
-                   "NotADirectoryError", "IsADirectoryError", "FileExistsError", "PreflightError")
+NOT_RESTARTABLE = (
+    "ConfigError",
+    "ManifestMismatchError",
+    "TopicError",
+    "CorruptRecordError",
+    "ModuleNotFoundError",
+    "ImportError",
+    "TrainingDivergedError",
+    "PermissionError",
+    "FileNotFoundError",
+    "NotADirectoryError",
+    "IsADirectoryError",
+    "FileExistsError",
+    "PreflightError",
+)
 
 
-def train_with_restarts(cfg: KbitConfig, train_main: Callable[..., dict[str, Any]], manifest_json: str,
-                        before_restart: Callable[[], object] = lambda: None) -> dict[str, Any]:
+def train_with_restarts(
+    cfg: KbitConfig,
+    train_main: Callable[..., dict[str, Any]],
+    manifest_json: str,
+    before_restart: Callable[[], object] = lambda: None,
+) -> dict[str, Any]:
     """Run ``train_main`` on every rank, restarting up to ``checkpoint.max_restarts`` times; rank 0's result.
 
     ``before_restart`` runs on the driver before each launch after the first (e.g. to produce again a topic the
@@ -43,8 +59,16 @@ def train_with_restarts(cfg: KbitConfig, train_main: Callable[..., dict[str, Any
             restarts += 1
             attempt_cfg = _restart_config(cfg, attempt_cfg, lineages_before, attempt_started)
             # The next attempt clears <run_dir>/errors, so the failure is logged in full here.
-            log.warning("training failed on %s (host %s) with %s; restart %d of %d from %s\n%s", exc.rank, exc.host,
-                        exc.exception_type, restarts, cfg.checkpoint.max_restarts, _restart_point(attempt_cfg), exc)
+            log.warning(
+                "training failed on %s (host %s) with %s; restart %d of %d from %s\n%s",
+                exc.rank,
+                exc.host,
+                exc.exception_type,
+                restarts,
+                cfg.checkpoint.max_restarts,
+                _restart_point(attempt_cfg),
+                exc,
+            )
 
 
 def _not_restartable(exc: WorkerFailedError) -> bool:
@@ -64,9 +88,12 @@ def _lineages(cfg: KbitConfig) -> list[Path]:
 def _restart_config(cfg: KbitConfig, failed: KbitConfig, before: set[Path], started: float) -> KbitConfig:
     """The config of the next attempt: pinned to the lineage the failed attempt wrote (never another run's), or,
     when it wrote no checkpoint, the failed attempt's own starting point again."""
-    written = [lineage for lineage in _lineages(cfg)
-               if any(c.stat().st_mtime >= started for c in ckpt.list_checkpoints(lineage))
-               or (lineage not in before and ckpt.list_checkpoints(lineage))]
+    written = [
+        lineage
+        for lineage in _lineages(cfg)
+        if any(c.stat().st_mtime >= started for c in ckpt.list_checkpoints(lineage))
+        or (lineage not in before and ckpt.list_checkpoints(lineage))
+    ]
     return cfg.override({"checkpoint.resume": str(written[-1])}) if written else failed
 
 

@@ -35,16 +35,33 @@ KEEP_UP = 0.9  # trained at least this share of the produced rate
 LAG_SLACK_S = 0.5  # lag may grow by this many seconds of records over a stage
 
 
-def run_stream_bench(cfg: KbitConfig, variants: list[DataVariant], rates: list[float], *, fixed_rate: float,
-                     warmup_s: float, stage_s: float, output: Path | None = None) -> dict[str, Any]:
+def run_stream_bench(
+    cfg: KbitConfig,
+    variants: list[DataVariant],
+    rates: list[float],
+    *,
+    fixed_rate: float,
+    warmup_s: float,
+    stage_s: float,
+    output: Path | None = None,
+) -> dict[str, Any]:
     """Measure every variant; the results document (also written to ``output`` or the bench output dir)."""
     results = []
     for variant in variants:
-        run_cfg = cfg.override({
-            "produce.variant": variant.model_dump(), "train.mode": "continuous",
-            "stream": {"topic": f"kbit.bench-stream.{variant.name}.{uuid.uuid4().hex[:8]}", "start": "earliest",
-                       "stop_after_s": None, "stop_after_records": None},
-            "checkpoint.dir": None, "tracking.enabled": False})
+        run_cfg = cfg.override(
+            {
+                "produce.variant": variant.model_dump(),
+                "train.mode": "continuous",
+                "stream": {
+                    "topic": f"kbit.bench-stream.{variant.name}.{uuid.uuid4().hex[:8]}",
+                    "start": "earliest",
+                    "stop_after_s": None,
+                    "stop_after_records": None,
+                },
+                "checkpoint.dir": None,
+                "tracking.enabled": False,
+            }
+        )
         stages: list[dict[str, float]] = []
         producer = threading.Thread(target=_staircase, args=(run_cfg, fixed_rate, warmup_s, rates, stage_s, stages))
         producer.start()
@@ -52,20 +69,39 @@ def run_stream_bench(cfg: KbitConfig, variants: list[DataVariant], rates: list[f
             result = train(run_cfg, progress=False)
         finally:
             producer.join()
-        results.append({"variant": variant.name, **_analyse(result["history"], stages, fixed_rate),
-                        "test_accuracy": result["test_accuracy"], "records": result["records_this_run"],
-                        "raw": {"stages": stages, "windows": result["history"]}})
-    doc = {"rates": rates, "fixed_rate": fixed_rate, "warmup_s": warmup_s, "stage_s": stage_s,
-           "world_size": cfg.launch.num_processes, "model": cfg.train.model.name,
-           "global_batch_size": cfg.train.global_batch_size, "results": results}
+        results.append(
+            {
+                "variant": variant.name,
+                **_analyse(result["history"], stages, fixed_rate),
+                "test_accuracy": result["test_accuracy"],
+                "records": result["records_this_run"],
+                "raw": {"stages": stages, "windows": result["history"]},
+            }
+        )
+    doc = {
+        "rates": rates,
+        "fixed_rate": fixed_rate,
+        "warmup_s": warmup_s,
+        "stage_s": stage_s,
+        "world_size": cfg.launch.num_processes,
+        "model": cfg.train.model.name,
+        "global_batch_size": cfg.train.global_batch_size,
+        "results": results,
+    }
     path = output or cfg.run_dir / "reports" / RESULTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2))
     return doc
 
 
-def _staircase(cfg: KbitConfig, fixed_rate: float, warmup_s: float, rates: list[float], stage_s: float,
-               stages: list[dict[str, float]]) -> None:
+def _staircase(
+    cfg: KbitConfig,
+    fixed_rate: float,
+    warmup_s: float,
+    rates: list[float],
+    stage_s: float,
+    stages: list[dict[str, float]],
+) -> None:
     """Produce at ``fixed_rate`` for ``warmup_s``, then each of ``rates`` for ``stage_s``, noting each stage."""
     producer = LiveProducer(cfg)
     for rate, seconds in [(fixed_rate, warmup_s), *((r, stage_s) for r in rates)]:
@@ -87,34 +123,66 @@ def _analyse(history: list[dict[str, Any]], stages: list[dict[str, float]], fixe
         trained_rate = (windows[-1]["records"] - windows[0]["records"]) / seconds if seconds > 0 else 0.0
         lag_growth = windows[-1]["lag_records"] - windows[0]["lag_records"]
         sustained = trained_rate >= KEEP_UP * produced_rate and lag_growth <= LAG_SLACK_S * produced_rate
-        per_stage.append({"rate": stage["rate"], "produced_rate": produced_rate,
-                          "producer_limited": produced_rate < KEEP_UP * stage["rate"], "sustained": sustained,
-                          "windows": len(windows), "trained_rate": trained_rate, "lag_growth_records": lag_growth,
-                          "lag_end_records": windows[-1]["lag_records"]})
+        per_stage.append(
+            {
+                "rate": stage["rate"],
+                "produced_rate": produced_rate,
+                "producer_limited": produced_rate < KEEP_UP * stage["rate"],
+                "sustained": sustained,
+                "windows": len(windows),
+                "trained_rate": trained_rate,
+                "lag_growth_records": lag_growth,
+                "lag_end_records": windows[-1]["lag_records"],
+            }
+        )
     max_rate, producer_limited = None, False
     for stage in per_stage[1:]:
         if not stage["sustained"]:
             break
         max_rate = max(max_rate or 0.0, stage["produced_rate"])
         producer_limited = stage["producer_limited"]
-    warm = [w for w in history if stages and stages[0]["start"] <= w["wall_time"] < stages[0]["end"]
-            and w["lag_seconds"] < 1.0 and w["freshness_p50_s"] is not None]
-    freshness = {q: (statistics.median(w[f"freshness_{q}_s"] for w in warm) if warm else None)
-                 for q in ("p50", "p95", "p99")}
-    return {"max_sustained_rate": max_rate, "producer_limited": producer_limited, "freshness_s": freshness, "freshness_windows": len(warm),
-            "fixed_rate": fixed_rate, "stages": per_stage}
+    warm = [
+        w
+        for w in history
+        if stages
+        and stages[0]["start"] <= w["wall_time"] < stages[0]["end"]
+        and w["lag_seconds"] < 1.0
+        and w["freshness_p50_s"] is not None
+    ]
+    freshness = {
+        q: (statistics.median(w[f"freshness_{q}_s"] for w in warm) if warm else None) for q in ("p50", "p95", "p99")
+    }
+    return {
+        "max_sustained_rate": max_rate,
+        "producer_limited": producer_limited,
+        "freshness_s": freshness,
+        "freshness_windows": len(warm),
+        "fixed_rate": fixed_rate,
+        "stages": per_stage,
+    }
 
 
 def results_table(doc: dict[str, Any]) -> Table:
-    table = Table(title=f"streaming benchmark: {doc['world_size']} rank(s), {doc['model']}, batch "
-                        f"{doc['global_batch_size']}; rates {doc['rates']} for {doc['stage_s']:.0f} s each")
-    for column in ("variant", "max sustained records/s", f"freshness p50 s @ {doc['fixed_rate']:.0f}/s", "p95 s",
-                   "p99 s", "test accuracy"):
+    table = Table(
+        title=f"streaming benchmark: {doc['world_size']} rank(s), {doc['model']}, batch "
+        f"{doc['global_batch_size']}; rates {doc['rates']} for {doc['stage_s']:.0f} s each"
+    )
+    for column in (
+        "variant",
+        "max sustained records/s",
+        f"freshness p50 s @ {doc['fixed_rate']:.0f}/s",
+        "p95 s",
+        "p99 s",
+        "test accuracy",
+    ):
         table.add_column(column, justify="right")
     for r in doc["results"]:
         fresh = r["freshness_s"]
         rate = "-" if r["max_sustained_rate"] is None else f"{r['max_sustained_rate']:,.0f}"
-        table.add_row(r["variant"], rate + (" (producer-bound)" if r["producer_limited"] else ""),
-                      *("-" if fresh[q] is None else f"{fresh[q]:.3f}" for q in ("p50", "p95", "p99")),
-                      "-" if r["test_accuracy"] is None else f"{r['test_accuracy']:.4f}")
+        table.add_row(
+            r["variant"],
+            rate + (" (producer-bound)" if r["producer_limited"] else ""),
+            *("-" if fresh[q] is None else f"{fresh[q]:.3f}" for q in ("p50", "p95", "p99")),
+            "-" if r["test_accuracy"] is None else f"{r['test_accuracy']:.4f}",
+        )
     return table

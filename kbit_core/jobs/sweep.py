@@ -34,8 +34,14 @@ _RESULT_KEY = "kbit_result"
 _TOTAL_STEP_SCHEDULES = ("cosine", "onecycle")
 
 
-def tune_sweep(cfg: KbitConfig, space: dict[str, list[Any]] | None = None, num_trials: int | None = None,
-               metric: str = "val_accuracy", mode: Literal["max", "min"] = "max", seed: int = 0) -> dict[str, Any]:
+def tune_sweep(
+    cfg: KbitConfig,
+    space: dict[str, list[Any]] | None = None,
+    num_trials: int | None = None,
+    metric: str = "val_accuracy",
+    mode: Literal["max", "min"] = "max",
+    seed: int = 0,
+) -> dict[str, Any]:
     """Run the sweep on Ray Tune with ASHA; return ``{"best", "trials", "mlflow_run_id"}`` like the Prefect sweep.
 
     Each trial in ``trials`` holds ``trial``, ``params``, ``metrics`` (the last epoch's, as the Prefect sweep
@@ -51,36 +57,51 @@ def tune_sweep(cfg: KbitConfig, space: dict[str, list[Any]] | None = None, num_t
         _check(trial_cfg)
     sweep_dir = cfg.run_dir / "tune" / f"sweep-{uuid.uuid4().hex[:8]}"
     tracker = make_tracker(cfg)
-    with embedded_broker(cfg), tracker.run(cfg, name=f"sweep-{cfg.profile}", kind="sweep",
-                                           tags={"kbit.sweep_backend": "ray-tune"}) as parent_id:
+    with (
+        embedded_broker(cfg),
+        tracker.run(
+            cfg, name=f"sweep-{cfg.profile}", kind="sweep", tags={"kbit.sweep_backend": "ray-tune"}
+        ) as parent_id,
+    ):
         manifests = [produce_dataset(trial_cfg, progress=False).model_dump_json() for trial_cfg in configs]
         reports = _run_tuner(cfg, configs, manifests, sweep_dir, metric, mode)
-        results = [{"trial": index, "params": trial, "metrics": final_metrics(report), "epochs": report["epochs"]}
-                   for index, (trial, report) in enumerate(zip(trials, reports))]
+        results = [
+            {"trial": index, "params": trial, "metrics": final_metrics(report), "epochs": report["epochs"]}
+            for index, (trial, report) in enumerate(zip(trials, reports))
+        ]
         best = best_trial(results, metric, mode)
         for result, trial_cfg, report in zip(results, configs, reports):
-            tags = {"mlflow.parentRunId": parent_id or "", "kbit.trial": str(result["trial"]),
-                    "kbit.best_trial": str(result is best).lower(), "kbit.epochs_run": str(result["epochs"])}
+            tags = {
+                "mlflow.parentRunId": parent_id or "",
+                "kbit.trial": str(result["trial"]),
+                "kbit.best_trial": str(result is best).lower(),
+                "kbit.epochs_run": str(result["epochs"]),
+            }
             with tracker.run(trial_cfg, name=f"trial-{result['trial']}", kind="train", tags=tags) as child_id:
                 tracker.log_training(child_id, report)
             result["mlflow_run_id"] = child_id
-    log.info("ray-tune sweep: best trial %d %s with %s=%.4g", best["trial"], best["params"], metric,
-             best["metrics"][metric])
+    log.info(
+        "ray-tune sweep: best trial %d %s with %s=%.4g", best["trial"], best["params"], metric, best["metrics"][metric]
+    )
     return {"best": best, "trials": results, "mlflow_run_id": parent_id}
 
 
 def _check(cfg: KbitConfig) -> None:
     if cfg.launch.engine != "ray":
-        raise ConfigError(f"sweep.backend=ray-tune trains with Ray Train: set launch.engine=ray "
-                          f"(it is {cfg.launch.engine!r})")
+        raise ConfigError(
+            f"sweep.backend=ray-tune trains with Ray Train: set launch.engine=ray (it is {cfg.launch.engine!r})"
+        )
     if cfg.train.optim.schedule in _TOTAL_STEP_SCHEDULES:
-        raise ConfigError(f"sweep.backend=ray-tune trains a trial one epoch per ASHA rung, which changes the "
-                          f"train.optim.schedule={cfg.train.optim.schedule!r} learning rates; use constant or step, "
-                          f"or sweep.backend=prefect")
+        raise ConfigError(
+            f"sweep.backend=ray-tune trains a trial one epoch per ASHA rung, which changes the "
+            f"train.optim.schedule={cfg.train.optim.schedule!r} learning rates; use constant or step, "
+            f"or sweep.backend=prefect"
+        )
 
 
-def _run_tuner(cfg: KbitConfig, configs: list[KbitConfig], manifests: list[str], sweep_dir: Path, metric: str,
-               mode: str) -> list[dict[str, Any]]:
+def _run_tuner(
+    cfg: KbitConfig, configs: list[KbitConfig], manifests: list[str], sweep_dir: Path, metric: str, mode: str
+) -> list[dict[str, Any]]:
     """Every trial's last rung result (the kbit training result), in trial order."""
     ensure_ray(cfg)  # first: Ray reads its environment at import
     # the `ray` extra: optional, and seconds to import
@@ -88,9 +109,14 @@ def _run_tuner(cfg: KbitConfig, configs: list[KbitConfig], manifests: list[str],
     from ray.tune.schedulers import ASHAScheduler
 
     trainable = tune.with_parameters(
-        _trial, configs=[c.to_secret_json() for c in configs], manifests=manifests, sweep_dir=str(sweep_dir))
-    scheduler = ASHAScheduler(time_attr="epoch", max_t=cfg.train.epochs, grace_period=cfg.sweep.grace_epochs,
-                              reduction_factor=cfg.sweep.reduction_factor)
+        _trial, configs=[c.to_secret_json() for c in configs], manifests=manifests, sweep_dir=str(sweep_dir)
+    )
+    scheduler = ASHAScheduler(
+        time_attr="epoch",
+        max_t=cfg.train.epochs,
+        grace_period=cfg.sweep.grace_epochs,
+        reduction_factor=cfg.sweep.reduction_factor,
+    )
     tuner = tune.Tuner(
         # The trial itself only waits on its Ray Train job, whose workers hold the CPUs; Tune needs some
         # resource to place it, so it holds a token amount of memory and no CPU.
@@ -119,14 +145,22 @@ def _trial(params: dict[str, Any], *, configs: list[str], manifests: list[str], 
     resume = "none"
     for epoch in range(1, cfg.train.epochs + 1):
         # The previous rung finished its run, so its last (epoch-end) checkpoint is resumed by path.
-        result = launch(train_main, cfg.override({"train.epochs": epoch, "checkpoint.resume": resume}),
-                        manifests[index], str(run_dir))
+        result = launch(
+            train_main,
+            cfg.override({"train.epochs": epoch, "checkpoint.resume": resume}),
+            manifests[index],
+            str(run_dir),
+        )
         resume = result["checkpoint"]
         tune.report({"epoch": epoch, **final_metrics(result), _RESULT_KEY: handoff.dumps(result)})
 
 
 def _trial_config(cfg: KbitConfig, run_dir: Path) -> KbitConfig:
     """The trial's config: its own run directory, and epoch checkpoints there for the next rung to resume."""
-    return cfg.override({"workdir": str(run_dir), "tracking.enabled": False,
-                         "checkpoint": {"dir": str(run_dir / "checkpoints"), "every_epoch": True}})
-
+    return cfg.override(
+        {
+            "workdir": str(run_dir),
+            "tracking.enabled": False,
+            "checkpoint": {"dir": str(run_dir / "checkpoints"), "every_epoch": True},
+        }
+    )

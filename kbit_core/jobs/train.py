@@ -19,6 +19,7 @@ from kbit_core.train.worker import train_main
 
 log = logging.getLogger(__name__)
 
+
 def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
     """Train ``cfg`` end to end and return the workers' result (identical on every rank) plus driver facts.
 
@@ -42,8 +43,11 @@ def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
         else:
             manifest = produce_dataset(cfg, progress=progress, checked=True)  # check_training checked it
             result = train_with_restarts(cfg, train_main, manifest.model_dump_json())
-            result.update(topic=manifest.topic, manifest_path=str(manifest_path(cfg.workdir, manifest.topic)),
-                          mlflow_run_id=run_id)
+            result.update(
+                topic=manifest.topic,
+                manifest_path=str(manifest_path(cfg.workdir, manifest.topic)),
+                mlflow_run_id=run_id,
+            )
         result["wall_seconds"] = time.perf_counter() - started
         _track(tracker, run_id, result)
     return result

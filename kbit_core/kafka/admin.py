@@ -41,8 +41,9 @@ PROBE_POLL_S = 0.001
 PROBE_DUE_S = 0.05
 SLOW_PROBE_POLL_S = 0.05
 OUT_OF_RANGE = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
-UNKNOWN_PARTITION = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
-                               KafkaError._UNKNOWN_TOPIC})
+UNKNOWN_PARTITION = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
+)
 
 
 class _DemotedLog(logging.LoggerAdapter):
@@ -122,8 +123,9 @@ def create_topic(kcfg: KafkaConfig, topic: str, partitions: int, replication_fac
     """Create ``topic``; TopicError when it already exists (callers decide whether to delete it first)."""
     admin = _admin(kcfg)
     _metadata(admin, kcfg)
-    future = admin.create_topics([NewTopic(topic, partitions, replication_factor)],
-                                 operation_timeout=kcfg.request_timeout_s)[topic]
+    future = admin.create_topics(
+        [NewTopic(topic, partitions, replication_factor)], operation_timeout=kcfg.request_timeout_s
+    )[topic]
     try:
         future.result(timeout=kcfg.request_timeout_s)
     except KafkaException as exc:
@@ -158,18 +160,20 @@ def delete_topic(kcfg: KafkaConfig, topic: str) -> bool:
 
 def _offset_consumer(kcfg: KafkaConfig) -> Consumer:
     require_embedded_listening(kcfg)
-    return Consumer({
-        **client_options(kcfg),
-        **EAGER_CONNECT,
-        # never joins the group (assign only) and never commits; the id is required by librdkafka
-        "group.id": f"kbit-offsets-{uuid.uuid4().hex[:8]}",
-        "enable.auto.commit": False,
-        "auto.offset.reset": "error",  # a probe outside the log is answered as such, never moved silently
-        "enable.partition.eof": True,
-        "fetch.wait.max.ms": 10,
-        "fetch.max.bytes": 1024 * 1024,
-        "max.partition.fetch.bytes": 64 * 1024,
-    })
+    return Consumer(
+        {
+            **client_options(kcfg),
+            **EAGER_CONNECT,
+            # never joins the group (assign only) and never commits; the id is required by librdkafka
+            "group.id": f"kbit-offsets-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "error",  # a probe outside the log is answered as such, never moved silently
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 10,
+            "fetch.max.bytes": 1024 * 1024,
+            "max.partition.fetch.bytes": 64 * 1024,
+        }
+    )
 
 
 def _checked_partitions(kcfg: KafkaConfig, topic: str, partitions: Iterable[int]) -> list[int]:
@@ -207,20 +211,28 @@ def exact_end_offsets(kcfg: KafkaConfig, topic: str, partitions: Iterable[int] |
         consumer.close()
 
 
-def list_offsets(consumer: Consumer, kcfg: KafkaConfig, topic: str, partitions: Iterable[int]
-                 ) -> dict[int, tuple[int, int]]:
+def list_offsets(
+    consumer: Consumer, kcfg: KafkaConfig, topic: str, partitions: Iterable[int]
+) -> dict[int, tuple[int, int]]:
     """partition -> (ListOffsets(EARLIEST), ListOffsets(LATEST)); Tansu may answer the latter short."""
     timeout = min(METADATA_TIMEOUT_S, kcfg.request_timeout_s)
     try:
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
-                for p in partitions}
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
+            for p in partitions
+        }
     except KafkaException as exc:
         raise unreachable(kcfg, f"listing offsets of {topic}: {exc.args[0].str()}") from None
 
 
-def fetch_bounds(consumer: Consumer, kcfg: KafkaConfig, topic: str, probes: Mapping[int, int],
-                 meanwhile: Callable[[], object] | None = None,
-                 client_error: Callable[[], str | None] = lambda: None) -> dict[int, tuple[int, int]]:
+def fetch_bounds(
+    consumer: Consumer,
+    kcfg: KafkaConfig,
+    topic: str,
+    probes: Mapping[int, int],
+    meanwhile: Callable[[], object] | None = None,
+    client_error: Callable[[], str | None] = lambda: None,
+) -> dict[int, tuple[int, int]]:
     """partition -> (earliest stored offset, exact log end) from one Fetch at ``probes`` (a partition -> offset
     expected to be at most its log end): the response carries the log start offset and the high watermark, which
     is exact where ListOffsets(LATEST) is not (Tansu). ``consumer`` holds no assignment afterwards.
@@ -247,8 +259,11 @@ def fetch_bounds(consumer: Consumer, kcfg: KafkaConfig, topic: str, probes: Mapp
             consumer.assign([TopicPartition(topic, p, o) for p, o in below_end.items()])
             again = _await_watermarks(consumer, kcfg, topic, below_end, client_error)
             if len(again) < len(outside):
-                raise unreachable(kcfg, f"{topic} partition(s) {sorted(set(outside) - set(again))} answer a fetch "
-                                        f"below their listed end offset as out of range")
+                raise unreachable(
+                    kcfg,
+                    f"{topic} partition(s) {sorted(set(outside) - set(again))} answer a fetch "
+                    f"below their listed end offset as out of range",
+                )
             bounds.update({p: (listed[p][0], again[p][1]) for p in outside})
         unknown_start = [p for p, (low, _) in bounds.items() if low < 0]
         if unknown_start:  # the Fetch response had no log start offset (before Fetch v5)
@@ -259,23 +274,34 @@ def fetch_bounds(consumer: Consumer, kcfg: KafkaConfig, topic: str, probes: Mapp
         consumer.assign([])
 
 
-def _await_watermarks(consumer: Consumer, kcfg: KafkaConfig, topic: str, partitions: Mapping[int, int],
-                      client_error: Callable[[], str | None]) -> dict[int, tuple[int, int]]:
+def _await_watermarks(
+    consumer: Consumer,
+    kcfg: KafkaConfig,
+    topic: str,
+    partitions: Mapping[int, int],
+    client_error: Callable[[], str | None],
+) -> dict[int, tuple[int, int]]:
     """partition -> (log start offset or -1, high watermark) from the first Fetch response of each assigned
     partition, leaving out those answered as out of range. A poll returns at the first record or error, and a
     fetch answered with nothing at the log end raises no event, so the polls are short rather than waiting."""
     started = time.monotonic()
     deadline, outside, last_error = started + kcfg.request_timeout_s, set(), None
     while True:
-        marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
-                 for p in partitions if p not in outside}
+        marks = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+            for p in partitions
+            if p not in outside
+        }
         if all(high >= 0 for _, high in marks.values()):
             return marks
         if time.monotonic() > deadline:
             waiting = sorted(p for p, (_, high) in marks.items() if high < 0)
-            raise unreachable(kcfg, f"no fetch response for {topic} partition(s) {waiting} within "
-                                    f"{kcfg.request_timeout_s:g}s; last client error: "
-                                    f"{last_error or client_error() or 'none'}")
+            raise unreachable(
+                kcfg,
+                f"no fetch response for {topic} partition(s) {waiting} within "
+                f"{kcfg.request_timeout_s:g}s; last client error: "
+                f"{last_error or client_error() or 'none'}",
+            )
         due = time.monotonic() - started < PROBE_DUE_S
         for msg in consumer.consume(1, PROBE_POLL_S if due else SLOW_PROBE_POLL_S):
             err = msg.error()
@@ -321,11 +347,15 @@ def check_topic(kcfg: KafkaConfig, manifest: Manifest) -> TopicCheck:
     ends = exact_end_offsets(kcfg, topic, [p.partition for p in shared])
     for part in shared:
         if ends[part.partition] != part.stop_offset:
-            problems.append(f"partition {part.partition}: the broker ends at offset {ends[part.partition]}, "
-                            f"the manifest at {part.stop_offset}")
+            problems.append(
+                f"partition {part.partition}: the broker ends at offset {ends[part.partition]}, "
+                f"the manifest at {part.stop_offset}"
+            )
             differing.add(part.partition)
         if part.num_messages and earliest[part.partition] > part.first_offset:
-            problems.append(f"partition {part.partition}: offsets from {part.first_offset} are gone "
-                            f"(the earliest stored is {earliest[part.partition]})")
+            problems.append(
+                f"partition {part.partition}: offsets from {part.first_offset} are gone "
+                f"(the earliest stored is {earliest[part.partition]})"
+            )
             differing.add(part.partition)
     return TopicCheck(topic, True, present, earliest, ends, problems, frozenset(differing))

@@ -52,16 +52,32 @@ class BrokerStatus:
 class EmbeddedBroker:
     """One Tansu process, its PID and log kept in ``run_dir``; memory-only storage (data dies with it)."""
 
-    def __init__(self, run_dir: Path, host: str = "127.0.0.1", port: int = 19092, *, advertised: str | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        host: str = "127.0.0.1",
+        port: int = 19092,
+        *,
+        advertised: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         """``advertised`` (host:port) is what metadata tells clients to connect to, when that is not the listener
         (e.g. a TLS front); ``env`` is added to the process environment."""
         self.run_dir = Path(run_dir)
         self.host, self.port = host, port
         self.advertised = advertised or self.bootstrap
-        self.service = Service("broker", self.run_dir, argv=[], marker="tansu", env=dict(env or {}), host=host,
-                                port=port, url=self.bootstrap, port_setting="kafka.embedded.port",
-                                error_type=BrokerError)
+        self.service = Service(
+            "broker",
+            self.run_dir,
+            argv=[],
+            marker="tansu",
+            env=dict(env or {}),
+            host=host,
+            port=port,
+            url=self.bootstrap,
+            port_setting="kafka.embedded.port",
+            error_type=BrokerError,
+        )
         self.pid_path = self.service.pid_path
         self.log_path = self.service.log_path
 
@@ -75,9 +91,16 @@ class EmbeddedBroker:
 
     def start(self, timeout_s: float = 15.0) -> BrokerStatus:
         """Start the broker unless ours already runs; wait until its port accepts connections."""
-        self.service.argv = [str(tansu_binary()), "broker", "--listener-url", f"tcp://{self.bootstrap}",
-                              "--advertised-listener-url", f"tcp://{self.advertised}",
-                              "--storage-engine", "memory://tansu/"]
+        self.service.argv = [
+            str(tansu_binary()),
+            "broker",
+            "--listener-url",
+            f"tcp://{self.bootstrap}",
+            "--advertised-listener-url",
+            f"tcp://{self.advertised}",
+            "--storage-engine",
+            "memory://tansu/",
+        ]
         self.service.start(timeout_s)
         return self.status()
 

@@ -159,16 +159,16 @@ class ConfluentConsumer(ConsumerBackend):
             if code in UNKNOWN_PARTITION:
                 raise OffsetRangeError(f"unknown topic or partition: {err.str()}", **where)
             # Anything else (transport, leadership, timeouts) may heal: the reader retries until its deadline.
-            raise BrokerError(f"consumer error on topic {where['topic']!r} partition {where['partition']}: "
-                              f"{err.str()}")
+            raise BrokerError(f"consumer error on topic {where['topic']!r} partition {where['partition']}: {err.str()}")
         return out
 
     def position(self, partition: int) -> int | None:
         (tp,) = self._consumer.position([confluent_kafka.TopicPartition(self.topic, partition)])
         return tp.offset if tp.offset >= 0 else None  # librdkafka's OFFSET_INVALID is negative
 
-    def offset_bounds(self, topic: str, probes: Mapping[int, int],
-                      meanwhile: Callable[[], object] | None = None) -> dict[int, tuple[int, int]]:
+    def offset_bounds(
+        self, topic: str, probes: Mapping[int, int], meanwhile: Callable[[], object] | None = None
+    ) -> dict[int, tuple[int, int]]:
         """See :func:`kbit_core.kafka.admin.fetch_bounds` (``meanwhile`` overlaps its round trips)."""
         self.topic = topic
         return fetch_bounds(self._consumer, self.kafka_cfg, topic, probes, meanwhile, lambda: self.last_error)
@@ -228,8 +228,9 @@ class KafkaPythonConsumer(ConsumerBackend):
         except kafka.errors.OffsetOutOfRangeError as exc:
             tp_offsets = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
             tp, offset = next(iter(tp_offsets.items()), (None, None))
-            raise OffsetRangeError(f"offset out of range: {exc}", topic=self.topic,
-                                   partition=getattr(tp, "partition", None), offset=offset) from None
+            raise OffsetRangeError(
+                f"offset out of range: {exc}", topic=self.topic, partition=getattr(tp, "partition", None), offset=offset
+            ) from None
         except kafka.errors.UnknownTopicOrPartitionError as exc:
             raise OffsetRangeError(f"unknown topic or partition: {exc}", topic=self.topic) from None
         except kafka.errors.KafkaError as exc:  # transport and leadership trouble: the reader retries until its end
@@ -254,7 +255,9 @@ class KafkaPythonConsumer(ConsumerBackend):
 _BACKENDS: dict[str, type[ConsumerBackend]] = {"confluent": ConfluentConsumer, "kafka-python": KafkaPythonConsumer}
 
 
-def make_consumer(kafka_cfg: KafkaConfig, reader_cfg: ReaderConfig, client: ClientName | None = None) -> ConsumerBackend:
+def make_consumer(
+    kafka_cfg: KafkaConfig, reader_cfg: ReaderConfig, client: ClientName | None = None
+) -> ConsumerBackend:
     """A consumer for ``client`` (default ``kafka_cfg.client``) configured from the typed config."""
     name = client or kafka_cfg.client
     if name not in _BACKENDS:

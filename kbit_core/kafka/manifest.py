@@ -69,8 +69,9 @@ class DataIdentity(_Frozen):
         diffs: list[str] = []
         for section in ("dataset", "variant"):
             ours, theirs = getattr(self, section).model_dump(), getattr(other, section).model_dump()
-            diffs += [f"{section}.{key}: {ours[key]!r} != {theirs.get(key)!r}"
-                      for key in ours if ours[key] != theirs.get(key)]
+            diffs += [
+                f"{section}.{key}: {ours[key]!r} != {theirs.get(key)!r}" for key in ours if ours[key] != theirs.get(key)
+            ]
         if self.partitions != other.partitions:
             diffs.append(f"partitions: {self.partitions} != {other.partitions}")
         if self.schema_fingerprint != other.schema_fingerprint:
@@ -107,8 +108,12 @@ class Manifest(_Frozen):
 
     @property
     def identity(self) -> DataIdentity:
-        return DataIdentity(dataset=self.dataset, variant=self.variant, partitions=len(self.partitions),
-                            schema_fingerprint=self.schema_fingerprint)
+        return DataIdentity(
+            dataset=self.dataset,
+            variant=self.variant,
+            partitions=len(self.partitions),
+            schema_fingerprint=self.schema_fingerprint,
+        )
 
     def matches(self, other: Manifest | DataIdentity) -> list[str]:
         """Differences in what the data is (dataset, variant, partition count, schema); empty means the same."""
@@ -160,11 +165,18 @@ def manifest_codec(manifest: Manifest, decoder: str = "stock") -> Codec:
     logging why, when no fast decoder recognises the schema); ManifestMismatchError when this kbit's schema
     differs."""
     variant = manifest.variant
-    codec = get_codec(variant.format, variant.layout, tuple(manifest.dataset.image_shape), variant.records_per_message,
-                      num_classes=manifest.dataset.num_classes, decoder=decoder)
+    codec = get_codec(
+        variant.format,
+        variant.layout,
+        tuple(manifest.dataset.image_shape),
+        variant.records_per_message,
+        num_classes=manifest.dataset.num_classes,
+        decoder=decoder,
+    )
     if codec.schema_fingerprint() != manifest.schema_fingerprint:
         raise ManifestMismatchError(
             f"topic {manifest.topic!r} was written with schema {manifest.schema_fingerprint}, but this kbit's "
             f"{variant.format}/{variant.layout} codec has schema {codec.schema_fingerprint()}; produce it again "
-            f"(kbit produce --recreate)")
+            f"(kbit produce --recreate)"
+        )
     return codec

@@ -81,18 +81,20 @@ class ConfluentProducer(ProducerBackend):
         self._stats_seen = 0
         self._stats_cover_all = False
         self._reports: list[tuple[DeliveryCallback, int, Any, int]] = []
-        self._producer = Producer({
-            **admin.client_options(kcfg),
-            "acks": "all",
-            "enable.idempotence": True,
-            "compression.type": compression,
-            "linger.ms": pcfg.linger_ms,
-            "batch.size": pcfg.batch_size_bytes,
-            "queue.buffering.max.kbytes": BUFFER_BYTES // 1024,
-            "message.timeout.ms": delivery_timeout_ms(kcfg),
-            "statistics.interval.ms": STATS_INTERVAL_MS,
-            "stats_cb": self._on_stats,
-        })
+        self._producer = Producer(
+            {
+                **admin.client_options(kcfg),
+                "acks": "all",
+                "enable.idempotence": True,
+                "compression.type": compression,
+                "linger.ms": pcfg.linger_ms,
+                "batch.size": pcfg.batch_size_bytes,
+                "queue.buffering.max.kbytes": BUFFER_BYTES // 1024,
+                "message.timeout.ms": delivery_timeout_ms(kcfg),
+                "statistics.interval.ms": STATS_INTERVAL_MS,
+                "stats_cb": self._on_stats,
+            }
+        )
 
     def _on_stats(self, payload: str) -> None:
         # topics.<t>.batchsize is a window reset at every emission, so the windows add up to the total.
@@ -112,8 +114,9 @@ class ConfluentProducer(ProducerBackend):
             if cause is None:
                 raise
             error = cause.args[0]
-            raise BrokerError(("fatal producer error (only a new producer can go on): " if error.fatal() else "")
-                              + error.str()) from None
+            raise BrokerError(
+                ("fatal producer error (only a new producer can go on): " if error.fatal() else "") + error.str()
+            ) from None
         finally:
             if self._reports:  # most calls serve none
                 reports = self._reports[:]
@@ -136,8 +139,9 @@ class ConfluentProducer(ProducerBackend):
             except KafkaException as exc:
                 if exc.args[0].code() == KafkaError._FATAL:
                     self._serve(self._producer.poll, 0)  # raises the fatal error itself, by name
-                raise BrokerError(f"cannot produce a {len(value)}-byte message to {topic}[{partition}]: "
-                                  f"{exc.args[0].str()}") from None
+                raise BrokerError(
+                    f"cannot produce a {len(value)}-byte message to {topic}[{partition}]: {exc.args[0].str()}"
+                ) from None
         self._serve(self._producer.poll, 0)
 
     def flush(self, timeout_s: float, *, count_wire_bytes: bool = True) -> None:
@@ -192,8 +196,10 @@ class KafkaPythonProducer(ProducerBackend):
         size = len(value)
         with self._pending:
             if not self._pending.wait_for(lambda: self._pending_bytes < BUFFER_BYTES, timeout=self._max_block_s):
-                raise BrokerError(f"no acknowledgement from {topic} for {self._max_block_s:.0f}s "
-                                  f"({self._pending_bytes} bytes waiting)")
+                raise BrokerError(
+                    f"no acknowledgement from {topic} for {self._max_block_s:.0f}s "
+                    f"({self._pending_bytes} bytes waiting)"
+                )
             self._pending_bytes += size
 
         def settled(offset: int, error: str | None) -> None:
@@ -226,8 +232,9 @@ class KafkaPythonProducer(ProducerBackend):
 BACKENDS: dict[str, type[ProducerBackend]] = {b.name: b for b in (ConfluentProducer, KafkaPythonProducer)}
 
 
-def make_producer(kcfg: KafkaConfig, pcfg: ProduceConfig, compression: Compression,
-                  client: str | None = None) -> ProducerBackend:
+def make_producer(
+    kcfg: KafkaConfig, pcfg: ProduceConfig, compression: Compression, client: str | None = None
+) -> ProducerBackend:
     name = client or pcfg.client
     if name not in BACKENDS:
         raise ConfigError(f"unknown producer client {name!r}; choose one of {sorted(BACKENDS)}")
@@ -275,8 +282,10 @@ class DeliveryLedger:
         with self._lock:
             if not self._errors:
                 return
-            lines = [f"{self.topic}[{p}]: {len(errs)} message(s) failed, first error: {errs[0]}"
-                     for p, errs in sorted(self._errors.items())]
+            lines = [
+                f"{self.topic}[{p}]: {len(errs)} message(s) failed, first error: {errs[0]}"
+                for p, errs in sorted(self._errors.items())
+            ]
         raise BrokerError("delivery failed:\n  " + "\n  ".join(lines))
 
     def partitions(self) -> list[PartitionManifest]:
@@ -285,9 +294,18 @@ class DeliveryLedger:
         for p, t in enumerate(self._tallies):
             first = t.first if t.first is not None else 0
             if t.messages and t.last - first + 1 != t.messages:
-                raise TopicError(f"{self.topic}[{p}]: {t.messages} messages landed at offsets {first}..{t.last}, "
-                                 f"which are not contiguous; did another producer write to the topic?")
-            out.append(PartitionManifest(partition=p, first_offset=first, last_offset=first + t.messages - 1,
-                                         num_messages=t.messages, num_records=t.records, value_bytes=t.value_bytes))
+                raise TopicError(
+                    f"{self.topic}[{p}]: {t.messages} messages landed at offsets {first}..{t.last}, "
+                    f"which are not contiguous; did another producer write to the topic?"
+                )
+            out.append(
+                PartitionManifest(
+                    partition=p,
+                    first_offset=first,
+                    last_offset=first + t.messages - 1,
+                    num_messages=t.messages,
+                    num_records=t.records,
+                    value_bytes=t.value_bytes,
+                )
+            )
         return out
-

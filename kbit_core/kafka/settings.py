@@ -56,8 +56,9 @@ def _tls_context(cfg: KafkaConfig) -> ssl.SSLContext:
             raise ConfigError(f"kafka.{name}: {path} does not exist or is not a file")
     if ("ssl_certfile" in files) != ("ssl_keyfile" in files):
         raise ConfigError("kafka.ssl_certfile and kafka.ssl_keyfile go together (a client certificate and its key)")
-    pem = {k: str(v) for k, v in cfg.client_extra().items()
-           if k in ("ssl.ca.pem", "ssl.certificate.pem", "ssl.key.pem")}
+    pem = {
+        k: str(v) for k, v in cfg.client_extra().items() if k in ("ssl.ca.pem", "ssl.certificate.pem", "ssl.key.pem")
+    }
     ctx = ssl.create_default_context()
     try:
         if "ssl_cafile" in files:
@@ -108,38 +109,49 @@ def _check_sasl_mechanism(conn: socket.socket, cfg: KafkaConfig, address: str) -
     try:
         resp = _request(conn, 17, 1, struct.pack(">h", len(mechanism)) + mechanism)  # SaslHandshake v1
     except _Closed:
-        raise BrokerError(f"the broker at {address} closed the connection on the SASL handshake: it does not "
-                          f"authenticate with SASL (kafka.security_protocol={cfg.security_protocol}, "
-                          f"kafka.sasl_mechanism={cfg.sasl_mechanism})") from None
+        raise BrokerError(
+            f"the broker at {address} closed the connection on the SASL handshake: it does not "
+            f"authenticate with SASL (kafka.security_protocol={cfg.security_protocol}, "
+            f"kafka.sasl_mechanism={cfg.sasl_mechanism})"
+        ) from None
     error_code, count = struct.unpack(">hi", resp[:6])
     offered, pos = [], 6
     for _ in range(max(count, 0)):
-        (size,) = struct.unpack(">h", resp[pos:pos + 2])
-        offered.append(resp[pos + 2:pos + 2 + size].decode(errors="replace"))
+        (size,) = struct.unpack(">h", resp[pos : pos + 2])
+        offered.append(resp[pos + 2 : pos + 2 + size].decode(errors="replace"))
         pos += 2 + size
     if error_code != 0:
         # Tansu without --authentication refuses every mechanism and "offers" the one asked for.
-        raise BrokerError(f"the broker at {address} refuses kafka.sasl_mechanism={cfg.sasl_mechanism} (Kafka error "
-                          f"{error_code}; mechanisms it reports: {', '.join(offered) or 'none'}): SASL is not enabled "
-                          f"there, or not with this mechanism; check kafka.security_protocol and kafka.sasl_mechanism")
+        raise BrokerError(
+            f"the broker at {address} refuses kafka.sasl_mechanism={cfg.sasl_mechanism} (Kafka error "
+            f"{error_code}; mechanisms it reports: {', '.join(offered) or 'none'}): SASL is not enabled "
+            f"there, or not with this mechanism; check kafka.security_protocol and kafka.sasl_mechanism"
+        )
 
 
 def _tls_error(exc: ssl.SSLError, address: str, cfg: KafkaConfig) -> BrokerError:
     """What a failed TLS handshake with the broker at ``address`` says about the settings, naming them."""
     if isinstance(exc, ssl.SSLCertVerificationError):
-        ca = (f"kafka.ssl_cafile ({cfg.ssl_cafile})" if cfg.ssl_cafile
-              else "the system CA store (kafka.ssl_cafile unset)")
-        return BrokerError(f"the certificate of the broker at {address} does not verify against {ca}: "
-                           f"{exc.verify_message}")
+        ca = (
+            f"kafka.ssl_cafile ({cfg.ssl_cafile})" if cfg.ssl_cafile else "the system CA store (kafka.ssl_cafile unset)"
+        )
+        return BrokerError(
+            f"the certificate of the broker at {address} does not verify against {ca}: {exc.verify_message}"
+        )
     text = str(exc).upper()
     if "CERTIFICATE_REQUIRED" in text:
-        return BrokerError(f"the broker at {address} requires a client certificate: set kafka.ssl_certfile "
-                           f"and kafka.ssl_keyfile")
+        return BrokerError(
+            f"the broker at {address} requires a client certificate: set kafka.ssl_certfile and kafka.ssl_keyfile"
+        )
     if "UNKNOWN_CA" in text or "BAD_CERTIFICATE" in text:
-        return BrokerError(f"the broker at {address} does not accept the client certificate in "
-                           f"kafka.ssl_certfile ({cfg.ssl_certfile}): {exc.reason}")
-    return BrokerError(f"TLS with the broker at {address} failed ({exc.reason}); check "
-                       f"kafka.security_protocol={cfg.security_protocol} and kafka.ssl_*")
+        return BrokerError(
+            f"the broker at {address} does not accept the client certificate in "
+            f"kafka.ssl_certfile ({cfg.ssl_certfile}): {exc.reason}"
+        )
+    return BrokerError(
+        f"TLS with the broker at {address} failed ({exc.reason}); check "
+        f"kafka.security_protocol={cfg.security_protocol} and kafka.ssl_*"
+    )
 
 
 def check_security(cfg: KafkaConfig, timeout_s: float | None = None) -> None:
@@ -152,9 +164,13 @@ def check_security(cfg: KafkaConfig, timeout_s: float | None = None) -> None:
     if cfg.security_protocol == "PLAINTEXT":
         return
     files = _tls_files(cfg)
-    key = (cfg.resolved_bootstrap(), cfg.security_protocol, cfg.sasl_mechanism,
-           *((n, str(p), p.stat().st_mtime) for n, p in files.items() if p.is_file()),
-           *((k, hash(str(v))) for k, v in sorted(cfg.client_extra().items()) if k.startswith("ssl.")))
+    key = (
+        cfg.resolved_bootstrap(),
+        cfg.security_protocol,
+        cfg.sasl_mechanism,
+        *((n, str(p), p.stat().st_mtime) for n, p in files.items() if p.is_file()),
+        *((k, hash(str(v))) for k, v in sorted(cfg.client_extra().items()) if k.startswith("ssl.")),
+    )
     if key in _checked:
         return
     ctx = _tls_context(cfg) if cfg.security_protocol.endswith("SSL") else None
@@ -176,17 +192,22 @@ def check_security(cfg: KafkaConfig, timeout_s: float | None = None) -> None:
                     elif cfg.ssl_certfile is None and "ssl.key.pem" not in cfg.extra:
                         hint = "it may require a client certificate: set kafka.ssl_certfile and kafka.ssl_keyfile"
                     else:
-                        hint = ("it may not accept the client certificate (kafka.ssl_certfile or "
-                                "kafka.extra['ssl.certificate.pem']): is it issued by the broker's CA?")
-                    raise BrokerError(f"the broker at {address} closed the connection without answering; "
-                                      f"{hint}") from None
+                        hint = (
+                            "it may not accept the client certificate (kafka.ssl_certfile or "
+                            "kafka.extra['ssl.certificate.pem']): is it issued by the broker's CA?"
+                        )
+                    raise BrokerError(
+                        f"the broker at {address} closed the connection without answering; {hint}"
+                    ) from None
                 if cfg.sasl_mechanism:
                     _check_sasl_mechanism(conn, cfg, address)
         except ssl.SSLError as exc:
             raise _tls_error(exc, address, cfg) from None
         except TimeoutError:
-            raise BrokerError(f"no answer from the broker at {address} within {timeout_s:.0f}s; check "
-                              f"kafka.security_protocol={cfg.security_protocol} (a TLS listener?)") from None
+            raise BrokerError(
+                f"no answer from the broker at {address} within {timeout_s:.0f}s; check "
+                f"kafka.security_protocol={cfg.security_protocol} (a TLS listener?)"
+            ) from None
         except OSError:
             continue
         with _checked_lock:

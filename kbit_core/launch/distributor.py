@@ -68,8 +68,10 @@ class ExecutorLostError(WorkerFailedError):
 
     def __init__(self, loss: ExecutorLoss, cfg: KbitConfig) -> None:
         rank = f"rank{loss.rank}" if loss.rank is not None else "a rank"
-        message = (f"distributed run failed ({describe(cfg)}): Spark lost executor {loss.executor} on host "
-                   f"{loss.host or 'unknown'} (its JVM or its host died), and {rank} with it")
+        message = (
+            f"distributed run failed ({describe(cfg)}): Spark lost executor {loss.executor} on host "
+            f"{loss.host or 'unknown'} (its JVM or its host died), and {rank} with it"
+        )
         super().__init__(message, rank=rank, exception_type="ExecutorLostFailure", host=loss.host)
         self.loss = loss
 
@@ -115,8 +117,9 @@ def run_distributed(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: 
     with _run_lock:
         shutil.rmtree(errors, ignore_errors=True)
         try:
-            distributor = TorchDistributor(num_processes=launch.num_processes, local_mode=launch.local_mode,
-                                           use_gpu=launch.use_gpu)
+            distributor = TorchDistributor(
+                num_processes=launch.num_processes, local_mode=launch.local_mode, use_gpu=launch.use_gpu
+            )
         except RuntimeError as exc:
             raise DistributedError(f"TorchDistributor refused launch settings {describe(cfg)}: {exc}") from exc
         log.info("launching %s on %s", getattr(entry, "__qualname__", entry), describe(cfg))
@@ -124,8 +127,9 @@ def run_distributed(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: 
             tail = OutputTail()
             try:
                 with tail.capturing():
-                    text = distributor.run(run_rank, entry, cfg.to_secret_json(), handoff.dumps(list(args)),
-                                           str(errors))
+                    text = distributor.run(
+                        run_rank, entry, cfg.to_secret_json(), handoff.dumps(list(args)), str(errors)
+                    )
             except Exception as exc:
                 raise worker_failure(exc, errors, cfg, tail.text()) from exc
             finally:
@@ -138,8 +142,10 @@ def describe(cfg: KbitConfig) -> str:
     launch = cfg.launch
     if launch.engine == "torchrun":
         return f"torchrun --standalone nproc_per_node={launch.num_processes} use_gpu={launch.use_gpu}"
-    return (f"num_processes={launch.num_processes} local_mode={launch.local_mode} "
-            f"use_gpu={launch.use_gpu} master={launch.master}")
+    return (
+        f"num_processes={launch.num_processes} local_mode={launch.local_mode} "
+        f"use_gpu={launch.use_gpu} master={launch.master}"
+    )
 
 
 def run_rank(entry: RankEntry, config_json: str, args_json: str, error_dir: str) -> str:
@@ -196,9 +202,13 @@ def _rank0_result(text: str, rank: int, timeout_s: float, agent: int) -> str:
     while os.getppid() == agent:
         try:
             if store is None:
-                store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                      world_size=world_size, is_master=False,
-                                      timeout=timedelta(seconds=min(AGENT_STORE_WAIT_S, timeout_s)))
+                store = dist.TCPStore(
+                    os.environ["MASTER_ADDR"],
+                    int(os.environ["MASTER_PORT"]),
+                    world_size=world_size,
+                    is_master=False,
+                    timeout=timedelta(seconds=min(AGENT_STORE_WAIT_S, timeout_s)),
+                )
             if rank == 0:
                 store.set(_RESULT_KEY, text)
                 return text
@@ -247,8 +257,9 @@ def worker_failure(exc: Exception, errors: Path, cfg: KbitConfig, output: str) -
     )
 
 
-def _raised(reports: list[tuple[str, str]], exits: dict[int, RankExit], cfg: KbitConfig,
-            errors: Path) -> WorkerFailedError:
+def _raised(
+    reports: list[tuple[str, str]], exits: dict[int, RankExit], cfg: KbitConfig, errors: Path
+) -> WorkerFailedError:
     (first, text), *others = reports
     exit_ = exits.get(int(first.removeprefix("rank")))
     where = f" on host {exit_.host}" if exit_ else ""
@@ -257,14 +268,20 @@ def _raised(reports: list[tuple[str, str]], exits: dict[int, RankExit], cfg: Kbi
         lines.append(f"--- {rank} also failed:")
         lines.extend(other.splitlines()[-_MAX_SECONDARY_LINES:])
     lines.append(f"(tracebacks kept in {errors})")
-    return WorkerFailedError("\n".join(lines), rank=first, exception_type=_exception_type(text),
-                             host=exit_.host if exit_ else None)
+    return WorkerFailedError(
+        "\n".join(lines), rank=first, exception_type=_exception_type(text), host=exit_.host if exit_ else None
+    )
 
 
 def _died(exit_: RankExit, output: str, cfg: KbitConfig) -> RankDiedError:
     tail = rank_lines(output, exit_.rank, _MAX_SECONDARY_LINES) or ["(no output of its own)"]
-    message = "\n".join([f"distributed run failed ({describe(cfg)}): {exit_.describe()}, with no Python error "
-                         f"(an OOM kill, a segfault, a kill -9 or a lost host); its last lines:", *tail])
+    message = "\n".join(
+        [
+            f"distributed run failed ({describe(cfg)}): {exit_.describe()}, with no Python error "
+            f"(an OOM kill, a segfault, a kill -9 or a lost host); its last lines:",
+            *tail,
+        ]
+    )
     return RankDiedError(message, exit_)
 
 

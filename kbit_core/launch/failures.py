@@ -22,13 +22,22 @@ from typing import TextIO
 _BLOCK = re.compile(
     r"\[\d+\]:\s*\n\s*time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>\S+)\s*\n"
     r"\s*rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local_rank>\d+)\)\s*\n"
-    r"\s*exitcode\s*:\s*(?P<exitcode>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)")
+    r"\s*exitcode\s*:\s*(?P<exitcode>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)"
+)
 _ROOT_CAUSE = "Root Cause (first observed failure):"
 _RANK_LINE = re.compile(r"^\[rank(?P<rank>\d+)\]:")
 
 
-_PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "DistBackendError",
-                         "DistNetworkError", "DistStoreError", "ProcessGroupGloo", "NCCL communicator was aborted")
+_PEER_FAILURE_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "DistBackendError",
+    "DistNetworkError",
+    "DistStoreError",
+    "ProcessGroupGloo",
+    "NCCL communicator was aborted",
+)
 _EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(executor (?P<executor>[\w.-]+) exited")
 _EXECUTOR_HOST = r"(?:Lost executor {id} on (?P<lost>[^\s:]+)|\((?P<task>[^\s()]+) executor {id}\))"
 _BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (?P<partition>\d+)\) finished unsuccessfully")
@@ -51,8 +60,11 @@ def executor_loss(output: str) -> ExecutorLoss | None:
     executor = lost["executor"]
     where = re.search(_EXECUTOR_HOST.format(id=re.escape(executor)), output)
     task = _BARRIER_TASK.search(output)
-    return ExecutorLoss(executor=executor, host=(where["lost"] or where["task"]) if where else None,
-                        rank=int(task["partition"]) if task else None)
+    return ExecutorLoss(
+        executor=executor,
+        host=(where["lost"] or where["task"]) if where else None,
+        rank=int(task["partition"]) if task else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -86,8 +98,12 @@ def rank_exits(output: str) -> list[RankExit]:
     blocks = sorted(_BLOCK.finditer(output), key=lambda m: m.start() not in roots)
     exits: dict[int, RankExit] = {}
     for match in blocks:
-        exits.setdefault(int(match["rank"]), RankExit(rank=int(match["rank"]), host=match["host"],
-                                                      exitcode=int(match["exitcode"]), pid=int(match["pid"])))
+        exits.setdefault(
+            int(match["rank"]),
+            RankExit(
+                rank=int(match["rank"]), host=match["host"], exitcode=int(match["exitcode"]), pid=int(match["pid"])
+            ),
+        )
     return list(exits.values())
 
 
@@ -105,8 +121,7 @@ def is_peer_failure(traceback_text: str) -> bool:
 
 def rank_lines(output: str, rank: int, limit: int) -> list[str]:
     """The last ``limit`` lines torchrun prefixed with ``[rank<r>]:`` (that rank's own error output)."""
-    return [line for line in output.splitlines()
-            if (m := _RANK_LINE.match(line)) and int(m["rank"]) == rank][-limit:]
+    return [line for line in output.splitlines() if (m := _RANK_LINE.match(line)) and int(m["rank"]) == rank][-limit:]
 
 
 class OutputTail:

@@ -75,8 +75,11 @@ def ensure_ray(cfg: KbitConfig) -> None:
     if address is not None and address.startswith("ray://"):
         _check_client_server(address)
     own_token = ray_env.own_token_file(cfg.run_dir)
-    token = (ray_env.create_token(own_token) if address is None
-             else ray_env.join_token_file(address, launch.ray_auth_token_file, own_token))
+    token = (
+        ray_env.create_token(own_token)
+        if address is None
+        else ray_env.join_token_file(address, launch.ray_auth_token_file, own_token)
+    )
     ray_env.activate(ray_env.ray_env(token, loopback=address is None or _is_local(address)))
     try:
         # the `ray` extra: optional, and seconds to import
@@ -90,8 +93,13 @@ def ensure_ray(cfg: KbitConfig) -> None:
     cpus_needed = launch.num_processes * launch.ray_resources_per_worker.get("CPU", 1.0)
     log.info("starting a Ray runtime private to this process on 127.0.0.1")
     # address="local": a new runtime even when a `ray start` head on this machine would be found otherwise.
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(cpus_needed + 0.999)), include_dashboard=False,
-             object_store_memory=launch.ray_object_store_mb * 2**20, _node_ip_address="127.0.0.1")
+    ray.init(
+        address="local",
+        num_cpus=max(os.cpu_count() or 1, int(cpus_needed + 0.999)),
+        include_dashboard=False,
+        object_store_memory=launch.ray_object_store_mb * 2**20,
+        _node_ip_address="127.0.0.1",
+    )
 
 
 def _check_client_server(address: str) -> None:
@@ -102,7 +110,8 @@ def _check_client_server(address: str) -> None:
         raise ConfigError(
             f"launch.ray_address={address}: nothing accepts connections at {host}:{port}; a head serves Ray Client "
             f"only when started with `ray start --head --ray-client-server-port={port}` (kbit's own head: "
-            f"launch.ray_client_server_port={port} with `kbit stack up --ray`)")
+            f"launch.ray_client_server_port={port} with `kbit stack up --ray`)"
+        )
 
 
 def _is_local(address: str) -> bool:
@@ -133,14 +142,22 @@ def run_ray(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: Any = No
         resources.setdefault("GPU", 1.0)
     trainer = TorchTrainer(
         _run_rank,
-        train_loop_config={"entry": entry, "config_json": cfg.to_secret_json(), "args_json": handoff.dumps(list(args)),
-                           "launch_dir": str(launch_dir)},
+        train_loop_config={
+            "entry": entry,
+            "config_json": cfg.to_secret_json(),
+            "args_json": handoff.dumps(list(args)),
+            "launch_dir": str(launch_dir),
+        },
         torch_config=TorchConfig(backend="nccl" if launch.use_gpu else "gloo", timeout_s=launch.timeout_s),
-        scaling_config=ScalingConfig(num_workers=launch.num_processes, use_gpu=launch.use_gpu,
-                                     resources_per_worker=resources),
-        run_config=RunConfig(name=launch_dir.name, storage_path=str(launch_dir.parent),
-                             failure_config=FailureConfig(max_failures=launch.ray_max_failures),
-                             worker_runtime_env=_worker_runtime_env()),
+        scaling_config=ScalingConfig(
+            num_workers=launch.num_processes, use_gpu=launch.use_gpu, resources_per_worker=resources
+        ),
+        run_config=RunConfig(
+            name=launch_dir.name,
+            storage_path=str(launch_dir.parent),
+            failure_config=FailureConfig(max_failures=launch.ray_max_failures),
+            worker_runtime_env=_worker_runtime_env(),
+        ),
     )
     log.info("launching %s on Ray (%s)", getattr(entry, "__qualname__", entry), _describe(cfg))
     try:
@@ -163,8 +180,10 @@ def _worker_runtime_env() -> dict[str, Any]:
 
 def _describe(cfg: KbitConfig) -> str:
     launch = cfg.launch
-    return (f"num_workers={launch.num_processes} use_gpu={launch.use_gpu} "
-            f"resources_per_worker={launch.ray_resources_per_worker} address={launch.ray_address or 'local'}")
+    return (
+        f"num_workers={launch.num_processes} use_gpu={launch.use_gpu} "
+        f"resources_per_worker={launch.ray_resources_per_worker} address={launch.ray_address or 'local'}"
+    )
 
 
 def _run_rank(loop_config: dict[str, Any]) -> None:
@@ -195,8 +214,9 @@ def _worker_failure(exc: Exception, cfg: KbitConfig) -> DistributedError:
     where = f"distributed run failed ({_describe(cfg)})"
     if isinstance(exc, WorkerGroupError):
         # A worker process that died reaches the controller as a failed health check wrapping Ray's actor error.
-        failures = sorted((rank, getattr(error, "health_check_failure", error))
-                          for rank, error in exc.worker_failures.items())
+        failures = sorted(
+            (rank, getattr(error, "health_check_failure", error)) for rank, error in exc.worker_failures.items()
+        )
         died = [(rank, error) for rank, error in failures if isinstance(error, RayActorError)]
         raised = [(rank, error) for rank, error in failures if not isinstance(error, RayActorError)]
         own = [(rank, error) for rank, error in raised if not is_peer_failure(_text(error))]
@@ -223,8 +243,10 @@ def _died(where: str, rank: int, ray_message: str) -> RayWorkerDiedError:
     fields = dict(_ACTOR_FIELD.findall(ray_message))
     pid = int(fields["pid"]) if fields.get("pid", "").isdigit() else None
     who = f"rank {rank}" if rank >= 0 else "a rank"
-    message = (f"{where}: {who} on host {fields.get('ip', '?')} (pid {pid}) died with no Python error (an OOM kill, "
-               f"a segfault, a kill -9 or a lost node); Ray said:\n{ray_message[-1500:]}")
+    message = (
+        f"{where}: {who} on host {fields.get('ip', '?')} (pid {pid}) died with no Python error (an OOM kill, "
+        f"a segfault, a kill -9 or a lost node); Ray said:\n{ray_message[-1500:]}"
+    )
     return RayWorkerDiedError(message, rank=rank, host=fields.get("ip"), pid=pid)
 
 

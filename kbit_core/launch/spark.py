@@ -147,8 +147,11 @@ def get_spark(cfg: KbitConfig) -> SparkSession:
         # pyspark takes seconds to import: loaded only where Spark is used
         from pyspark.sql import SparkSession
 
-        active = _session if _session is not None and _session.sparkContext._jsc is not None \
+        active = (
+            _session
+            if _session is not None and _session.sparkContext._jsc is not None
             else SparkSession.getActiveSession()
+        )
         if active is not None:
             _warn_if_different(active, cfg.launch)
             return active
@@ -162,8 +165,12 @@ def get_spark(cfg: KbitConfig) -> SparkSession:
         builder = SparkSession.builder.master(launch.master)
         for key, value in spark_conf(launch, cfg.run_dir).items():
             builder = builder.config(key, value)
-        log.info("starting Spark (%s) for %d %s process(es)", launch.master, launch.num_processes,
-                 "GPU" if launch.use_gpu else "CPU")
+        log.info(
+            "starting Spark (%s) for %d %s process(es)",
+            launch.master,
+            launch.num_processes,
+            "GPU" if launch.use_gpu else "CPU",
+        )
         try:
             session = builder.getOrCreate()
         except Exception as exc:
@@ -177,8 +184,11 @@ def get_spark(cfg: KbitConfig) -> SparkSession:
 def _warn_if_different(session: SparkSession, launch: LaunchConfig) -> None:
     master = session.sparkContext.master
     if master != launch.master:
-        log.warning("reusing the running SparkSession on %s; launch.master=%s applies to a new process only",
-                    master, launch.master)
+        log.warning(
+            "reusing the running SparkSession on %s; launch.master=%s applies to a new process only",
+            master,
+            launch.master,
+        )
 
 
 def check_barrier_slots(session: SparkSession, launch: LaunchConfig) -> None:
@@ -210,7 +220,8 @@ def wait_for_executors(session: SparkSession, launch: LaunchConfig, timeout_s: f
         if time.monotonic() > deadline:
             raise DistributedError(
                 f"{launch.master} offers {slots} task slot(s) after {timeout_s:.0f} s but launch.num_processes="
-                f"{launch.num_processes} barrier tasks need one each; check the workers (kbit cluster status)")
+                f"{launch.num_processes} barrier tasks need one each; check the workers (kbit cluster status)"
+            )
         time.sleep(0.5)
 
 

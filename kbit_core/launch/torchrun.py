@@ -46,14 +46,28 @@ def run_torchrun(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: Any
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="kbit-torchrun-", dir=cfg.run_dir))  # 0700: the config holds secrets
     try:
-        call = {"module": module, "qualname": qualname, "config": cfg.to_secret_json(),
-                "args": handoff.dumps(list(args)), "errors": str(errors)}
+        call = {
+            "module": module,
+            "qualname": qualname,
+            "config": cfg.to_secret_json(),
+            "args": handoff.dumps(list(args)),
+            "errors": str(errors),
+        }
         call_file = scratch / _CALL_FILE
         call_file.touch(mode=0o600)
         call_file.write_text(json.dumps(call))
         launch = cfg.launch
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-               f"--nproc_per_node={launch.num_processes}", "-m", __name__, str(scratch)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes=1",
+            f"--nproc_per_node={launch.num_processes}",
+            "-m",
+            __name__,
+            str(scratch),
+        ]
         # Ranks import the entry's module the way this process did (a test file, a script's folder).
         env = {**os.environ, "TMPDIR": str(scratch), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         log.info("launching %s on %s", qualname, describe(cfg))
@@ -73,7 +87,8 @@ def _importable_name(entry: RankEntry) -> tuple[str, str]:
     if module in (None, "__main__") or "<" in qualname:
         raise DistributedError(
             f"launch.engine=torchrun starts fresh interpreters that import the entry by name; {entry!r} is not a "
-            f"module-level function of an importable module (move it out of __main__ or the enclosing function)")
+            f"module-level function of an importable module (move it out of __main__ or the enclosing function)"
+        )
     return module, qualname
 
 
@@ -81,8 +96,9 @@ def _run_relaying_output(cmd: list[str], env: dict[str, str]) -> tuple[int, str]
     """Run torchrun with its output shown as it comes and its tail kept for the failure report."""
     tail = OutputTail()
     with tail.capturing():
-        with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              errors="replace", bufsize=1) as process:
+        with subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1
+        ) as process:
             assert process.stdout is not None
             for line in process.stdout:
                 sys.stdout.write(line)

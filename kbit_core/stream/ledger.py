@@ -27,8 +27,10 @@ def assign_partitions(num_partitions: int, world_size: int) -> tuple[tuple[int, 
     if world_size < 1:
         raise ConfigError(f"world size must be >= 1, got {world_size}")
     if num_partitions < world_size:
-        raise ConfigError(f"the stream has {num_partitions} partition(s) but launch.num_processes={world_size}: "
-                          f"every rank needs a partition of its own (raise produce.partitions)")
+        raise ConfigError(
+            f"the stream has {num_partitions} partition(s) but launch.num_processes={world_size}: "
+            f"every rank needs a partition of its own (raise produce.partitions)"
+        )
     return tuple(tuple(range(rank, num_partitions, world_size)) for rank in range(world_size))
 
 
@@ -72,14 +74,18 @@ class Audit:
     def summary(self) -> str:
         if self.exactly_once:
             return f"exactly once: {self.trained} of {self.produced} produced records, each trained once"
-        return (f"{self.missing_count} missing (first {self.missing}), {self.repeated_count} trained more than "
-                f"once (first {self.repeated}), {self.unexpected_count} never produced (first {self.unexpected}); "
-                f"{self.trained} trained of {self.produced} produced")
+        return (
+            f"{self.missing_count} missing (first {self.missing}), {self.repeated_count} trained more than "
+            f"once (first {self.repeated}), {self.unexpected_count} never produced (first {self.unexpected}); "
+            f"{self.trained} trained of {self.produced} produced"
+        )
 
 
-def audit(trained: Mapping[int, Sequence[Sequence[int]]], produced: Mapping[int, Sequence[Sequence[int]]],
-          num_partitions: int) -> Audit:
+def audit(
+    trained: Mapping[int, Sequence[Sequence[int]]], produced: Mapping[int, Sequence[Sequence[int]]], num_partitions: int
+) -> Audit:
     """Compare trained and produced index runs (both per partition, stride ``num_partitions``)."""
+
     def flat(per_partition: Mapping[int, Sequence[Sequence[int]]]) -> np.ndarray:
         parts = [expand_runs(runs, num_partitions) for runs in per_partition.values()]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -89,9 +95,16 @@ def audit(trained: Mapping[int, Sequence[Sequence[int]]], produced: Mapping[int,
     missing = np.setdiff1d(made, values)
     repeated = values[counts > 1]
     unexpected = np.setdiff1d(values, made)
-    return Audit(produced=len(made), trained=len(done), missing=missing[:20].tolist(), repeated=repeated[:20].tolist(),
-                 unexpected=unexpected[:20].tolist(), missing_count=len(missing), repeated_count=len(repeated),
-                 unexpected_count=len(unexpected))
+    return Audit(
+        produced=len(made),
+        trained=len(done),
+        missing=missing[:20].tolist(),
+        repeated=repeated[:20].tolist(),
+        unexpected=unexpected[:20].tolist(),
+        missing_count=len(missing),
+        repeated_count=len(repeated),
+        unexpected_count=len(unexpected),
+    )
 
 
 def percentiles(values: Sequence[float] | np.ndarray, qs: Sequence[int] = (50, 95, 99)) -> dict[str, float | None]:
@@ -104,8 +117,8 @@ def lag_grows(totals: Sequence[float], windows: int) -> bool:
     """Whether the lag grows without bound: its floor (the least lag in a block of ``windows`` report windows) rose
     over each of the last three blocks. The floor, because a producer that sends in bursts makes the lag a saw
     tooth that a trainer keeping up still rides."""
-    recent = list(totals)[-3 * windows:]
+    recent = list(totals)[-3 * windows :]
     if len(recent) < 3 * windows:
         return False
-    floors = [min(recent[i:i + windows]) for i in range(0, 3 * windows, windows)]
+    floors = [min(recent[i : i + windows]) for i in range(0, 3 * windows, windows)]
     return floors[0] < floors[1] < floors[2]

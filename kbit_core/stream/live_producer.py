@@ -56,11 +56,15 @@ class StreamRun:
 
 def stream_header(cfg: KbitConfig, source: DatasetSource, fingerprint: str) -> dict[str, Any]:
     """What identifies a stream: a manifest or checkpoint of another stream must not be continued."""
-    return {"topic": cfg.stream.topic_for(cfg.dataset, cfg.produce), "partitions": cfg.produce.partitions,
-            "variant": cfg.produce.variant.model_dump(mode="json"),
-            "dataset": {"name": source.name, "seed": cfg.dataset.seed, "num_records": source.num_records},
-            "image_shape": list(source.image_shape), "num_classes": source.num_classes,
-            "schema_fingerprint": fingerprint}
+    return {
+        "topic": cfg.stream.topic_for(cfg.dataset, cfg.produce),
+        "partitions": cfg.produce.partitions,
+        "variant": cfg.produce.variant.model_dump(mode="json"),
+        "dataset": {"name": source.name, "seed": cfg.dataset.seed, "num_records": source.num_records},
+        "image_shape": list(source.image_shape),
+        "num_classes": source.num_classes,
+        "schema_fingerprint": fingerprint,
+    }
 
 
 class LiveProducer:
@@ -68,22 +72,32 @@ class LiveProducer:
 
     def __init__(self, cfg: KbitConfig) -> None:
         if cfg.produce.variant.records_per_message != 1:
-            raise ConfigError("a stream carries one record per message (produce.variant.records_per_message=1), "
-                              "so that each record has its own offset and produce time")
+            raise ConfigError(
+                "a stream carries one record per message (produce.variant.records_per_message=1), "
+                "so that each record has its own offset and produce time"
+            )
         self.cfg = cfg
         self.topic = cfg.stream.topic_for(cfg.dataset, cfg.produce)
         self.partitions = cfg.produce.partitions
         self.source = open_source(cfg.dataset)
         variant = cfg.produce.variant
-        self.codec = get_codec(variant.format, variant.layout, self.source.image_shape, 1,
-                               num_classes=self.source.num_classes)
-        self.log = StreamLog.open(stream_log_path(cfg.workdir, self.topic),
-                                  stream_header(cfg, self.source, self.codec.schema_fingerprint()))
+        self.codec = get_codec(
+            variant.format, variant.layout, self.source.image_shape, 1, num_classes=self.source.num_classes
+        )
+        self.log = StreamLog.open(
+            stream_log_path(cfg.workdir, self.topic), stream_header(cfg, self.source, self.codec.schema_fingerprint())
+        )
         self.refilled = self.reconnects = 0
         self._chunks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-    def run(self, *, rate: float | None = None, duration_s: float | None = None, records: int | None = None,
-            should_stop: Callable[[], bool] = lambda: False) -> StreamRun:
+    def run(
+        self,
+        *,
+        rate: float | None = None,
+        duration_s: float | None = None,
+        records: int | None = None,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> StreamRun:
         """Produce until ``duration_s`` passed, the stream holds ``records`` records, or ``should_stop()``."""
         rate = rate or self.cfg.stream.rate
         duration_s = duration_s if duration_s is not None else self.cfg.stream.duration_s
@@ -124,9 +138,16 @@ class LiveProducer:
             if backend is not None:
                 backend.close()
         next_index = self.log.next_index()
-        return StreamRun(topic=self.topic, manifest_path=str(self.log.path), produced=next_index - first,
-                         next_index=next_index, seconds=time.monotonic() - started, target_rate=rate,
-                         refilled=self.refilled, reconnects=self.reconnects)
+        return StreamRun(
+            topic=self.topic,
+            manifest_path=str(self.log.path),
+            produced=next_index - first,
+            next_index=next_index,
+            seconds=time.monotonic() - started,
+            target_rate=rate,
+            refilled=self.refilled,
+            reconnects=self.reconnects,
+        )
 
     # ---- sending -----------------------------------------------------------------------------------------
 
@@ -137,8 +158,10 @@ class LiveProducer:
         for segment in segments:
             if segment.first_offset != ends[segment.partition]:
                 # e.g. the broker restarted empty and auto-created the topic on the next produce
-                raise BrokerError(f"{self.topic}[{segment.partition}]: index {segment.first_index} landed at offset "
-                                  f"{segment.first_offset}, but the manifest continues at {ends[segment.partition]}")
+                raise BrokerError(
+                    f"{self.topic}[{segment.partition}]: index {segment.first_index} landed at offset "
+                    f"{segment.first_offset}, but the manifest continues at {ends[segment.partition]}"
+                )
         self.log.append(segments)
 
     def _deliver(self, backend: ProducerBackend, indices: np.ndarray) -> list[Segment]:
@@ -146,19 +169,24 @@ class LiveProducer:
         ledger = DeliveryLedger(self.topic, self.partitions)
         images, labels = self._samples(indices)
         for index, value in zip(indices.tolist(), self.codec.encode(indices, images, labels), strict=True):
-            backend.send(self.topic, index % self.partitions, str(index).encode("ascii"), value,
-                         ledger.callback(1, len(value)))
+            backend.send(
+                self.topic, index % self.partitions, str(index).encode("ascii"), value, ledger.callback(1, len(value))
+            )
         backend.flush(ACK_TIMEOUT_S, count_wire_bytes=False)
         produced_ms = int(time.time() * 1000)
         segments = []
         for part in ledger.partitions():
             mine = indices[indices % self.partitions == part.partition]
             if part.num_messages != len(mine):
-                raise BrokerError(f"{self.topic}[{part.partition}]: {part.num_messages} of {len(mine)} records "
-                                  "acknowledged")
+                raise BrokerError(
+                    f"{self.topic}[{part.partition}]: {part.num_messages} of {len(mine)} records acknowledged"
+                )
             if len(mine):
-                segments.append(Segment(part.partition, int(mine[0]), int(mine[-1]), part.first_offset,
-                                        part.last_offset, produced_ms))
+                segments.append(
+                    Segment(
+                        part.partition, int(mine[0]), int(mine[-1]), part.first_offset, part.last_offset, produced_ms
+                    )
+                )
         return segments
 
     def _samples(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -220,14 +248,22 @@ class LiveProducer:
         if ends is not None:
             ahead = {p: (ends[p], wanted[p]) for p in wanted if ends[p] > wanted[p]}
             if ahead:
-                raise TopicError(f"stream topic {self.topic!r} holds records its manifest {self.log.path} does not "
-                                 f"know (partition: broker end, manifest end): {ahead}; another producer wrote to it")
+                raise TopicError(
+                    f"stream topic {self.topic!r} holds records its manifest {self.log.path} does not "
+                    f"know (partition: broker end, manifest end): {ahead}; another producer wrote to it"
+                )
             if ends == wanted:
                 return
         empty = ends is not None and not any(ends.values())
-        log.warning("stream %s: the %s lost records (broker ends %s, manifest ends %s); %sproducing them again from "
-                    "%s", self.topic, admin.describe_broker(self.cfg.kafka), ends, wanted,
-                    "" if empty else "recreating the topic and ", self.log.path)
+        log.warning(
+            "stream %s: the %s lost records (broker ends %s, manifest ends %s); %sproducing them again from %s",
+            self.topic,
+            admin.describe_broker(self.cfg.kafka),
+            ends,
+            wanted,
+            "" if empty else "recreating the topic and ",
+            self.log.path,
+        )
         if not empty:  # an empty topic holds nothing misplaced, and recreating one crashes its readers (librdkafka)
             admin.delete_topic(self.cfg.kafka, self.topic)
             admin.create_topic(self.cfg.kafka, self.topic, self.partitions)
@@ -237,6 +273,8 @@ class LiveProducer:
             for segment in self._deliver(backend, indices):
                 # The manifest holds index o * P + p at offset o of partition p (StreamLog.check).
                 if segment.first_index != segment.first_offset * self.partitions + segment.partition:
-                    raise TopicError(f"refilling {self.topic}[{segment.partition}]: index {segment.first_index} "
-                                     f"landed at offset {segment.first_offset}")
+                    raise TopicError(
+                        f"refilling {self.topic}[{segment.partition}]: index {segment.first_index} "
+                        f"landed at offset {segment.first_offset}"
+                    )
             self.refilled += len(indices)

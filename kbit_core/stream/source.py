@@ -36,8 +36,13 @@ END_CHECK_S = 5.0
 REFILL_CHECK_S = 0.5
 REFILL_PROBE_TIMEOUT_S = 2.0
 # Codes meaning "this partition's log no longer reaches our offset": the broker lost data or was replaced.
-_RESET_CODES = (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET, KafkaError.UNKNOWN_TOPIC_OR_PART,
-                KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC)
+_RESET_CODES = (
+    KafkaError.OFFSET_OUT_OF_RANGE,
+    KafkaError._AUTO_OFFSET_RESET,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError._UNKNOWN_TOPIC,
+)
 
 
 class StreamGapError(TopicError):
@@ -71,8 +76,9 @@ class StreamSource:
     """Reads ``partitions`` of ``topic`` with confluent-kafka (each fetch's high watermark gives the lag); see the
     module docstring. Not thread-safe: the training loop owns it."""
 
-    def __init__(self, cfg: KbitConfig, codec: Codec, topic: str, partitions: tuple[int, ...],
-                 num_partitions: int) -> None:
+    def __init__(
+        self, cfg: KbitConfig, codec: Codec, topic: str, partitions: tuple[int, ...], num_partitions: int
+    ) -> None:
         self.cfg, self.codec, self.topic = cfg, codec, topic
         self.partitions, self.num_partitions = partitions, num_partitions
         self.positions: dict[int, PartitionPosition] = {}
@@ -105,23 +111,33 @@ class StreamSource:
     def load_positions(self, offsets: list[int], indices: list[int | None], trained: list[IndexRuns]) -> None:
         """Continue from a checkpoint's per-partition next offsets and indices (any world size wrote it)."""
         if len(offsets) != self.num_partitions:
-            raise ConfigError(f"the checkpoint holds {len(offsets)} partition positions; topic {self.topic!r} has "
-                              f"{self.num_partitions} partitions")
-        self.positions = {p: PartitionPosition(offsets[p], indices[p], [list(r) for r in trained[p]])
-                          for p in self.partitions}
+            raise ConfigError(
+                f"the checkpoint holds {len(offsets)} partition positions; topic {self.topic!r} has "
+                f"{self.num_partitions} partitions"
+            )
+        self.positions = {
+            p: PartitionPosition(offsets[p], indices[p], [list(r) for r in trained[p]]) for p in self.partitions
+        }
 
     def state(self) -> dict[int, dict[str, Any]]:
         """This rank's partitions: next offset, next index and trained runs (what a checkpoint carries)."""
-        return {p: {"offset": pos.offset, "index": pos.index, "trained": pos.trained}
-                for p, pos in self.positions.items()}
+        return {
+            p: {"offset": pos.offset, "index": pos.index, "trained": pos.trained} for p, pos in self.positions.items()
+        }
 
     # ---- reading -------------------------------------------------------------------------------------------
 
     def _connect(self) -> Consumer:
-        opts = {**admin.client_options(self.cfg.kafka), **admin.EAGER_CONNECT,
-                "group.id": f"kbit-stream-{self.topic}", "enable.auto.commit": False,
-                "enable.auto.offset.store": False, "auto.offset.reset": "error",
-                "fetch.wait.max.ms": FETCH_WAIT_MS, "fetch.queue.backoff.ms": FETCH_WAIT_MS}
+        opts = {
+            **admin.client_options(self.cfg.kafka),
+            **admin.EAGER_CONNECT,
+            "group.id": f"kbit-stream-{self.topic}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "error",
+            "fetch.wait.max.ms": FETCH_WAIT_MS,
+            "fetch.queue.backoff.ms": FETCH_WAIT_MS,
+        }
         consumer = Consumer(opts)
         # Fetch from past what is already buffered, so nothing arrives twice.
         consumer.assign([TopicPartition(self.topic, p, self._fetch_offset(p)) for p in self.partitions])
@@ -159,8 +175,11 @@ class StreamSource:
                 log.debug("stream %s: consumer error %s", self.topic, err.str())
                 continue
             partition, produced_ms = msg.partition(), msg.timestamp()[1]
-            if self.skip_before_ms is not None and produced_ms < self.skip_before_ms \
-                    and self.positions[partition].index is None:
+            if (
+                self.skip_before_ms is not None
+                and produced_ms < self.skip_before_ms
+                and self.positions[partition].index is None
+            ):
                 self.positions[partition].offset = msg.offset() + 1  # before the start time: not part of this run
                 continue
             self._queues[partition].append(_Pending(msg.offset(), int(msg.key() or b"-1"), produced_ms, msg.value()))
@@ -176,9 +195,15 @@ class StreamSource:
         the producer to produce it again (the memory-only broker loses everything on restart)."""
         if not self._short:
             self.resets += 1
-            log.warning("stream %s[%d]: the broker's log does not reach offset %d, where this rank continues (%s): "
-                        "the broker lost data or the topic was recreated; waiting for the live producer to produce it "
-                        "again", self.topic, partition, self.positions[partition].offset, detail)
+            log.warning(
+                "stream %s[%d]: the broker's log does not reach offset %d, where this rank continues (%s): "
+                "the broker lost data or the topic was recreated; waiting for the live producer to produce it "
+                "again",
+                self.topic,
+                partition,
+                self.positions[partition].offset,
+                detail,
+            )
         self._short = True
         for queue in self._queues.values():
             queue.clear()
@@ -195,8 +220,9 @@ class StreamSource:
         if time.monotonic() - self._ends_checked < REFILL_CHECK_S:
             return False
         self._ends_checked = time.monotonic()
-        kcfg = self.cfg.kafka.model_copy(update={"request_timeout_s": min(REFILL_PROBE_TIMEOUT_S,
-                                                                         self.cfg.kafka.request_timeout_s)})
+        kcfg = self.cfg.kafka.model_copy(
+            update={"request_timeout_s": min(REFILL_PROBE_TIMEOUT_S, self.cfg.kafka.request_timeout_s)}
+        )
         try:
             ends = admin.exact_end_offsets(kcfg, self.topic)  # every partition: the count tells the stream's topic
         except (BrokerError, TopicError):
@@ -274,24 +300,32 @@ class StreamSource:
         for p, rec in chosen:
             pos = self.positions[p]
             if rec.offset != pos.offset or (pos.index is not None and rec.index != pos.index):
-                raise StreamGapError(f"stream {self.topic}[{p}] at offset {rec.offset} holds index {rec.index}; the "
-                                     f"next to train is offset {pos.offset}, index {pos.index}: records were "
-                                     "skipped, repeated or replaced (was the topic recreated by another producer?)")
+                raise StreamGapError(
+                    f"stream {self.topic}[{p}] at offset {rec.offset} holds index {rec.index}; the "
+                    f"next to train is offset {pos.offset}, index {pos.index}: records were "
+                    "skipped, repeated or replaced (was the topic recreated by another producer?)"
+                )
             if rec.index % self.num_partitions != p:
-                raise StreamGapError(f"stream {self.topic}[{p}] at offset {rec.offset} holds index {rec.index}, "
-                                     f"which belongs to partition {rec.index % self.num_partitions}")
+                raise StreamGapError(
+                    f"stream {self.topic}[{p}] at offset {rec.offset} holds index {rec.index}, "
+                    f"which belongs to partition {rec.index % self.num_partitions}"
+                )
             pos.offset, pos.index = rec.offset + 1, rec.index + self.num_partitions
             extend_runs(pos.trained, [rec.index], self.num_partitions)
         decoded = self.codec.decode([rec.value for _, rec in chosen])
         if not np.array_equal(decoded.indices, [rec.index for _, rec in chosen]):
-            raise StreamGapError(f"stream {self.topic}: record keys and values disagree on the indices "
-                                 f"(partition/offset of the first: {chosen[0][0]}/{chosen[0][1].offset})")
+            raise StreamGapError(
+                f"stream {self.topic}: record keys and values disagree on the indices "
+                f"(partition/offset of the first: {chosen[0][0]}/{chosen[0][1].offset})"
+            )
         pixels = decoded.pixels
         if pixels.dtype == np.uint8:
             pixels = np.divide(pixels, np.float32(255), dtype=np.float32)
-        return StreamBatch(torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32)),
-                           torch.from_numpy(decoded.labels.astype(np.int64, copy=False)),
-                           np.array([rec.produced_ms for _, rec in chosen], dtype=np.int64))
+        return StreamBatch(
+            torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32)),
+            torch.from_numpy(decoded.labels.astype(np.int64, copy=False)),
+            np.array([rec.produced_ms for _, rec in chosen], dtype=np.int64),
+        )
 
     # ---- lag -----------------------------------------------------------------------------------------------
 

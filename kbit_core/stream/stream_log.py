@@ -56,11 +56,16 @@ class StreamLog:
                 out.write(json.dumps({"header": header}) + "\n")
             return cls(path, header, [])
         log = cls.load(path)
-        diffs = [f"{key}: {log.header.get(key)!r} != {value!r}" for key, value in header.items()
-                 if log.header.get(key) != value]
+        diffs = [
+            f"{key}: {log.header.get(key)!r} != {value!r}"
+            for key, value in header.items()
+            if log.header.get(key) != value
+        ]
         if diffs:
-            raise ManifestMismatchError(f"the stream manifest {path} was written for another stream "
-                                        "(manifest != request):\n  " + "\n  ".join(diffs))
+            raise ManifestMismatchError(
+                f"the stream manifest {path} was written for another stream "
+                "(manifest != request):\n  " + "\n  ".join(diffs)
+            )
         return log
 
     @classmethod
@@ -119,6 +124,8 @@ class StreamLog:
             p = s.partition
             count = (s.last_index - s.first_index) // self.partitions + 1
             if (s.first_offset, s.first_index) != (expected_offset[p], expected_index[p]) or count != s.records:
-                raise TopicError(f"stream manifest {self.path}: partition {p} segment {asdict(s)} does not continue "
-                                 f"at offset {expected_offset[p]} / index {expected_index[p]}")
+                raise TopicError(
+                    f"stream manifest {self.path}: partition {p} segment {asdict(s)} does not continue "
+                    f"at offset {expected_offset[p]} / index {expected_index[p]}"
+                )
             expected_offset[p], expected_index[p] = s.last_offset + 1, s.last_index + self.partitions

@@ -9,5 +9,18 @@ from kbit_core.testbed.bed import down, missing_prerequisites, require_bed_for, 
 from kbit_core.testbed.network import TestbedError
 from kbit_core.testbed.state import DEFAULT_SUBNET, BedOptions, BedState, BedStatus, load_state, state_path
 
-__all__ = ["DEFAULT_SUBNET", "BedOptions", "BedState", "BedStatus", "TestbedError", "down", "load_state",
-           "missing_prerequisites", "require_bed_for", "running_bed_dir", "state_path", "status", "up"]
+__all__ = [
+    "DEFAULT_SUBNET",
+    "BedOptions",
+    "BedState",
+    "BedStatus",
+    "TestbedError",
+    "down",
+    "load_state",
+    "missing_prerequisites",
+    "require_bed_for",
+    "running_bed_dir",
+    "state_path",
+    "status",
+    "up",
+]

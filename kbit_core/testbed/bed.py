@@ -72,17 +72,44 @@ def _check_prerequisites() -> None:
         raise TestbedError("the multi-host test bed cannot run on this machine; missing: " + "; ".join(missing))
 
 
-def _tls_front(bed_dir: Path, run_dir: Path, driver: Host, bootstrap: str, upstream: str, options: BedOptions,
-               marker: dict[str, str]) -> Service:
+def _tls_front(
+    bed_dir: Path,
+    run_dir: Path,
+    driver: Host,
+    bootstrap: str,
+    upstream: str,
+    options: BedOptions,
+    marker: dict[str, str],
+) -> Service:
     """TLS in front of the broker at ``bootstrap`` on the driver host (client certificates required with
     ``client_auth``), relaying to the broker's plain listener ``upstream``."""
     certs = certificate_paths(bed_dir / "certs")
-    argv = [sys.executable, "-m", "kbit_core.testbed.tls_front", "--listen", bootstrap, "--upstream", upstream,
-            "--cert", str(certs.server_cert), "--key", str(certs.server_key)]
+    argv = [
+        sys.executable,
+        "-m",
+        "kbit_core.testbed.tls_front",
+        "--listen",
+        bootstrap,
+        "--upstream",
+        upstream,
+        "--cert",
+        str(certs.server_cert),
+        "--key",
+        str(certs.server_key),
+    ]
     if options.client_auth:
         argv += ["--client-ca", str(certs.ca)]
-    return Service("broker-tls", run_dir, argv, marker="kbit_core.testbed.tls_front", env=marker, host=driver.address,
-                   port=options.broker_port, url=bootstrap, error_type=TestbedError)
+    return Service(
+        "broker-tls",
+        run_dir,
+        argv,
+        marker="kbit_core.testbed.tls_front",
+        env=marker,
+        host=driver.address,
+        port=options.broker_port,
+        url=bootstrap,
+        error_type=TestbedError,
+    )
 
 
 class _Processes:
@@ -94,29 +121,68 @@ class _Processes:
         marker = {MARKER_ENV: str(Path(bed_dir).resolve())}
         driver = self.topology.driver
         self.bootstrap = f"{driver.address}:{options.broker_port}"
-        self.broker = EmbeddedBroker(run_dir, "127.0.0.1", options.broker_plain_port, advertised=self.bootstrap,
-                                     env=marker)
-        self.tls_front = _tls_front(Path(bed_dir).resolve(), run_dir, driver, self.bootstrap, self.broker.bootstrap,
-                                    options, marker)
+        self.broker = EmbeddedBroker(
+            run_dir, "127.0.0.1", options.broker_plain_port, advertised=self.bootstrap, env=marker
+        )
+        self.tls_front = _tls_front(
+            Path(bed_dir).resolve(), run_dir, driver, self.bootstrap, self.broker.bootstrap, options, marker
+        )
         self.master = master_service(run_dir, driver, options.master_port, options.master_webui_port, marker)
-        self.workers = [worker_service(run_dir, node, self.master.url or "", options.worker_port,
-                                       options.worker_webui_port, options.worker_cores, options.worker_memory, marker)
-                        for node in self.topology.nodes]
+        self.workers = [
+            worker_service(
+                run_dir,
+                node,
+                self.master.url or "",
+                options.worker_port,
+                options.worker_webui_port,
+                options.worker_cores,
+                options.worker_memory,
+                marker,
+            )
+            for node in self.topology.nodes
+        ]
         head_node, *worker_nodes = self.topology.nodes
         self.ray_head_address = f"{head_node.address}:{options.ray_head_port}"
         self.ray_env: dict[str, str] = ray_cluster.bed_env(Path(bed_dir).resolve()) if options.ray else {}
         # the head first, then a worker per further node
-        self.ray_nodes: list[Service] = [
-            ray_cluster.head_service(run_dir, head_node, options.ray_head_port, options.ray_client_port,
-                                     options.worker_cores, options.ray_object_store_mb, marker, self.ray_env),
-            *[ray_cluster.worker_service(run_dir, node, self.ray_head_address, options.worker_cores,
-                                         options.ray_object_store_mb, marker, self.ray_env)
-              for node in worker_nodes]] if options.ray else []
+        self.ray_nodes: list[Service] = (
+            [
+                ray_cluster.head_service(
+                    run_dir,
+                    head_node,
+                    options.ray_head_port,
+                    options.ray_client_port,
+                    options.worker_cores,
+                    options.ray_object_store_mb,
+                    marker,
+                    self.ray_env,
+                ),
+                *[
+                    ray_cluster.worker_service(
+                        run_dir,
+                        node,
+                        self.ray_head_address,
+                        options.worker_cores,
+                        options.ray_object_store_mb,
+                        marker,
+                        self.ray_env,
+                    )
+                    for node in worker_nodes
+                ],
+            ]
+            if options.ray
+            else []
+        )
 
     def all(self) -> list[tuple[Service, Host]]:
         driver = self.topology.driver
-        return [(self.broker.service, driver), (self.tls_front, driver), (self.master, driver),
-                *zip(self.workers, self.topology.nodes), *zip(self.ray_nodes, self.topology.nodes)]
+        return [
+            (self.broker.service, driver),
+            (self.tls_front, driver),
+            (self.master, driver),
+            *zip(self.workers, self.topology.nodes),
+            *zip(self.ray_nodes, self.topology.nodes),
+        ]
 
 
 def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180.0) -> BedState:
@@ -132,8 +198,10 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
         return current.state
     other = running_bed_dir()
     if other is not None and other != bed_dir and status(other).up:
-        raise TestbedError(f"a test bed from {other} is already up (there is one per machine); use it, or stop it "
-                           "with `kbit cluster down` first")
+        raise TestbedError(
+            f"a test bed from {other} is already up (there is one per machine); use it, or stop it "
+            "with `kbit cluster down` first"
+        )
     if current.state is not None or current.bridge or current.namespaces or _marked_pids():
         down(bed_dir)
     if options.ray:
@@ -148,19 +216,25 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
         procs.master.start(timeout_s=timeout_s)
         with ThreadPoolExecutor(len(procs.workers)) as pool:
             list(pool.map(lambda w: w.start(timeout_s=timeout_s), procs.workers))
-        wait_for_workers(topo.driver.address, options.master_webui_port, [n.address for n in topo.nodes],
-                         timeout_s, procs.workers)
+        wait_for_workers(
+            topo.driver.address, options.master_webui_port, [n.address for n in topo.nodes], timeout_s, procs.workers
+        )
         if procs.ray_nodes:
             _start_ray(procs, timeout_s)
         state = BedState(
-            bed_dir=bed_dir, subnet=str(topo.subnet),
+            bed_dir=bed_dir,
+            subnet=str(topo.subnet),
             driver=BedHost(name=topo.driver.name, address=topo.driver.address, netns=None),
             nodes=[BedHost(name=n.name, address=n.address, netns=n.netns) for n in topo.nodes],
-            master_url=procs.master.url or "", master_webui=f"http://{topo.driver.address}:{options.master_webui_port}",
-            broker_bootstrap=procs.bootstrap, ssl_cafile=certs.ca,
+            master_url=procs.master.url or "",
+            master_webui=f"http://{topo.driver.address}:{options.master_webui_port}",
+            broker_bootstrap=procs.bootstrap,
+            ssl_cafile=certs.ca,
             ssl_certfile=certs.client_cert if options.client_auth else None,
             ssl_keyfile=certs.client_key if options.client_auth else None,
-            ray_address=procs.ray_nodes[0].url if procs.ray_nodes else None, options=asdict(options))
+            ray_address=procs.ray_nodes[0].url if procs.ray_nodes else None,
+            options=asdict(options),
+        )
         _probe_broker(state, procs)
     except BaseException:
         down(bed_dir)
@@ -175,8 +249,9 @@ def _start_ray(procs: _Processes, timeout_s: float) -> None:
     ray_head.start(timeout_s=timeout_s)
     with ThreadPoolExecutor(max(len(ray_workers), 1)) as pool:
         list(pool.map(lambda w: w.start(timeout_s=timeout_s), ray_workers))
-    ray_cluster.wait_for_nodes(procs.ray_head_address, procs.ray_env, [n.address for n in procs.topology.nodes],
-                               timeout_s, procs.ray_nodes)
+    ray_cluster.wait_for_nodes(
+        procs.ray_head_address, procs.ray_env, [n.address for n in procs.topology.nodes], timeout_s, procs.ray_nodes
+    )
 
 
 def _probe_broker(state: BedState, procs: _Processes, timeout_s: float = 15.0) -> None:
@@ -185,16 +260,19 @@ def _probe_broker(state: BedState, procs: _Processes, timeout_s: float = 15.0) -
     try:
         AdminClient({**confluent_options(kafka), "log_level": 0}).list_topics(timeout=timeout_s)
     except Exception as exc:
-        raise TestbedError(f"the broker at {state.broker_bootstrap} does not answer a TLS metadata request: {exc}\n"
-                           f"--- broker-tls ({procs.tls_front.log_path}):\n{procs.tls_front.log_tail()}\n"
-                           f"--- broker ({procs.broker.log_path}):\n{procs.broker.service.log_tail()}") from None
+        raise TestbedError(
+            f"the broker at {state.broker_bootstrap} does not answer a TLS metadata request: {exc}\n"
+            f"--- broker-tls ({procs.tls_front.log_path}):\n{procs.tls_front.log_tail()}\n"
+            f"--- broker ({procs.broker.log_path}):\n{procs.broker.service.log_tail()}"
+        ) from None
 
 
 def _hostname_of(pid: int) -> str | None:
     """The hostname in the UTS namespace of ``pid`` (what `socket.gethostname()` returns there)."""
     try:
-        out = subprocess.run(["nsenter", "--target", str(pid), "--uts", "hostname"], capture_output=True, text=True,
-                             timeout=5)
+        out = subprocess.run(
+            ["nsenter", "--target", str(pid), "--uts", "hostname"], capture_output=True, text=True, timeout=5
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -211,15 +289,27 @@ def status(bed_dir: Path) -> BedStatus:
     procs = _Processes(bed_dir, options)
     for service, host in procs.all():
         pid = service.pid()
-        result.processes.append(ProcessStatus(service.name, host.name, host.address, pid, pid is not None,
-                                              _hostname_of(pid) if pid else None, str(service.log_path)))
+        result.processes.append(
+            ProcessStatus(
+                service.name,
+                host.name,
+                host.address,
+                pid,
+                pid is not None,
+                _hostname_of(pid) if pid else None,
+                str(service.log_path),
+            )
+        )
     workers = alive_workers(state.driver.address, options.master_webui_port) if result.bridge else {}
     result.alive_workers = sorted(workers)
     if procs.ray_nodes and result.bridge:
         result.ray_nodes = ray_cluster.alive_nodes(procs.ray_head_address, procs.ray_env)
-    result.up = (result.bridge and all(p.alive for p in result.processes)
-                 and {n.address for n in state.nodes} <= set(workers)
-                 and (not procs.ray_nodes or {n.address for n in state.nodes} <= set(result.ray_nodes)))
+    result.up = (
+        result.bridge
+        and all(p.alive for p in result.processes)
+        and {n.address for n in state.nodes} <= set(workers)
+        and (not procs.ray_nodes or {n.address for n in state.nodes} <= set(result.ray_nodes))
+    )
     return result
 
 
@@ -236,7 +326,7 @@ def _marked_processes() -> dict[int, str]:
             continue
         for var in environ.split(b"\0"):
             if var.startswith(needle):
-                found[int(entry.name)] = var[len(needle):].decode(errors="replace")
+                found[int(entry.name)] = var[len(needle) :].decode(errors="replace")
     return found
 
 

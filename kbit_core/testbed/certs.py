@@ -22,23 +22,44 @@ class BedCertificates:
 
 
 def certificate_paths(cert_dir: Path) -> BedCertificates:
-    return BedCertificates(cert_dir / "ca.pem", cert_dir / "server.pem", cert_dir / "server.key",
-                           cert_dir / "client.pem", cert_dir / "client.key")
+    return BedCertificates(
+        cert_dir / "ca.pem",
+        cert_dir / "server.pem",
+        cert_dir / "server.key",
+        cert_dir / "client.pem",
+        cert_dir / "client.key",
+    )
 
 
 def _openssl(*args: str) -> None:
     proc = subprocess.run(["openssl", *args], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise TestbedError(f"`openssl {args[0]}` failed while making the test bed's certificates: "
-                           f"{proc.stderr.strip()}")
+        raise TestbedError(
+            f"`openssl {args[0]}` failed while making the test bed's certificates: {proc.stderr.strip()}"
+        )
 
 
 def _issue(cert_dir: Path, name: str, subject: str, extensions: str, ca: Path, ca_key: Path) -> None:
     key, csr, ext = cert_dir / f"{name}.key", cert_dir / f"{name}.csr", cert_dir / f"{name}.ext"
     ext.write_text(extensions)
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr), "-subj", subject)
-    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
-             "-out", str(cert_dir / f"{name}.pem"), "-days", _DAYS, "-extfile", str(ext))
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-out",
+        str(cert_dir / f"{name}.pem"),
+        "-days",
+        _DAYS,
+        "-extfile",
+        str(ext),
+    )
     csr.unlink()
     ext.unlink()
     key.chmod(0o600)
@@ -51,12 +72,37 @@ def make_certificates(cert_dir: Path, server_ip: str, server_names: list[str]) -
         raise TestbedError("the `openssl` command is missing; the test bed needs it to make its TLS certificates")
     cert_dir.mkdir(parents=True, exist_ok=True)
     ca_key = cert_dir / "ca.key"
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(paths.ca),
-             "-days", _DAYS, "-subj", "/CN=kbit test bed CA")
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(ca_key),
+        "-out",
+        str(paths.ca),
+        "-days",
+        _DAYS,
+        "-subj",
+        "/CN=kbit test bed CA",
+    )
     ca_key.chmod(0o600)
     sans = ",".join([f"IP:{server_ip}", *(f"DNS:{n}" for n in server_names)])
-    _issue(cert_dir, "server", f"/CN={server_names[0]}",
-           f"subjectAltName={sans}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n", paths.ca, ca_key)
-    _issue(cert_dir, "client", "/CN=kbit-client",
-           "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n", paths.ca, ca_key)
+    _issue(
+        cert_dir,
+        "server",
+        f"/CN={server_names[0]}",
+        f"subjectAltName={sans}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+        paths.ca,
+        ca_key,
+    )
+    _issue(
+        cert_dir,
+        "client",
+        "/CN=kbit-client",
+        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+        paths.ca,
+        ca_key,
+    )
     return paths

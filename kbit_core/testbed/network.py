@@ -29,7 +29,7 @@ class TestbedError(KbitError):
 
 @dataclass(frozen=True)
 class Host:
-    name: str          # hostname seen by processes on the host (driver, node1, ...)
+    name: str  # hostname seen by processes on the host (driver, node1, ...)
     address: str
     netns: str | None  # None: the root namespace
 
@@ -49,8 +49,10 @@ class Topology:
     def build(cls, subnet: str = "10.213.7.0/24", num_nodes: int = 2) -> Topology:
         net = ipaddress.IPv4Network(subnet)
         if not net.is_private:
-            raise TestbedError(f"test bed subnet {subnet} is not a private range; pick one from 10/8, 172.16/12 "
-                               "or 192.168/16 that no interface of this machine uses")
+            raise TestbedError(
+                f"test bed subnet {subnet} is not a private range; pick one from 10/8, 172.16/12 "
+                "or 192.168/16 that no interface of this machine uses"
+            )
         if net.num_addresses < 16 + num_nodes:
             raise TestbedError(f"test bed subnet {subnet} is too small for {num_nodes} nodes")
         base = net.network_address
@@ -93,8 +95,12 @@ def bridge_networks() -> list[ipaddress.IPv4Network]:
     if not bridge_exists():
         return []
     data = json.loads(_ip("-j", "addr", "show", BRIDGE).stdout or "[]")
-    return [ipaddress.IPv4Interface(f"{a['local']}/{a['prefixlen']}").network
-            for link in data for a in link.get("addr_info", []) if a.get("family") == "inet"]
+    return [
+        ipaddress.IPv4Interface(f"{a['local']}/{a['prefixlen']}").network
+        for link in data
+        for a in link.get("addr_info", [])
+        if a.get("family") == "inet"
+    ]
 
 
 def bed_namespaces() -> list[str]:
@@ -115,9 +121,13 @@ def bed_links() -> list[str]:
 
 def _taken_networks() -> list[ipaddress.IPv4Network]:
     data = json.loads(_ip("-j", "addr", "show").stdout or "[]")
-    return [ipaddress.IPv4Interface(f"{a['local']}/{a['prefixlen']}").network
-            for link in data if link["ifname"] != BRIDGE
-            for a in link.get("addr_info", []) if a.get("family") == "inet"]
+    return [
+        ipaddress.IPv4Interface(f"{a['local']}/{a['prefixlen']}").network
+        for link in data
+        if link["ifname"] != BRIDGE
+        for a in link.get("addr_info", [])
+        if a.get("family") == "inet"
+    ]
 
 
 def create(topology: Topology) -> None:
@@ -127,8 +137,9 @@ def create(topology: Topology) -> None:
     """
     clash = [n for n in _taken_networks() if n.overlaps(topology.subnet)]
     if clash:
-        raise TestbedError(f"test bed subnet {topology.subnet} overlaps {clash[0]} already used on this machine; "
-                           "choose another subnet")
+        raise TestbedError(
+            f"test bed subnet {topology.subnet} overlaps {clash[0]} already used on this machine; choose another subnet"
+        )
     prefix = topology.subnet.prefixlen
     _ip("link", "add", BRIDGE, "type", "bridge")
     _ip("addr", "add", f"{topology.driver.address}/{prefix}", "dev", BRIDGE)
@@ -172,5 +183,16 @@ def in_host(host: Host, argv: Sequence[str]) -> list[str]:
     if host.netns is None:
         return list(argv)
     # Every step execs the next, so the recorded PID ends up being the service itself.
-    return ["ip", "netns", "exec", host.netns, "unshare", "--uts", "sh", "-c",
-            f'hostname {host.name} && exec "$@"', "sh", *argv]
+    return [
+        "ip",
+        "netns",
+        "exec",
+        host.netns,
+        "unshare",
+        "--uts",
+        "sh",
+        "-c",
+        f'hostname {host.name} && exec "$@"',
+        "sh",
+        *argv,
+    ]

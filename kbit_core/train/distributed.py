@@ -76,15 +76,17 @@ def read_env(use_gpu: bool, environ: Mapping[str, str] | None = None) -> DistEnv
             f"distributed environment incomplete: {', '.join(missing)} not set (launch through "
             "TorchDistributor or torchrun, which set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)"
         )
-    rank, world_size, local_rank, port = (_int_var(environ, n) for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                                         "MASTER_PORT"))
+    rank, world_size, local_rank, port = (
+        _int_var(environ, n) for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+    )
     if world_size < 1:
         raise DistributedError(f"WORLD_SIZE={world_size} must be >= 1")
     if not 0 <= rank < world_size:
         raise DistributedError(f"RANK={rank} is outside [0, WORLD_SIZE={world_size})")
     if not 0 <= local_rank <= rank:
-        raise DistributedError(f"LOCAL_RANK={local_rank} is inconsistent with RANK={rank} "
-                               "(needs 0 <= LOCAL_RANK <= RANK)")
+        raise DistributedError(
+            f"LOCAL_RANK={local_rank} is inconsistent with RANK={rank} (needs 0 <= LOCAL_RANK <= RANK)"
+        )
     if not 1 <= port <= 65535:
         raise DistributedError(f"MASTER_PORT={port} is not a TCP port")
     if use_gpu:
@@ -111,8 +113,11 @@ def import_deepspeed(device: torch.device) -> ModuleType | None:
         # deepspeed loads only for DeepSpeed runs (seconds to import, and it picks an accelerator)
         import deepspeed
     except Exception as exc:  # an installed but broken DeepSpeed raises more than ImportError
-        warnings.warn(f"deepspeed.enabled=true but deepspeed cannot be imported ({exc}); falling back to DDP",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"deepspeed.enabled=true but deepspeed cannot be imported ({exc}); falling back to DDP",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     return deepspeed
 
@@ -129,8 +134,9 @@ def init_process_group(env: DistEnv, timeout_s: int, deepspeed: ModuleType | Non
     if deepspeed is None and dist.is_initialized():
         return
     if deepspeed is None:
-        dist.init_process_group(env.backend, timeout=timeout,
-                                device_id=env.device if env.device.type == "cuda" else None)
+        dist.init_process_group(
+            env.backend, timeout=timeout, device_id=env.device if env.device.type == "cuda" else None
+        )
         return
     if env.device.type == "cpu":
         # On CPU, init_distributed JIT-compiles the shm all-reduce op, used only for inference; skipping it

@@ -168,8 +168,15 @@ class DDPEngine(Engine):
 class DeepSpeedEngine(Engine):
     """A DeepSpeed ZeRO engine around a plain torch optimizer; the loop sets accumulation boundaries itself."""
 
-    def __init__(self, deepspeed: ModuleType, model: nn.Module, cfg: KbitConfig, env: DistEnv,
-                 steps_per_epoch: int, total_steps: int):
+    def __init__(
+        self,
+        deepspeed: ModuleType,
+        model: nn.Module,
+        cfg: KbitConfig,
+        env: DistEnv,
+        steps_per_epoch: int,
+        total_steps: int,
+    ):
         train, ds = cfg.train, cfg.deepspeed
         if train.ema_decay and ds.zero_stage == 3:
             raise ConfigError("train.ema_decay needs whole parameters on every rank; it does not work with ZeRO-3")
@@ -179,8 +186,9 @@ class DeepSpeedEngine(Engine):
             deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
             # The non-reentrant form: the reentrant one drops the graph when a block's input needs no grad (images).
             model = _checkpoint_children(model, deepspeed.checkpointing.non_reentrant_checkpoint)
-        optimizer = build_optimizer(model.parameters(), train.optim,
-                                    effective_lr(train.optim, env.world_size, train.grad_accum_steps))
+        optimizer = build_optimizer(
+            model.parameters(), train.optim, effective_lr(train.optim, env.world_size, train.grad_accum_steps)
+        )
         # Built on the client optimizer: DeepSpeed's wrappers share its param_groups, so the LR set here is used.
         self.scheduler = build_scheduler(optimizer, train.optim, steps_per_epoch, total_steps)
         self.ds, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
@@ -226,8 +234,10 @@ class DeepSpeedEngine(Engine):
     def save_checkpoint(self, writer: ckpt.Checkpointer | None, name: str, meta: dict[str, Any]) -> Path | None:
         # All ranks write their shards; only rank 0 holds the writer, so it tells the others where.
         directory = broadcast_from_main(str(writer.directory) if writer is not None else None)
-        client_state = {ckpt.SCHEDULER: self.scheduler.state_dict(),
-                        ckpt.EMA: self.ema.state_dict() if self.ema is not None else None}
+        client_state = {
+            ckpt.SCHEDULER: self.scheduler.state_dict(),
+            ckpt.EMA: self.ema.state_dict() if self.ema is not None else None,
+        }
         self.ds.save_checkpoint(directory, tag=name, client_state=client_state, save_latest=False)
         torch.distributed.barrier()
         if writer is None:
@@ -237,8 +247,9 @@ class DeepSpeedEngine(Engine):
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         if not ckpt.is_sharded(path):
             raise ConfigError(f"{path} is a DDP checkpoint file; resume it with deepspeed.enabled=false")
-        loaded, client_state = self.ds.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
-                                                       load_lr_scheduler_states=False)
+        loaded, client_state = self.ds.load_checkpoint(
+            str(path.parent), tag=path.name, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
         if loaded is None:
             raise DistributedError(f"DeepSpeed could not load the checkpoint {path}")
         self.scheduler.load_state_dict(client_state[ckpt.SCHEDULER])
@@ -284,12 +295,19 @@ def _match_buffers_to_parameters(model: nn.Module) -> None:
                 setattr(module, name, buffer.to(dtype))
 
 
-def build_engine(model: nn.Module, cfg: KbitConfig, env: DistEnv, steps_per_epoch: int, total_steps: int,
-                 deepspeed: ModuleType | None) -> Engine:
+def build_engine(
+    model: nn.Module,
+    cfg: KbitConfig,
+    env: DistEnv,
+    steps_per_epoch: int,
+    total_steps: int,
+    deepspeed: ModuleType | None,
+) -> Engine:
     """The DeepSpeed engine when ``deepspeed`` is given (DeepSpeed enabled and importable), else DDP."""
     if deepspeed is None:
         if cfg.deepspeed.activation_checkpointing:
-            warnings.warn("deepspeed.activation_checkpointing is ignored by the DDP engine", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(
+                "deepspeed.activation_checkpointing is ignored by the DDP engine", RuntimeWarning, stacklevel=2
+            )
         return DDPEngine(model, cfg, env, steps_per_epoch, total_steps)
     return DeepSpeedEngine(deepspeed, model, cfg, env, steps_per_epoch, total_steps)

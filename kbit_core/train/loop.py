@@ -119,8 +119,14 @@ class RankConsole(Console):
 class Trainer:
     """Runs one rank's share of training; every collective is reached by all ranks in the same order."""
 
-    def __init__(self, cfg: KbitConfig, env: DistEnv, engine: Engine, loaders: SplitLoaders,
-                 checkpointer: ckpt.Checkpointer | None) -> None:
+    def __init__(
+        self,
+        cfg: KbitConfig,
+        env: DistEnv,
+        engine: Engine,
+        loaders: SplitLoaders,
+        checkpointer: ckpt.Checkpointer | None,
+    ) -> None:
         self.cfg, self.env, self.engine, self.loaders = cfg, env, engine, loaders
         self.checkpointer = checkpointer  # rank 0 only
         self.state = TrainState()
@@ -145,8 +151,9 @@ class Trainer:
     def save(self) -> None:
         """Collective: gather each rank's RNG state and data position, then let the engine write the checkpoint."""
         ranks = self._gather_ranks()
-        path = self.engine.save_checkpoint(self.checkpointer, ckpt.checkpoint_name(self._step()),
-                                           self._checkpoint_meta(ranks))
+        path = self.engine.save_checkpoint(
+            self.checkpointer, ckpt.checkpoint_name(self._step()), self._checkpoint_meta(ranks)
+        )
         self.last_checkpoint = str(path) if path is not None else None
 
     def _gather_ranks(self) -> list[dict[str, Any]] | None:
@@ -166,8 +173,10 @@ class Trainer:
     def _restore(self, path: Path, meta: dict[str, Any]) -> None:
         ranks = meta[ckpt.RANKS]
         if len(ranks) != self.env.world_size:
-            raise ConfigError(f"checkpoint {path} was written by {len(ranks)} ranks; this run has "
-                              f"{self.env.world_size} (each rank's data shard would differ)")
+            raise ConfigError(
+                f"checkpoint {path} was written by {len(ranks)} ranks; this run has "
+                f"{self.env.world_size} (each rank's data shard would differ)"
+            )
         self.state = TrainState(**meta[ckpt.TRAIN_STATE])
         mine = ranks[self.env.rank]
         ckpt.set_rng_state(mine["rng"], self.env.device)
@@ -178,8 +187,9 @@ class Trainer:
             self.spikes.observe(loss)
 
     def _resumed_note(self, path: Path, num_ranks: int) -> str:
-        return (f"resumed from {path}: epoch {self.state.epoch}, batch {self.state.batch_in_epoch}, "
-                f"step {self.state.step}")
+        return (
+            f"resumed from {path}: epoch {self.state.epoch}, batch {self.state.batch_in_epoch}, step {self.state.step}"
+        )
 
     # ---- evaluation --------------------------------------------------------------------------------------
 
@@ -192,9 +202,13 @@ class Trainer:
         for x, y in loader:
             x, y = x.to(self.env.device, non_blocking=True), y.to(self.env.device, non_blocking=True)
             logits = self.engine.predict(x).float()
-            sums += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
-                                 (logits.argmax(dim=1) == y).sum().double(),
-                                 torch.tensor(float(y.numel()), dtype=torch.float64, device=self.env.device)])
+            sums += torch.stack(
+                [
+                    F.cross_entropy(logits, y, reduction="sum").double(),
+                    (logits.argmax(dim=1) == y).sum().double(),
+                    torch.tensor(float(y.numel()), dtype=torch.float64, device=self.env.device),
+                ]
+            )
         torch.distributed.all_reduce(sums)
         self.engine.train(True)
         loss_sum, correct, count = sums.tolist()
@@ -216,8 +230,13 @@ class Trainer:
         data_wait = 0.0
         start = time.perf_counter()
         trained_samples = 0.0
-        progress = tqdm(total=num_batches, initial=st.batch_in_epoch, desc=f"epoch {epoch + 1}/{train.epochs}",
-                        disable=not (self.env.is_main and sys.stderr.isatty()), leave=False)
+        progress = tqdm(
+            total=num_batches,
+            initial=st.batch_in_epoch,
+            desc=f"epoch {epoch + 1}/{train.epochs}",
+            disable=not (self.env.is_main and sys.stderr.isatty()),
+            leave=False,
+        )
         for index in range(st.batch_in_epoch, num_batches):
             fetch = time.perf_counter()
             x, y = self._next_batch(batches, epoch, index, len(self.loaders.train))
@@ -234,8 +253,11 @@ class Trainer:
             window_loss += stats.loss_sum
             window_count += stats.count
             trained_samples += stats.count
-            st.epoch_sums = [st.epoch_sums[0] + stats.loss_sum, st.epoch_sums[1] + stats.correct,
-                             st.epoch_sums[2] + stats.count]
+            st.epoch_sums = [
+                st.epoch_sums[0] + stats.loss_sum,
+                st.epoch_sums[1] + stats.correct,
+                st.epoch_sums[2] + stats.count,
+            ]
             if not boundary:
                 continue
             self._optimizer_step(epoch, window_loss / window_count, progress, epoch_end=index == num_batches - 1)
@@ -244,9 +266,13 @@ class Trainer:
         progress.close()
         loss_sum, correct, count = st.epoch_sums
         speed = reduce_throughput(trained_samples, time.perf_counter() - start, data_wait, self.env.device)
-        return {"loss": loss_sum / count if count else float("nan"), "accuracy": correct / count if count else 0.0,
-                "samples_per_s": speed.samples_per_s, "data_wait_fraction": speed.data_wait_fraction,
-                "peak_memory_mb": speed.peak_memory_mb}
+        return {
+            "loss": loss_sum / count if count else float("nan"),
+            "accuracy": correct / count if count else 0.0,
+            "samples_per_s": speed.samples_per_s,
+            "data_wait_fraction": speed.data_wait_fraction,
+            "peak_memory_mb": speed.peak_memory_mb,
+        }
 
     def _optimizer_step(self, epoch: int, step_loss: float, progress: tqdm, epoch_end: bool) -> None:
         """Step the optimizer on the accumulated window; record its loss, watch for spikes, checkpoint when due."""
@@ -256,8 +282,14 @@ class Trainer:
         st.loss_curve.append(step_loss)
         running = self.spikes.observe(step_loss)
         if running is not None and self.env.is_main:
-            log.warning("loss spike at epoch %d step %d: %.4g > %.1f × running mean %.4g",
-                        epoch, st.step, step_loss, self.cfg.train.loss_spike_factor, running)
+            log.warning(
+                "loss spike at epoch %d step %d: %.4g > %.1f × running mean %.4g",
+                epoch,
+                st.step,
+                step_loss,
+                self.cfg.train.loss_spike_factor,
+                running,
+            )
         progress.set_postfix(loss=f"{step_loss:.4f}", lr=f"{self.engine.current_lr():.3g}")
         every = self.cfg.checkpoint.every_steps
         epoch_end_save = self.cfg.checkpoint.every_epoch and epoch_end
@@ -278,15 +310,19 @@ class Trainer:
         try:
             return next(batches)
         except StopIteration:
-            raise DistributedError(f"train loader ended after {index} batches in epoch {epoch}, but its len() "
-                                   f"is {length}: ranks would fall out of step") from None
+            raise DistributedError(
+                f"train loader ended after {index} batches in epoch {epoch}, but its len() "
+                f"is {length}: ranks would fall out of step"
+            ) from None
 
     def _diverged(self, epoch: int, index: int, ranks: int) -> None:
         """A non-finite loss on ``ranks`` ranks: fail, or drop the micro-batch everywhere and count it."""
         where = f"epoch {epoch}, batch {index} (optimizer step {self.state.step + 1})"
         if self.cfg.train.nan_policy == "fail":
-            raise TrainingDivergedError(f"loss is NaN/inf at {where} on {ranks} rank(s); "
-                                        "lower the learning rate, enable grad_clip_norm, or set train.nan_policy=skip")
+            raise TrainingDivergedError(
+                f"loss is NaN/inf at {where} on {ranks} rank(s); "
+                "lower the learning rate, enable grad_clip_norm, or set train.nan_policy=skip"
+            )
         self.state.skipped_batches += 1
         if self.env.is_main:
             log.warning("skipped a non-finite loss at %s (%d skipped so far)", where, self.state.skipped_batches)
@@ -318,33 +354,46 @@ class Trainer:
     def _print_plan(self) -> None:
         if not self.env.is_main or not self.loaders.plan:
             return
-        parts = [f"{name} {p['messages']} messages ({p['messages_per_rank']} per rank), {p['dropped_messages']} "
-                 f"dropped, {p['padded_messages']} padded, {p['dropped_tail_records']} tail records dropped"
-                 for name, p in self.loaders.plan.items()]
+        parts = [
+            f"{name} {p['messages']} messages ({p['messages_per_rank']} per rank), {p['dropped_messages']} "
+            f"dropped, {p['padded_messages']} padded, {p['dropped_tail_records']} tail records dropped"
+            for name, p in self.loaders.plan.items()
+        ]
         self.console.print("shard plan per epoch: " + "; ".join(parts))
 
     def _data_report(self) -> dict[str, dict[str, int]]:
         """Collective: per split, READ_COUNTS summed over ranks for this run's reads, and the plan's PLAN_COUNTS."""
         loaders = self.loaders.splits()
-        local = [[s.reader.skipped, s.padded_records, s.reader.gaps, s.reader.retries,  # READ_COUNTS' order
-                  s.left_out_records]
-                 for s in (loader.stats for loader in loaders.values())]
+        local = [
+            [
+                s.reader.skipped,
+                s.padded_records,
+                s.reader.gaps,
+                s.reader.retries,  # READ_COUNTS' order
+                s.left_out_records,
+            ]
+            for s in (loader.stats for loader in loaders.values())
+        ]
         counts = torch.tensor(local, dtype=torch.int64, device=self.env.device)
         torch.distributed.all_reduce(counts)
         report = {}
         for name, row in zip(loaders, counts.tolist(), strict=True):
             planned = self.loaders.plan.get(name, {})
-            report[name] = {**dict(zip(READ_COUNTS, row, strict=True)),
-                            **{f"{key}_per_epoch": planned[key] for key in PLAN_COUNTS if key in planned}}
+            report[name] = {
+                **dict(zip(READ_COUNTS, row, strict=True)),
+                **{f"{key}_per_epoch": planned[key] for key in PLAN_COUNTS if key in planned},
+            }
         return report
 
     def _print_epoch(self, m: dict[str, Any]) -> None:
         if not self.env.is_main:
             return
         val = f"  val loss {m['val_loss']:.4f} acc {m['val_accuracy']:.4f}" if "val_loss" in m else ""
-        self.console.print(f"epoch {m['epoch'] + 1}/{self.cfg.train.epochs}: train loss {m['train_loss']:.4f} "
-                           f"acc {m['train_accuracy']:.4f}{val}  {m['train_samples_per_s']:.0f} samples/s  "
-                           f"data wait {m['train_data_wait_fraction']:.0%}")
+        self.console.print(
+            f"epoch {m['epoch'] + 1}/{self.cfg.train.epochs}: train loss {m['train_loss']:.4f} "
+            f"acc {m['train_accuracy']:.4f}{val}  {m['train_samples_per_s']:.0f} samples/s  "
+            f"data wait {m['train_data_wait_fraction']:.0%}"
+        )
 
     def _result(self, test: dict[str, float] | None) -> dict[str, Any]:
         st = self.state
@@ -380,10 +429,15 @@ def _history_table(history: Iterable[dict[str, Any]], test: dict[str, float] | N
     for column in ("epoch", "train loss", "train acc", "val loss", "val acc", "samples/s", "data wait"):
         table.add_column(column, justify="right")
     for h in history:
-        table.add_row(str(h["epoch"] + 1), f"{h['train_loss']:.4f}", f"{h['train_accuracy']:.4f}",
-                      f"{h['val_loss']:.4f}" if "val_loss" in h else "-",
-                      f"{h['val_accuracy']:.4f}" if "val_accuracy" in h else "-",
-                      f"{h['train_samples_per_s']:.0f}", f"{h['train_data_wait_fraction']:.0%}")
+        table.add_row(
+            str(h["epoch"] + 1),
+            f"{h['train_loss']:.4f}",
+            f"{h['train_accuracy']:.4f}",
+            f"{h['val_loss']:.4f}" if "val_loss" in h else "-",
+            f"{h['val_accuracy']:.4f}" if "val_accuracy" in h else "-",
+            f"{h['train_samples_per_s']:.0f}",
+            f"{h['train_data_wait_fraction']:.0%}",
+        )
     if test:
         table.caption = f"test loss {test['loss']:.4f}  test accuracy {test['accuracy']:.4f}"
     return table

@@ -30,12 +30,14 @@ def reduce_batch(loss: Tensor, logits: Tensor, targets: Tensor) -> BatchStats:
     count = targets.numel()
     loss = loss.detach().double()
     finite = bool(torch.isfinite(loss))
-    local = torch.stack([
-        loss * count if finite else torch.zeros((), dtype=torch.float64, device=loss.device),
-        (logits.detach().argmax(dim=1) == targets).sum().double(),
-        torch.tensor(float(count), dtype=torch.float64, device=loss.device),
-        torch.tensor(0.0 if finite else 1.0, dtype=torch.float64, device=loss.device),
-    ])
+    local = torch.stack(
+        [
+            loss * count if finite else torch.zeros((), dtype=torch.float64, device=loss.device),
+            (logits.detach().argmax(dim=1) == targets).sum().double(),
+            torch.tensor(float(count), dtype=torch.float64, device=loss.device),
+            torch.tensor(0.0 if finite else 1.0, dtype=torch.float64, device=loss.device),
+        ]
+    )
     dist.all_reduce(local)
     loss_sum, correct, total, nonfinite = local.tolist()
     return BatchStats(loss_sum, correct, total, int(nonfinite))

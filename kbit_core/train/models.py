@@ -23,8 +23,10 @@ class MLP(nn.Module):
         super().__init__()
         self.net = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(math.prod(image_shape), hidden), nn.ReLU(),
-            nn.Linear(hidden, hidden), nn.ReLU(),
+            nn.Linear(math.prod(image_shape), hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
             nn.Linear(hidden, num_classes),
         )
 
@@ -43,12 +45,19 @@ class CNN(nn.Module):
         if out_h < 1 or out_w < 1:
             raise ConfigError(f"model 'cnn' needs images of at least 16×16, got {height}×{width}")
         self.features = nn.Sequential(
-            nn.Conv2d(channels, 10, kernel_size=5), nn.MaxPool2d(2), nn.ReLU(),
-            nn.Conv2d(10, 20, kernel_size=5), nn.Dropout2d(dropout), nn.MaxPool2d(2), nn.ReLU(),
+            nn.Conv2d(channels, 10, kernel_size=5),
+            nn.MaxPool2d(2),
+            nn.ReLU(),
+            nn.Conv2d(10, 20, kernel_size=5),
+            nn.Dropout2d(dropout),
+            nn.MaxPool2d(2),
+            nn.ReLU(),
         )
         self.classifier = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(20 * out_h * out_w, hidden), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(20 * out_h * out_w, hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
             nn.Linear(hidden, num_classes),
         )
 
@@ -63,7 +72,8 @@ class BasicBlock(nn.Module):
         super().__init__()
         self.body = nn.Sequential(
             nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False),
-            nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(inplace=True),
             nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False),
             nn.BatchNorm2d(out_channels),
         )
@@ -81,12 +91,19 @@ class BasicBlock(nn.Module):
 class ResNet(nn.Module):
     """A small CIFAR-style ResNet; global average pooling makes it work at any input size (3×32×32, 1×28×28)."""
 
-    def __init__(self, image_shape: ImageShape, num_classes: int, widths: tuple[int, ...] = (16, 32, 64),
-                 blocks_per_stage: int = 1) -> None:
+    def __init__(
+        self,
+        image_shape: ImageShape,
+        num_classes: int,
+        widths: tuple[int, ...] = (16, 32, 64),
+        blocks_per_stage: int = 1,
+    ) -> None:
         super().__init__()
         channels = image_shape[0]
         layers: list[nn.Module] = [
-            nn.Conv2d(channels, widths[0], 3, padding=1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU(inplace=True)
+            nn.Conv2d(channels, widths[0], 3, padding=1, bias=False),
+            nn.BatchNorm2d(widths[0]),
+            nn.ReLU(inplace=True),
         ]
         in_width = widths[0]
         for stage, width in enumerate(widths):

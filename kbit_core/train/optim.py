@@ -42,8 +42,7 @@ def lr_multiplier(optim: OptimConfig, step: int, steps_per_epoch: int, total_ste
         peak = max(1, optim.warmup_steps or round(ONECYCLE_PEAK * total_steps))
         if step < peak:
             return _cosine_between(1 / ONECYCLE_DIV, 1.0, step / peak)
-        return _cosine_between(1.0, 1 / (ONECYCLE_DIV * ONECYCLE_FINAL_DIV),
-                               (step - peak) / max(1, total_steps - peak))
+        return _cosine_between(1.0, 1 / (ONECYCLE_DIV * ONECYCLE_FINAL_DIV), (step - peak) / max(1, total_steps - peak))
     warmup = min(1.0, (step + 1) / optim.warmup_steps) if optim.warmup_steps else 1.0
     if optim.schedule == "cosine":
         progress = max(0, step - optim.warmup_steps) / max(1, total_steps - optim.warmup_steps)
@@ -58,8 +57,9 @@ def _cosine_between(start: float, end: float, progress: float) -> float:
     return end + (start - end) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, steps_per_epoch: int,
-                    total_steps: int) -> LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, optim: OptimConfig, steps_per_epoch: int, total_steps: int
+) -> LambdaLR:
     """A LambdaLR over :func:`lr_multiplier`; its state_dict holds only counters, so it loads with weights_only."""
 
     def multiplier(step: int) -> float:

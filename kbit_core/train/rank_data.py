@@ -10,8 +10,9 @@ from kbit_core.sharding import split_names
 from kbit_core.train.loop import SplitLoaders
 
 
-def rank_loaders(cfg: KbitConfig, manifest: Manifest, rank: int, world_size: int, *,
-                 share_reader: bool) -> SplitLoaders:
+def rank_loaders(
+    cfg: KbitConfig, manifest: Manifest, rank: int, world_size: int, *, share_reader: bool
+) -> SplitLoaders:
     """The loaders of every split ``shard.split_rates`` defines for ``rank`` of ``world_size``.
 
     ``share_reader=True`` reads every split through one consumer with one bounds check (the benchmark's
@@ -21,8 +22,11 @@ def rank_loaders(cfg: KbitConfig, manifest: Manifest, rank: int, world_size: int
     """
     splits = split_names(cfg.shard.split_rates)
     shared = make_split_loaders(cfg, manifest, rank, world_size, splits) if share_reader else None
-    made: dict[str, ShardLoader] = dict(shared) if shared is not None else {
-        split: make_split_loader(cfg, manifest, split, rank, world_size) for split in splits}
+    made: dict[str, ShardLoader] = (
+        dict(shared)
+        if shared is not None
+        else {split: make_split_loader(cfg, manifest, split, rank, world_size) for split in splits}
+    )
     if cfg.train.data == "memory":
         for loader in made.values():
             loader.load()
@@ -33,7 +37,13 @@ def _plan_counts(loaders: dict[str, ShardLoader], world_size: int) -> dict[str, 
     """Per split, what one epoch's shard plan reads, drops and pads, plus the train records left past the last
     whole batch (every rank has the same shard size, hence the same tail)."""
     report = next(iter(loaders.values())).plan.report()
-    return {split: {"messages": report[split]["messages"], "messages_per_rank": report[split]["messages_per_rank"],
-                    "dropped_messages": report[split]["dropped"], "padded_messages": report[split]["padded"],
-                    "dropped_tail_records": loader.tail_records * world_size}
-            for split, loader in loaders.items()}
+    return {
+        split: {
+            "messages": report[split]["messages"],
+            "messages_per_rank": report[split]["messages_per_rank"],
+            "dropped_messages": report[split]["dropped"],
+            "padded_messages": report[split]["padded"],
+            "dropped_tail_records": loader.tail_records * world_size,
+        }
+        for split, loader in loaders.items()
+    }

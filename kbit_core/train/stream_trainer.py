@@ -70,8 +70,14 @@ class _Window:
 class StreamTrainer(Trainer):
     """Trains on ``loaders.train``, a :class:`StreamSource`; val/test are the held-out topic's halves."""
 
-    def __init__(self, cfg: KbitConfig, env: DistEnv, engine: Engine, loaders: SplitLoaders,
-                 checkpointer: ckpt.Checkpointer | None) -> None:
+    def __init__(
+        self,
+        cfg: KbitConfig,
+        env: DistEnv,
+        engine: Engine,
+        loaders: SplitLoaders,
+        checkpointer: ckpt.Checkpointer | None,
+    ) -> None:
         super().__init__(cfg, env, engine, loaders, checkpointer)
         if not isinstance(loaders.train, StreamSource):
             raise ConfigError("train.mode=continuous needs a StreamSource as the train loader")
@@ -115,8 +121,10 @@ class StreamTrainer(Trainer):
         self.resumed = True
 
     def _resumed_note(self, path: Path, num_ranks: int) -> str:
-        return (f"resumed from {path}: step {self.stream.step}, {self.stream.records} records trained, written by "
-                f"{num_ranks} rank(s), now {self.env.world_size}")
+        return (
+            f"resumed from {path}: step {self.stream.step}, {self.stream.records} records trained, written by "
+            f"{num_ranks} rank(s), now {self.env.world_size}"
+        )
 
     def _gather_positions(self) -> None:
         """Collective: every rank's partition positions merged into rank 0's state (the result without a save)."""
@@ -158,8 +166,11 @@ class StreamTrainer(Trainer):
                     window = _Window()
                 if self.loaders.val is not None and st.step % stream.eval_every_steps == 0:
                     st.evals.append({"step": st.step, **self._evaluate("val")})
-                if self.cfg.checkpoint.dir and self.cfg.checkpoint.every_steps \
-                        and st.step % self.cfg.checkpoint.every_steps == 0:
+                if (
+                    self.cfg.checkpoint.dir
+                    and self.cfg.checkpoint.every_steps
+                    and st.step % self.cfg.checkpoint.every_steps == 0
+                ):
                     self.save()
         if window.steps:
             self._report(window)
@@ -175,15 +186,20 @@ class StreamTrainer(Trainer):
 
     def _local_stop(self, started: float, last_step: float, stop_file: Path) -> int:
         stream, now = self.cfg.stream, time.monotonic()
-        checks = (stream.stop_after_s is not None and now - started >= stream.stop_after_s,
-                  stream.stop_after_records is not None and self.stream.records >= stream.stop_after_records,
-                  stop_file.exists(), self._signal is not None, os.getppid() != self._launcher,
-                  now - last_step >= stream.idle_timeout_s)
+        checks = (
+            stream.stop_after_s is not None and now - started >= stream.stop_after_s,
+            stream.stop_after_records is not None and self.stream.records >= stream.stop_after_records,
+            stop_file.exists(),
+            self._signal is not None,
+            os.getppid() != self._launcher,
+            now - last_step >= stream.idle_timeout_s,
+        )
         return next((code for code, hit in enumerate(checks, start=1) if hit), 0)
 
     @contextmanager
     def _stop_signals(self) -> Iterator[None]:
         """SIGTERM/SIGINT ask for a clean stop (agreed with the other ranks at the next step)."""
+
         def request(signum: int, _frame: Any) -> None:
             self._signal = signum
 
@@ -204,9 +220,11 @@ class StreamTrainer(Trainer):
         stats = self.forward_backward(x, y, boundary=True)
         if not stats.finite:
             if self.cfg.train.nan_policy == "fail":
-                raise TrainingDivergedError(f"loss is NaN/inf at stream step {self.stream.step + 1} on "
-                                            f"{stats.nonfinite_ranks} rank(s); lower the learning rate, enable "
-                                            "grad_clip_norm, or set train.nan_policy=skip")
+                raise TrainingDivergedError(
+                    f"loss is NaN/inf at stream step {self.stream.step + 1} on "
+                    f"{stats.nonfinite_ranks} rank(s); lower the learning rate, enable "
+                    "grad_clip_norm, or set train.nan_policy=skip"
+                )
             self.stream.skipped_batches += 1
             return
         self.engine.step()
@@ -227,57 +245,88 @@ class StreamTrainer(Trainer):
     def _report(self, window: _Window) -> None:
         """Collective: one history entry of lag, freshness and throughput over the window just ended."""
         lag = self.source.lag(int(time.time() * 1000))
-        gathered = gather_to_main({"fresh": window.freshness_s, "resets": self.source.resets,
-                                   "lag": [[p, behind, seconds] for p, (behind, seconds) in lag.items()]}, self.env)
+        gathered = gather_to_main(
+            {
+                "fresh": window.freshness_s,
+                "resets": self.source.resets,
+                "lag": [[p, behind, seconds] for p, (behind, seconds) in lag.items()],
+            },
+            self.env,
+        )
         if gathered is None:
             return
         fresh = [f for rank in gathered for f in rank["fresh"]]
         self._freshness.extend(fresh)
         lags = sorted((p, behind, seconds) for rank in gathered for p, behind, seconds in rank["lag"])
         seconds = time.perf_counter() - window.started
-        entry = {"step": self.stream.step, "records": self.stream.records, "wall_time": time.time(),
-                 "train_loss": window.loss_sum / window.count if window.count else float("nan"),
-                 "train_accuracy": window.correct / window.count if window.count else 0.0,
-                 "records_per_s": window.count / seconds if seconds > 0 else 0.0,
-                 **{f"freshness_{k}_s": v for k, v in percentiles(fresh).items()},
-                 "lag_records": sum(b for _, b, _ in lags), "lag_seconds": max((s for _, _, s in lags), default=0.0),
-                 **{f"lag_records_p{p}": b for p, b, _ in lags}, **{f"lag_seconds_p{p}": s for p, _, s in lags},
-                 "resets": sum(rank["resets"] for rank in gathered)}
+        entry = {
+            "step": self.stream.step,
+            "records": self.stream.records,
+            "wall_time": time.time(),
+            "train_loss": window.loss_sum / window.count if window.count else float("nan"),
+            "train_accuracy": window.correct / window.count if window.count else 0.0,
+            "records_per_s": window.count / seconds if seconds > 0 else 0.0,
+            **{f"freshness_{k}_s": v for k, v in percentiles(fresh).items()},
+            "lag_records": sum(b for _, b, _ in lags),
+            "lag_seconds": max((s for _, _, s in lags), default=0.0),
+            **{f"lag_records_p{p}": b for p, b, _ in lags},
+            **{f"lag_seconds_p{p}": s for p, _, s in lags},
+            "resets": sum(rank["resets"] for rank in gathered),
+        }
         self.stream.history.append(entry)
         self._lag_totals.append(entry["lag_records"])
         if lag_grows(self._lag_totals, self.cfg.stream.lag_growth_windows):
-            warning = (f"lag grows without bound: {entry['lag_records']} records behind at step {entry['step']}, its "
-                       f"floor up over the last {3 * self.cfg.stream.lag_growth_windows} report windows; the trainer "
-                       "does not keep up with the producer")
+            warning = (
+                f"lag grows without bound: {entry['lag_records']} records behind at step {entry['step']}, its "
+                f"floor up over the last {3 * self.cfg.stream.lag_growth_windows} report windows; the trainer "
+                "does not keep up with the producer"
+            )
             log.warning("%s", warning)
             self.lag_warnings.append(warning)
-        self.console.print(f"step {entry['step']}: {entry['records']} records, {entry['records_per_s']:.0f}/s, "
-                           f"lag {entry['lag_records']} records / {entry['lag_seconds']:.2f} s, freshness p50 "
-                           f"{_fmt(entry['freshness_p50_s'])} p99 {_fmt(entry['freshness_p99_s'])} s, "
-                           f"loss {entry['train_loss']:.4f}")
+        self.console.print(
+            f"step {entry['step']}: {entry['records']} records, {entry['records_per_s']:.0f}/s, "
+            f"lag {entry['lag_records']} records / {entry['lag_seconds']:.2f} s, freshness p50 "
+            f"{_fmt(entry['freshness_p50_s'])} p99 {_fmt(entry['freshness_p99_s'])} s, "
+            f"loss {entry['train_loss']:.4f}"
+        )
 
-    def _stream_result(self, reason: str, seconds: float, records: int,
-                       test: dict[str, float] | None) -> dict[str, Any]:
+    def _stream_result(
+        self, reason: str, seconds: float, records: int, test: dict[str, float] | None
+    ) -> dict[str, Any]:
         st = self.stream
         last = st.history[-1] if st.history else {}
         result = {
-            "mode": "continuous", "engine": self.engine.name, "backend": self.env.backend,
-            "world_size": self.env.world_size, "stop_reason": reason, "steps": st.step, "records": st.records,
-            "records_this_run": records, "seconds": seconds,
+            "mode": "continuous",
+            "engine": self.engine.name,
+            "backend": self.env.backend,
+            "world_size": self.env.world_size,
+            "stop_reason": reason,
+            "steps": st.step,
+            "records": st.records,
+            "records_this_run": records,
+            "seconds": seconds,
             "records_per_s": records / seconds if seconds > 0 else 0.0,
             "freshness_s": percentiles(self._freshness),
             **{f"freshness_{q}_s": v for q, v in percentiles(self._freshness).items()},
-            "lag_records": last.get("lag_records"), "lag_seconds": last.get("lag_seconds"),
-            "lag_warnings": self.lag_warnings, "resets": last.get("resets", 0),
+            "lag_records": last.get("lag_records"),
+            "lag_seconds": last.get("lag_seconds"),
+            "lag_warnings": self.lag_warnings,
+            "resets": last.get("resets", 0),
             "skipped_batches": st.skipped_batches,
             "val_accuracy": [e["accuracy"] for e in st.evals],
-            "test_loss": test["loss"] if test else None, "test_accuracy": test["accuracy"] if test else None,
-            "checkpoint": self.last_checkpoint, "offsets": st.offsets, "trained": st.trained,
-            "history": st.history, "evals": st.evals,
+            "test_loss": test["loss"] if test else None,
+            "test_accuracy": test["accuracy"] if test else None,
+            "checkpoint": self.last_checkpoint,
+            "offsets": st.offsets,
+            "trained": st.trained,
+            "history": st.history,
+            "evals": st.evals,
         }
         if self.env.is_main:
-            self.console.print(f"stopped ({reason}) at step {st.step}: {records} records in {seconds:.1f} s; "
-                               f"freshness {result['freshness_s']}; test accuracy {result['test_accuracy']}")
+            self.console.print(
+                f"stopped ({reason}) at step {st.step}: {records} records in {seconds:.1f} s; "
+                f"freshness {result['freshness_s']}; test accuracy {result['test_accuracy']}"
+            )
         return broadcast_from_main(result)
 
 

@@ -22,11 +22,22 @@ def heldout_config(cfg: KbitConfig) -> KbitConfig:
     synthetic dataset, the test files of an IDX one), split in halves: validation during training, final test.
     Each rank reads its halves into memory once, so an evaluation never depends on the broker still holding them."""
     topic = f"{cfg.stream.topic_for(cfg.dataset, cfg.produce)}.heldout"
-    dataset = {"dataset.seed": cfg.dataset.seed + 1} if cfg.dataset.name.startswith("synthetic") \
+    dataset = (
+        {"dataset.seed": cfg.dataset.seed + 1}
+        if cfg.dataset.name.startswith("synthetic")
         else {"dataset.split": "test"}
-    return cfg.override({**dataset, "dataset.num_records": cfg.stream.eval_records, "produce.topic": topic,
-                         "shard.split_rates": [0.5, 0.5], "train.mode": "batch", "train.data": "memory",
-                         "reader.mode": "eager"})
+    )
+    return cfg.override(
+        {
+            **dataset,
+            "dataset.num_records": cfg.stream.eval_records,
+            "produce.topic": topic,
+            "shard.split_rates": [0.5, 0.5],
+            "train.mode": "batch",
+            "train.data": "memory",
+            "reader.mode": "eager",
+        }
+    )
 
 
 def stream_main(cfg: KbitConfig, heldout_json: str, run_dir: str) -> dict[str, Any]:
@@ -46,8 +57,11 @@ def stream_main(cfg: KbitConfig, heldout_json: str, run_dir: str) -> dict[str, A
     def stream_loaders(cfg: KbitConfig, env: DistEnv) -> SplitLoaders:
         partitions = assign_partitions(cfg.produce.partitions, env.world_size)[env.rank]
         held = rank_loaders(heldout_config(cfg), heldout, env.rank, env.world_size, share_reader=True)
-        return SplitLoaders(train=StreamSource(cfg, codec, topic, partitions, cfg.produce.partitions),
-                            val=held.train, test=held.val, shared=held.shared)
+        return SplitLoaders(
+            train=StreamSource(cfg, codec, topic, partitions, cfg.produce.partitions),
+            val=held.train,
+            test=held.val,
+            shared=held.shared,
+        )
 
-    return run_worker(cfg, run_dir, stream_loaders, source.image_shape, source.num_classes,
-                      trainer_type=StreamTrainer)
+    return run_worker(cfg, run_dir, stream_loaders, source.image_shape, source.num_classes, trainer_type=StreamTrainer)

@@ -54,8 +54,14 @@ def train_main(cfg: KbitConfig, manifest_json: str, run_dir: str) -> dict[str, A
     return run_worker(cfg, run_dir, kafka_loaders, manifest.dataset.image_shape, manifest.dataset.num_classes)
 
 
-def run_worker(cfg: KbitConfig, run_dir: str | Path, make_loaders: LoaderFactory, image_shape: ImageShape,
-               num_classes: int, trainer_type: type[Trainer] = Trainer) -> dict[str, Any]:
+def run_worker(
+    cfg: KbitConfig,
+    run_dir: str | Path,
+    make_loaders: LoaderFactory,
+    image_shape: ImageShape,
+    num_classes: int,
+    trainer_type: type[Trainer] = Trainer,
+) -> dict[str, Any]:
     """Join the process group, train with the loaders ``make_loaders`` builds, leave cleanly.
 
     ``train_main`` calls it with Kafka loaders; any other source of (x, y) batches with the ShardLoader
@@ -70,9 +76,16 @@ def run_worker(cfg: KbitConfig, run_dir: str | Path, make_loaders: LoaderFactory
     return result
 
 
-def _train(cfg: KbitConfig, env: DistEnv, deepspeed: ModuleType | None, run_dir: Path,
-           make_loaders: LoaderFactory, image_shape: ImageShape, num_classes: int,
-           trainer_type: type[Trainer]) -> dict[str, Any]:
+def _train(
+    cfg: KbitConfig,
+    env: DistEnv,
+    deepspeed: ModuleType | None,
+    run_dir: Path,
+    make_loaders: LoaderFactory,
+    image_shape: ImageShape,
+    num_classes: int,
+    trainer_type: type[Trainer],
+) -> dict[str, Any]:
     loaders = make_loaders(cfg, env)
     try:
         return _fit(cfg, env, deepspeed, run_dir, loaders, image_shape, num_classes, trainer_type)
@@ -80,8 +93,16 @@ def _train(cfg: KbitConfig, env: DistEnv, deepspeed: ModuleType | None, run_dir:
         loaders.close()
 
 
-def _fit(cfg: KbitConfig, env: DistEnv, deepspeed: ModuleType | None, run_dir: Path, loaders: SplitLoaders,
-         image_shape: ImageShape, num_classes: int, trainer_type: type[Trainer]) -> dict[str, Any]:
+def _fit(
+    cfg: KbitConfig,
+    env: DistEnv,
+    deepspeed: ModuleType | None,
+    run_dir: Path,
+    loaders: SplitLoaders,
+    image_shape: ImageShape,
+    num_classes: int,
+    trainer_type: type[Trainer],
+) -> dict[str, Any]:
     # The same seed on every rank gives identical initial weights; then each rank gets its own stream.
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.train.model, image_shape, num_classes)

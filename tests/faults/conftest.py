@@ -43,14 +43,22 @@ def kbit_tmpdir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def run_kbit(tmp_path: Path, kbit_tmpdir: Path, record_property: Callable[[str, object], None]
-             ) -> Callable[..., Outcome]:
+def run_kbit(
+    tmp_path: Path, kbit_tmpdir: Path, record_property: Callable[[str, object], None]
+) -> Callable[..., Outcome]:
     """``run_kbit(*args, timeout=120)``: the `kbit` command in ``tmp_path``, timed; stdin closed."""
 
     def run(*args: str, timeout: float = 120) -> Outcome:
         started = time.monotonic()
-        done = subprocess.run([str(KBIT), *args], capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
-                              stdin=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(kbit_tmpdir)})
+        done = subprocess.run(
+            [str(KBIT), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "TMPDIR": str(kbit_tmpdir)},
+        )
         seconds = time.monotonic() - started
         record_property("seconds", round(seconds, 2))
         return Outcome(done.returncode, done.stdout, done.stderr, seconds)

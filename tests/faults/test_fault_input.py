@@ -22,8 +22,10 @@ def test_error_text_with_markup_characters_prints_as_text(run_kbit, kbit_tmpdir,
     outcome = run_kbit("inspect", "[/oops]", *nowhere)
     assert_failed_cleanly(outcome, kbit_tmpdir)
     assert "MarkupError" not in outcome.stderr
-    assert outcome.error == ("TOPIC='[/oops]' is not a legal Kafka topic name: it contains '/[]'; Kafka topic names "
-                             "may hold only letters, digits, '.', '_' and '-'")
+    assert outcome.error == (
+        "TOPIC='[/oops]' is not a legal Kafka topic name: it contains '/[]'; Kafka topic names "
+        "may hold only letters, digits, '.', '_' and '-'"
+    )
 
 
 def test_debug_flag_adds_the_traceback(run_kbit, nowhere):
@@ -56,8 +58,9 @@ def test_negative_size_names_the_field(run_kbit, kbit_tmpdir, nowhere):
 
 def test_missing_idx_files_are_named(run_kbit, kbit_tmpdir, tmp_path, nowhere):
     (tmp_path / "mnist").mkdir()
-    outcome = run_kbit("produce", "--set", "dataset.name=mnist", "--set", f"dataset.path={tmp_path / 'mnist'}",
-                       *nowhere)
+    outcome = run_kbit(
+        "produce", "--set", "dataset.name=mnist", "--set", f"dataset.path={tmp_path / 'mnist'}", *nowhere
+    )
     assert_failed_cleanly(outcome, kbit_tmpdir)
     assert str(tmp_path / "mnist") in outcome.error and "train-images-idx3-ubyte" in outcome.error
 
@@ -71,8 +74,9 @@ def test_cut_off_gzip_idx_reports_its_true_size(run_kbit, kbit_tmpdir, tmp_path,
     whole = images.read_bytes()
     images.write_bytes(whole[: len(whole) // 2])
     assert gzip.decompress(whole)  # the file was whole before it was cut
-    outcome = run_kbit("produce", "--set", "dataset.name=mnist", "--set", f"dataset.path={tmp_path / 'mnist'}",
-                       *nowhere)
+    outcome = run_kbit(
+        "produce", "--set", "dataset.name=mnist", "--set", f"dataset.path={tmp_path / 'mnist'}", *nowhere
+    )
     assert_failed_cleanly(outcome, kbit_tmpdir)
     assert outcome.error.startswith(f"{images}: the gzip stream is cut off after ")
     assert f"(the {len(whole) // 2}-byte file is truncated); its header promises 39216 " in outcome.error

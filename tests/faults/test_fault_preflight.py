@@ -20,24 +20,55 @@ def config(tmp_path, **sections) -> KbitConfig:
     return KbitConfig.from_dict(base)
 
 
-@pytest.mark.parametrize(("sections", "message"), [
-    ({"train__model": {"name": "no_such_package.models:factory"}},
-     r"^train.model.name='no_such_package.models:factory': cannot import 'no_such_package.models'"),
-    ({"train__model": {"name": "cnn", "kwargs": {"depth": 3}}},
-     r"^train.model: cannot build 'cnn' with kwargs \{'depth': 3\}"),
-    ({"checkpoint__dir": "in-the-way/ckpt"}, r"^checkpoint.dir=.*/in-the-way/ckpt cannot be created: "
-                                            r".*/in-the-way is a file, not a directory$"),
-    ({"produce__topic": "a/b"}, r"^produce.topic='a/b' is not a legal Kafka topic name: it contains '/'"),
-    ({"produce__topic": ".."}, r"^produce.topic='..' is not a legal Kafka topic name: it cannot be '.' or '..'$"),
-    ({"produce__topic": "t" * 250}, r"is not a legal Kafka topic name: it has 250 characters; Kafka allows at most "
-                                    r"249$"),
-    ({"dataset__num_records": 12}, r"^split 'test' gives each rank no message \(12 records in 12 message\(s\) of 1, "
-                                   r"shard.split_rates=.*, 2 rank\(s\)\)"),
-    ({"train__global_batch_size": 4000}, r"^each rank's train shard holds \d+ records, less than one batch of 2000 "),
-    ({"checkpoint__resume": "ckpt/gone/step-00000004.pt"},
-     r"^checkpoint.resume='ckpt/gone/step-00000004.pt' is not a complete checkpoint"),
-], ids=["unknown-model", "bad-model-kwargs", "unwritable-checkpoint-dir", "illegal-topic", "dot-dot-topic",
-        "long-topic", "split-without-data", "batch-larger-than-shard", "missing-resume-checkpoint"])
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        (
+            {"train__model": {"name": "no_such_package.models:factory"}},
+            r"^train.model.name='no_such_package.models:factory': cannot import 'no_such_package.models'",
+        ),
+        (
+            {"train__model": {"name": "cnn", "kwargs": {"depth": 3}}},
+            r"^train.model: cannot build 'cnn' with kwargs \{'depth': 3\}",
+        ),
+        (
+            {"checkpoint__dir": "in-the-way/ckpt"},
+            r"^checkpoint.dir=.*/in-the-way/ckpt cannot be created: "
+            r".*/in-the-way is a file, not a directory$",
+        ),
+        ({"produce__topic": "a/b"}, r"^produce.topic='a/b' is not a legal Kafka topic name: it contains '/'"),
+        ({"produce__topic": ".."}, r"^produce.topic='..' is not a legal Kafka topic name: it cannot be '.' or '..'$"),
+        (
+            {"produce__topic": "t" * 250},
+            r"is not a legal Kafka topic name: it has 250 characters; Kafka allows at most "
+            r"249$",
+        ),
+        (
+            {"dataset__num_records": 12},
+            r"^split 'test' gives each rank no message \(12 records in 12 message\(s\) of 1, "
+            r"shard.split_rates=.*, 2 rank\(s\)\)",
+        ),
+        (
+            {"train__global_batch_size": 4000},
+            r"^each rank's train shard holds \d+ records, less than one batch of 2000 ",
+        ),
+        (
+            {"checkpoint__resume": "ckpt/gone/step-00000004.pt"},
+            r"^checkpoint.resume='ckpt/gone/step-00000004.pt' is not a complete checkpoint",
+        ),
+    ],
+    ids=[
+        "unknown-model",
+        "bad-model-kwargs",
+        "unwritable-checkpoint-dir",
+        "illegal-topic",
+        "dot-dot-topic",
+        "long-topic",
+        "split-without-data",
+        "batch-larger-than-shard",
+        "missing-resume-checkpoint",
+    ],
+)
 def test_training_preconditions_fail_fast_naming_the_setting(tmp_path, record_property, sections, message):
     (tmp_path / "kbit").mkdir()
     (tmp_path / "kbit" / "in-the-way").write_text("a file where a directory is needed")
@@ -51,25 +82,36 @@ def test_training_preconditions_fail_fast_naming_the_setting(tmp_path, record_pr
 
 def test_too_little_disk_for_the_kept_checkpoints(tmp_path):
     cfg = config(tmp_path, checkpoint__keep_last=10**9)
-    with pytest.raises(ConfigError, match=r"checkpoint.keep_last=1000000000, plus the one being written, of about "
-                                          r"[\d,.]+ MB each\) needs about [\d,.]+ MB but only [\d,.]+ MB are free"):
+    with pytest.raises(
+        ConfigError,
+        match=r"checkpoint.keep_last=1000000000, plus the one being written, of about "
+        r"[\d,.]+ MB each\) needs about [\d,.]+ MB but only [\d,.]+ MB are free",
+    ):
         preflight.check_training(cfg)
 
 
 def test_more_records_per_message_than_records_is_a_warning(tmp_path):
-    cfg = config(tmp_path, dataset__num_records=50, produce__variant={"records_per_message": 64},
-                 shard__split_rates=[1.0], launch__num_processes=1, train__global_batch_size=8)
+    cfg = config(
+        tmp_path,
+        dataset__num_records=50,
+        produce__variant={"records_per_message": 64},
+        shard__split_rates=[1.0],
+        launch__num_processes=1,
+        train__global_batch_size=8,
+    )
     report = preflight.check_training(cfg)
     assert report.warnings == [
         "produce.variant.records_per_message=64 is more than the 50 records of the dataset: the topic holds a "
         "single, partly filled message",
-        "produce.partitions=2 but only 1 message(s): 1 partition(s) stay empty"]
+        "produce.partitions=2 but only 1 message(s): 1 partition(s) stay empty",
+    ]
     assert report.checkpoint_bytes > 0
 
 
 def test_benchmark_preconditions_cover_the_whole_matrix(tmp_path):
-    cfg = KbitConfig.from_dict({"workdir": str(tmp_path / "kbit"), "dataset": {"num_records": 100},
-                                "bench": {"world_sizes": [1, 64]}})
+    cfg = KbitConfig.from_dict(
+        {"workdir": str(tmp_path / "kbit"), "dataset": {"num_records": 100}, "bench": {"world_sizes": [1, 64]}}
+    )
     with pytest.raises(ConfigError, match=r"gives each rank no message \(100 records .* 64 rank\(s\)\)"):
         preflight.check_benchmark(cfg)
     preflight.check_benchmark(cfg.override({"bench.world_sizes": [1, 2]}))

@@ -21,11 +21,22 @@ pytestmark = pytest.mark.kafka
 
 
 def test_illegal_topic_is_refused_before_anything_is_created(run_kbit, kbit_tmpdir, tmp_path, broker, make_config):
-    outcome = run_kbit("produce", "--topic", "x y!", "--records", "100", "--set",
-                       f"kafka.embedded.port={broker.port}", "--set", f"workdir={tmp_path / 'kbit'}")
+    outcome = run_kbit(
+        "produce",
+        "--topic",
+        "x y!",
+        "--records",
+        "100",
+        "--set",
+        f"kafka.embedded.port={broker.port}",
+        "--set",
+        f"workdir={tmp_path / 'kbit'}",
+    )
     assert_failed_cleanly(outcome, kbit_tmpdir)
-    assert outcome.error == ("produce.topic='x y!' is not a legal Kafka topic name: it contains ' !'; Kafka topic "
-                             "names may hold only letters, digits, '.', '_' and '-'")
+    assert outcome.error == (
+        "produce.topic='x y!' is not a legal Kafka topic name: it contains ' !'; Kafka topic "
+        "names may hold only letters, digits, '.', '_' and '-'"
+    )
     cfg = make_config()
     assert not admin.topic_exists(cfg.kafka, "x y!")
     assert not (tmp_path / "kbit" / "manifests" / "x y!.json").exists()
@@ -33,11 +44,27 @@ def test_illegal_topic_is_refused_before_anything_is_created(run_kbit, kbit_tmpd
 
 def test_concurrent_produces_of_one_topic_never_duplicate(broker, tmp_path, topic_name, make_config, record_property):
     workdir = tmp_path / "kbit"
-    cmd = [str(KBIT), "produce", "--json", "--topic", topic_name, "--records", "30000", "--format", "raw",
-           "--layout", "bytes", "--set", f"kafka.embedded.port={broker.port}", "--set", f"workdir={workdir}"]
+    cmd = [
+        str(KBIT),
+        "produce",
+        "--json",
+        "--topic",
+        topic_name,
+        "--records",
+        "30000",
+        "--format",
+        "raw",
+        "--layout",
+        "bytes",
+        "--set",
+        f"kafka.embedded.port={broker.port}",
+        "--set",
+        f"workdir={workdir}",
+    ]
     started = time.monotonic()
-    runs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-            for _ in range(2)]
+    runs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path) for _ in range(2)
+    ]
     outputs = [run.communicate(timeout=300) for run in runs]
     record_property("seconds", round(time.monotonic() - started, 2))
     codes = sorted(run.returncode for run in runs)

@@ -27,8 +27,13 @@ print("stopped")
 
 
 def test_stopping_spark_after_its_jvm_was_killed_is_clean(tmp_path):
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "kbit")], capture_output=True, text=True,
-                          timeout=180, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "kbit")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "stopped"
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr[-3000:]

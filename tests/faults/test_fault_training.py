@@ -15,16 +15,22 @@ from tests.conftest import SMALL_TRAINING, free_port, processes_mentioning
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 
-def test_broker_gone_mid_epoch_is_a_clear_error(spark, make_config, topic_name, tmp_path, fault_models_importable,
-                                                launch_debris, record_property):
+def test_broker_gone_mid_epoch_is_a_clear_error(
+    spark, make_config, topic_name, tmp_path, fault_models_importable, launch_debris, record_property
+):
     own = EmbeddedBroker(tmp_path / "own-broker", port=free_port())
     own.start()
     try:
         cfg = make_config(
             {**SMALL_TRAINING, "dataset": {"num_records": 8000}},
-            produce__topic=topic_name, kafka__embedded__port=own.port, reader__deadline_s=3.0,
-            train__model={"name": "fault_models:stop_broker",
-                          "kwargs": {"at_step": 2, "broker_dir": str(own.run_dir), "port": own.port}})
+            produce__topic=topic_name,
+            kafka__embedded__port=own.port,
+            reader__deadline_s=3.0,
+            train__model={
+                "name": "fault_models:stop_broker",
+                "kwargs": {"at_step": 2, "broker_dir": str(own.run_dir), "port": own.port},
+            },
+        )
         started = time.monotonic()
         with pytest.raises(DistributedError) as info:
             train(cfg, progress=False)

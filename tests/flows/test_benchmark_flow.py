@@ -16,9 +16,16 @@ from kbit_core.kafka.broker import EmbeddedBroker
 from tasks.bench import RegressionError, compare_with_baseline, fail_on_regressions
 from tests.flows.helpers import delete_topics, flow_overrides, task_runs
 
-TINY_BENCH = {"bench": {"iterations": 2, "warmup_iterations": 0, "bootstrap_resamples": 100, "decoders": None,
-                        "variants": [{"format": "raw", "layout": "bytes", "compression": "none"}]},
-              "tracking": {"system_metrics": False}}
+TINY_BENCH = {
+    "bench": {
+        "iterations": 2,
+        "warmup_iterations": 0,
+        "bootstrap_resamples": 100,
+        "decoders": None,
+        "variants": [{"format": "raw", "layout": "bytes", "compression": "none"}],
+    },
+    "tracking": {"system_metrics": False},
+}
 
 
 @pytest.fixture
@@ -35,27 +42,32 @@ def stats_doc(samples: dict[str, list[float]]) -> dict:
 def test_gate_passes_noise_and_fails_a_real_slowdown(tmp_path: Path) -> None:
     baseline = stats_doc({"avro": [1.0, 1.01, 0.99, 1.02, 0.98, 1.03], "json": [2.0, 2.02, 1.98, 2.01, 1.99, 2.03]})
     current = tmp_path / "stats.json"
-    current.write_text(json.dumps(stats_doc({"avro": [1.0, 1.02, 0.98, 1.01, 0.99, 1.005],
-                                             "json": [3.0, 3.1, 2.9, 3.05, 2.95, 3.01]})))
+    current.write_text(
+        json.dumps(stats_doc({"avro": [1.0, 1.02, 0.98, 1.01, 0.99, 1.005], "json": [3.0, 3.1, 2.9, 3.05, 2.95, 3.01]}))
+    )
 
     comparison = compare_with_baseline.fn(baseline, str(current), threshold=0.10)
 
     assert comparison["regressions"] == ["json"]
-    with pytest.raises(RegressionError, match=r"1 configuration\(s\) regressed against MLflow run base-1 beyond "
-                                              r"10%: json \+49\.9% \(Holm p=0\.00433\)"):
+    with pytest.raises(
+        RegressionError,
+        match=r"1 configuration\(s\) regressed against MLflow run base-1 beyond "
+        r"10%: json \+49\.9% \(Holm p=0\.00433\)",
+    ):
         fail_on_regressions.fn(comparison, "base-1")
-    fail_on_regressions.fn({**comparison, "deltas": [d for d in comparison["deltas"] if d["name"] == "avro"]},
-                           "base-1")
+    fail_on_regressions.fn({**comparison, "deltas": [d for d in comparison["deltas"] if d["name"] == "avro"]}, "base-1")
 
 
 @pytest.mark.kafka
 @pytest.mark.spark
 @pytest.mark.slow
 def test_benchmark_reports_publishes_and_compares_with_the_previous_run(
-        broker: EmbeddedBroker, tmp_path: Path, own_topics: None) -> None:
+    broker: EmbeddedBroker, tmp_path: Path, own_topics: None
+) -> None:
     # A threshold no noise reaches: this checks the wiring; the gate itself is tested above.
-    overrides = flow_overrides(broker, tmp_path, {**TINY_BENCH, "bench": {**TINY_BENCH["bench"],
-                                                                           "regression_threshold": 100.0}})
+    overrides = flow_overrides(
+        broker, tmp_path, {**TINY_BENCH, "bench": {**TINY_BENCH["bench"], "regression_threshold": 100.0}}
+    )
 
     first = benchmark(profile="smoke", overrides=overrides, compare_with_previous=True, return_state=True)
     client = MlflowClient(overrides["tracking"]["tracking_uri"])
@@ -82,7 +94,10 @@ def test_benchmark_reports_publishes_and_compares_with_the_previous_run(
     note = client.get_run(b["mlflow_run_id"]).data.tags["mlflow.note.content"]
     assert note.startswith("**History: 1 night(s) of this identity") and "| 1 | raw_bytes_none.confluent |" in note
     assert {a.path for a in client.list_artifacts(b["mlflow_run_id"], "history")} == {
-        "history/history.png", "history/history.md", "history/history.json"}
+        "history/history.png",
+        "history/history.md",
+        "history/history.json",
+    }
     regression = Artifact.get("kbit-regression-smoke")
     assert regression is not None and a["mlflow_run_id"] in regression.data
 
@@ -91,11 +106,11 @@ def test_benchmark_reports_publishes_and_compares_with_the_previous_run(
 @pytest.mark.spark
 @pytest.mark.slow
 def test_nightly_flow_runs_the_nightly_profile_and_gates_on_the_previous_run(
-        broker: EmbeddedBroker, tmp_path: Path, own_topics: None) -> None:
+    broker: EmbeddedBroker, tmp_path: Path, own_topics: None
+) -> None:
     # Four iterations, one makespan each: the fewest for which Mann–Whitney can reach p < 0.05 (2/70); with
     # three the gate says "insufficient runs" instead of failing.
-    overrides = flow_overrides(broker, tmp_path, {**TINY_BENCH, "bench": {**TINY_BENCH["bench"],
-                                                                           "iterations": 4}})
+    overrides = flow_overrides(broker, tmp_path, {**TINY_BENCH, "bench": {**TINY_BENCH["bench"], "iterations": 4}})
     first = nightly(overrides=overrides, return_state=True)
     assert first.is_completed(), first.message
     client = MlflowClient(overrides["tracking"]["tracking_uri"])
@@ -104,6 +119,7 @@ def test_nightly_flow_runs_the_nightly_profile_and_gates_on_the_previous_run(
 
     # A baseline that is 1000x faster than anything real makes the second night a loud regression.
     from kbit_core.tracking import BENCHMARK_ARTIFACT_DIR
+
     stats_path = Path(first.result()["stats_json"])
     doc = json.loads(stats_path.read_text())
     doc["makespan"]["raw_results"] = {k: [v / 1000 for v in vs] for k, vs in doc["makespan"]["raw_results"].items()}

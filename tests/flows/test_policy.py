@@ -18,13 +18,16 @@ def _noop() -> None:
     return None
 
 
-@pytest.mark.parametrize(("error", "retried"), [
-    (BrokerError("broker 127.0.0.1:1 unreachable"), True),
-    (ConnectionRefusedError("refused"), True),
-    (ConfigError("train.epochs: must be >= 1"), False),
-    (TaskRunTimeoutError("Scope timed out after 3600 second(s)."), False),
-    (ValueError("bad data"), False),
-])
+@pytest.mark.parametrize(
+    ("error", "retried"),
+    [
+        (BrokerError("broker 127.0.0.1:1 unreachable"), True),
+        (ConnectionRefusedError("refused"), True),
+        (ConfigError("train.epochs: must be >= 1"), False),
+        (TaskRunTimeoutError("Scope timed out after 3600 second(s)."), False),
+        (ValueError("bad data"), False),
+    ],
+)
 def test_only_transient_faults_are_retried(error: BaseException, retried: bool) -> None:
     failed: Any = Failed(data=error)
     assert is_transient(_noop, None, failed) is retried  # type: ignore[arg-type]

@@ -34,9 +34,18 @@ def own_topics(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[None]:
 
 
 def test_produce_creates_the_matrix_topics_then_serves_them_from_cache(broker: EmbeddedBroker, tmp_path: Path) -> None:
-    overrides = flow_overrides(broker, tmp_path, {"bench": {"variants": [
-        {"format": "avro", "layout": "list", "compression": "lz4"},
-        {"format": "raw", "layout": "bytes", "compression": "none"}]}})
+    overrides = flow_overrides(
+        broker,
+        tmp_path,
+        {
+            "bench": {
+                "variants": [
+                    {"format": "avro", "layout": "list", "compression": "lz4"},
+                    {"format": "raw", "layout": "bytes", "compression": "none"},
+                ]
+            }
+        },
+    )
 
     first = produce(profile="smoke", overrides=overrides, return_state=True)
 
@@ -62,8 +71,11 @@ def test_a_broker_that_comes_up_between_attempts_is_retried(tmp_path: Path, monk
         late.start()
         return transient
 
-    monkeypatch.setattr(flows.produce, "ensure_dataset_topics", ensure_dataset_topics.with_options(
-        retry_delay_seconds=0, retry_condition_fn=start_broker_then_classify))
+    monkeypatch.setattr(
+        flows.produce,
+        "ensure_dataset_topics",
+        ensure_dataset_topics.with_options(retry_delay_seconds=0, retry_condition_fn=start_broker_then_classify),
+    )
     try:
         state = produce(profile="smoke", overrides=flow_overrides(late, tmp_path), return_state=True)
     finally:
@@ -75,8 +87,9 @@ def test_a_broker_that_comes_up_between_attempts_is_retried(tmp_path: Path, monk
 
 
 def test_bad_config_fails_the_flow_at_once(broker: EmbeddedBroker, tmp_path: Path) -> None:
-    state = produce(profile="smoke", overrides=flow_overrides(broker, tmp_path, {"train": {"epochs": 0}}),
-                    return_state=True)
+    state = produce(
+        profile="smoke", overrides=flow_overrides(broker, tmp_path, {"train": {"epochs": 0}}), return_state=True
+    )
 
     assert state.is_failed()
     assert "train.epochs" in state.message

@@ -42,8 +42,9 @@ def test_profiles_grow_from_smoke_to_full() -> None:
 
 def test_full_profile_covers_every_supported_format_layout_and_compression() -> None:
     full = load_config(profile_path("full"))
-    expected = {(f, layout, c) for f in FORMATS for layout in ("list", "bytes") for c in COMPRESSIONS
-                if supported(f, layout)}
+    expected = {
+        (f, layout, c) for f in FORMATS for layout in ("list", "bytes") for c in COMPRESSIONS if supported(f, layout)
+    }
     assert {(v.format, v.layout, v.compression) for v in full.bench.variants} == expected
     assert set(full.bench.clients) == {"confluent", "kafka-python"}
 
@@ -87,8 +88,14 @@ def test_worker_environment_fills_tracking_uri_and_sasl_password(monkeypatch: py
 
 
 def test_prefect_yaml_deployments_are_descriptively_named() -> None:
-    assert {"benchmark/nightly", "benchmark/smoke", "produce/smoke-topics", "sweep/train-hyperparameters",
-            "train/ddp-cpu", "train/ddp-cluster"} <= set(DEPLOYMENTS)
+    assert {
+        "benchmark/nightly",
+        "benchmark/smoke",
+        "produce/smoke-topics",
+        "sweep/train-hyperparameters",
+        "train/ddp-cpu",
+        "train/ddp-cluster",
+    } <= set(DEPLOYMENTS)
     names = [name.split("/")[1] for name in DEPLOYMENTS]
     assert len(set(names)) == len(names)  # unique even without the flow name, as the Prefect UI lists them
 
@@ -111,4 +118,5 @@ def test_only_the_nightly_deployment_is_scheduled_and_it_compares() -> None:
     assert nightly["parameters"] == {"profile": "nightly", "compare_with_previous": True}
     assert all(not d["schedules"] for n, d in DEPLOYMENTS.items() if n != "benchmark/nightly")
     assert PREFECT_YAML["pull"] == [
-        {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $PIPELINE_ROOT }}"}}]
+        {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $PIPELINE_ROOT }}"}}
+    ]

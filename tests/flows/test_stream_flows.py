@@ -46,10 +46,16 @@ def own_topics(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[None]:
 
 
 def stream_overrides(broker: EmbeddedBroker, tmp_path: Path, **stream: object) -> dict[str, object]:
-    return flow_overrides(broker, tmp_path, {
-        "stream": {"topic": f"{topic_prefix(tmp_path)}.stream", "rate": 2000, **stream},
-        "train": {"model": {"name": "mlp"}, "global_batch_size": 32}, "checkpoint": {"dir": None},
-        "tracking": {"enabled": False}})
+    return flow_overrides(
+        broker,
+        tmp_path,
+        {
+            "stream": {"topic": f"{topic_prefix(tmp_path)}.stream", "rate": 2000, **stream},
+            "train": {"model": {"name": "mlp"}, "global_batch_size": 32},
+            "checkpoint": {"dir": None},
+            "tracking": {"enabled": False},
+        },
+    )
 
 
 def test_produce_stream_appends_and_a_second_run_continues(broker: EmbeddedBroker, tmp_path: Path) -> None:
@@ -63,8 +69,10 @@ def test_produce_stream_appends_and_a_second_run_continues(broker: EmbeddedBroke
 @pytest.mark.slow
 def test_train_stream_publishes_lag_and_freshness(broker: EmbeddedBroker, tmp_path: Path) -> None:
     produce_stream(profile="train-stream", overrides=stream_overrides(broker, tmp_path, records=320))
-    summary = train_stream(profile="train-stream", overrides=stream_overrides(
-        broker, tmp_path, stop_after_records=320, eval_records=100, eval_every_steps=5))
+    summary = train_stream(
+        profile="train-stream",
+        overrides=stream_overrides(broker, tmp_path, stop_after_records=320, eval_records=100, eval_every_steps=5),
+    )
     assert summary["stop_reason"] == "records" and summary["lag_records"] == 0
     assert summary["freshness_s"]["p50"] > 0 and summary["metrics"]["records"] == 320
     with get_client(sync_client=True) as client:
@@ -76,11 +84,21 @@ def test_train_stream_publishes_lag_and_freshness(broker: EmbeddedBroker, tmp_pa
 def process_worker(tmp_path: Path) -> Iterator[str]:
     """A Prefect process worker (as `kbit stack up` runs) on a work pool of its own; the pool's name."""
     pool = f"kbit-test-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_HOME": str(tmp_path / "prefect"),
-           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
     with (tmp_path / "worker.log").open("w") as log:
-        worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type",
-                                   "process"], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     try:
         with get_client(sync_client=True) as client:  # the worker creates its pool
             wait_for(lambda: _pool_exists(client, pool), 60, f"work pool {pool}")
@@ -115,15 +133,22 @@ def stuck_report(processes: list[psutil.Process]) -> str:
     for process in processes:
         try:
             with process.oneshot():
-                lines.append(f"pid {process.pid} ppid {process.ppid()} {process.status()} {process.cpu_times()} "
-                             f"threads {process.num_threads()}: {' '.join(process.cmdline())}")
+                lines.append(
+                    f"pid {process.pid} ppid {process.ppid()} {process.status()} {process.cpu_times()} "
+                    f"threads {process.num_threads()}: {' '.join(process.cmdline())}"
+                )
         except psutil.Error as exc:
             lines.append(f"pid {process.pid}: {exc!r}")
             continue
         if shutil.which("gdb"):
             try:
-                gdb = subprocess.run(["gdb", "-p", str(process.pid), "-batch", "-ex", "thread apply all bt 25"],
-                                     capture_output=True, text=True, timeout=60, check=False)
+                gdb = subprocess.run(
+                    ["gdb", "-p", str(process.pid), "-batch", "-ex", "thread apply all bt 25"],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    check=False,
+                )
             except subprocess.TimeoutExpired:
                 lines.append("gdb: no answer within 60 s")
             else:
@@ -142,13 +167,15 @@ def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> No
 @pytest.mark.spark
 @pytest.mark.slow
 def test_a_cancelled_train_stream_run_stops_its_ranks_with_a_final_checkpoint_that_a_rerun_continues(
-        broker: EmbeddedBroker, tmp_path: Path, process_worker: str) -> None:
+    broker: EmbeddedBroker, tmp_path: Path, process_worker: str
+) -> None:
     """A `train_stream` flow run through a process worker (as the deployments run), cancelled through the API
     while its ranks train on a live stream."""
     # No periodic checkpoints: any checkpoint was written as the ranks stopped.
-    overrides = deep_merge(stream_overrides(broker, tmp_path, eval_records=100, eval_every_steps=1000,
-                                            idle_timeout_s=120),
-                           {"checkpoint": {"dir": "ckpt", "every_steps": None}})
+    overrides = deep_merge(
+        stream_overrides(broker, tmp_path, eval_records=100, eval_every_steps=1000, idle_timeout_s=120),
+        {"checkpoint": {"dir": "ckpt", "every_steps": None}},
+    )
     cfg = load_run_config("train-stream", overrides)
     lineage_dir = cfg.run_dir / "ckpt"
     stop_producing = threading.Event()
@@ -156,18 +183,21 @@ def test_a_cancelled_train_stream_run_stops_its_ranks_with_a_final_checkpoint_th
     try:
         with get_client(sync_client=True) as client:
             deployment = client.create_deployment(
-                flow_id=client.create_flow_from_name("train_stream"), name=f"cancel-{uuid.uuid4().hex[:8]}",
-                entrypoint="flows/stream.py:train_stream", work_pool_name=process_worker,
-                pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(PROJECT_ROOT)}}])
+                flow_id=client.create_flow_from_name("train_stream"),
+                name=f"cancel-{uuid.uuid4().hex[:8]}",
+                entrypoint="flows/stream.py:train_stream",
+                work_pool_name=process_worker,
+                pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(PROJECT_ROOT)}}],
+            )
             flow_run = client.create_flow_run_from_deployment(
-                deployment, parameters={"profile": "train-stream", "overrides": overrides})
+                deployment, parameters={"profile": "train-stream", "overrides": overrides}
+            )
             # rank 0 opens its lineage as it starts; a few seconds later it trains
             wait_for(lambda: list(lineage_dir.glob("*/lineage.json")), 240, "checkpoint lineage")
             time.sleep(8)
             client.set_flow_run_state(flow_run.id, State(type=StateType.CANCELLING))
             final_states = {StateType.CANCELLED, StateType.COMPLETED, StateType.FAILED, StateType.CRASHED}
-            wait_for(lambda: client.read_flow_run(flow_run.id).state_type in final_states, 180,
-                     "final flow-run state")
+            wait_for(lambda: client.read_flow_run(flow_run.id).state_type in final_states, 180, "final flow-run state")
             state = client.read_flow_run(flow_run.id).state
     finally:
         stop_producing.set()
@@ -181,8 +211,10 @@ def test_a_cancelled_train_stream_run_stops_its_ranks_with_a_final_checkpoint_th
     except TimeoutError as exc:
         stop_file = stop_file_path(cfg)
         try:
-            report = (f"{exc}; stop file {stop_file} {'exists' if stop_file.exists() else 'missing'}\n"
-                      f"{stuck_report(rank_processes(cfg.workdir))}\nworker log:\n{worker_log[-4000:]}")
+            report = (
+                f"{exc}; stop file {stop_file} {'exists' if stop_file.exists() else 'missing'}\n"
+                f"{stuck_report(rank_processes(cfg.workdir))}\nworker log:\n{worker_log[-4000:]}"
+            )
         finally:
             for rank in rank_processes(cfg.workdir):
                 with contextlib.suppress(psutil.NoSuchProcess):

@@ -20,9 +20,12 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.ray, pytest.mark
 
 # The good point first: when the weak one reaches the first rung, ASHA has a better result there to cut against.
 SPACE = {"train.optim.lr": [3e-3, 1e-6]}
-TRAINING = {"dataset": {"num_records": 2000}, "shard": {"split_rates": [0.8, 0.1, 0.1]},
-            "train": {"epochs": 2, "global_batch_size": 64, "model": {"name": "mlp"}},
-            "tracking": {"log_models": False, "system_metrics": False}}
+TRAINING = {
+    "dataset": {"num_records": 2000},
+    "shard": {"split_rates": [0.8, 0.1, 0.1]},
+    "train": {"epochs": 2, "global_batch_size": 64, "model": {"name": "mlp"}},
+    "tracking": {"log_models": False, "system_metrics": False},
+}
 
 
 @pytest.fixture(autouse=True)
@@ -31,11 +34,11 @@ def own_topics(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[None]:
     delete_topics(broker, tmp_path)
 
 
-def test_prefect_and_ray_tune_sweeps_pick_the_same_best_trial(broker: EmbeddedBroker, ray_head_service: Service,
-                                                               tmp_path: Path) -> None:
+def test_prefect_and_ray_tune_sweeps_pick_the_same_best_trial(
+    broker: EmbeddedBroker, ray_head_service: Service, tmp_path: Path
+) -> None:
     overrides = flow_overrides(broker, tmp_path, TRAINING)
-    on_ray = deep_merge(overrides, {"sweep": {"backend": "ray-tune"},
-                                    "launch": ray_head_settings(ray_head_service)})
+    on_ray = deep_merge(overrides, {"sweep": {"backend": "ray-tune"}, "launch": ray_head_settings(ray_head_service)})
 
     by_prefect = sweep(profile="train", overrides=overrides, space=SPACE, return_state=True).result()
     by_tune = sweep(profile="train", overrides=on_ray, space=SPACE, return_state=True).result()
@@ -47,8 +50,9 @@ def test_prefect_and_ray_tune_sweeps_pick_the_same_best_trial(broker: EmbeddedBr
     for trial in by_prefect["trials"]:
         assert client.get_run(trial["mlflow_run_id"]).info.status == "FINISHED"
     parent = client.get_run(by_tune["mlflow_run_id"])
-    children = client.search_runs([parent.info.experiment_id],
-                                  filter_string=f"tags.mlflow.parentRunId = '{by_tune['mlflow_run_id']}'")
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{by_tune['mlflow_run_id']}'"
+    )
     assert sorted(r.info.run_id for r in children) == sorted(t["mlflow_run_id"] for t in by_tune["trials"])
     best_child = client.get_run(by_tune["best"]["mlflow_run_id"])
     assert best_child.data.tags["kbit.best_trial"] == "true"

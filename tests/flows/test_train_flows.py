@@ -15,8 +15,10 @@ from tests.flows.helpers import delete_topics, flow_overrides, task_runs
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
-TINY_TRAINING = {"train": {"epochs": 1, "model": {"name": "mlp"}}, "tracking": {"log_models": False,
-                                                                                "system_metrics": False}}
+TINY_TRAINING = {
+    "train": {"epochs": 1, "model": {"name": "mlp"}},
+    "tracking": {"log_models": False, "system_metrics": False},
+}
 
 
 def all_run_ids(client: MlflowClient) -> list[str]:
@@ -51,8 +53,14 @@ def test_train_flow_trains_and_records_the_run(broker: EmbeddedBroker, tmp_path:
 def test_sweep_trains_every_trial_and_picks_the_best(broker: EmbeddedBroker, tmp_path: Path) -> None:
     overrides = flow_overrides(broker, tmp_path, TINY_TRAINING)
 
-    state = sweep(profile="train", overrides=overrides, space={"train.optim.lr": [1e-4, 3e-3]},
-                  metric="val_loss", mode="min", return_state=True)
+    state = sweep(
+        profile="train",
+        overrides=overrides,
+        space={"train.optim.lr": [1e-4, 3e-3]},
+        metric="val_loss",
+        mode="min",
+        return_state=True,
+    )
 
     assert state.is_completed(), state.message
     out = state.result()
@@ -61,5 +69,4 @@ def test_sweep_trains_every_trial_and_picks_the_best(broker: EmbeddedBroker, tmp
     client = MlflowClient(overrides["tracking"]["tracking_uri"])
     lrs = {client.get_run(t["mlflow_run_id"]).data.params["train.optim.lr"] for t in out["trials"]}
     assert lrs == {"0.0001", "0.003"}
-    assert sorted(all_run_ids(client)) == sorted(t["mlflow_run_id"] for t in out["trials"]), \
-        "one MLflow run per trial"
+    assert sorted(all_run_ids(client)) == sorted(t["mlflow_run_id"] for t in out["trials"]), "one MLflow run per trial"

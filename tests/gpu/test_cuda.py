@@ -29,8 +29,13 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def env() -> Iterator[DistEnv]:
-    environ = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(free_port())}
+    environ = {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
     env = read_env(True, environ)
     with pytest.MonkeyPatch.context() as patch:
         for name, value in environ.items():  # init_process_group reads the rendezvous from the environment
@@ -50,8 +55,10 @@ def config(**train: object) -> KbitConfig:
 
 def batch(env: DistEnv, n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
-    return (torch.rand(n, 1, 28, 28, generator=generator).to(env.device),
-            torch.randint(0, 10, (n,), generator=generator).to(env.device))
+    return (
+        torch.rand(n, 1, 28, 28, generator=generator).to(env.device),
+        torch.randint(0, 10, (n,), generator=generator).to(env.device),
+    )
 
 
 def test_nccl_all_reduce(env: DistEnv) -> None:
@@ -92,8 +99,13 @@ def test_sync_batchnorm_replaces_batchnorm_on_gpu(env: DistEnv) -> None:
 def test_deepspeed_fp16_step(env: DistEnv) -> None:
     deepspeed = import_deepspeed(env.device)
     assert deepspeed is not None, "deepspeed must import on a GPU machine"
-    cfg = KbitConfig.from_dict({"launch": {"use_gpu": True, "num_processes": 1}, "train": {"precision": "fp16"},
-                                "deepspeed": {"enabled": True, "zero_stage": 1}})
+    cfg = KbitConfig.from_dict(
+        {
+            "launch": {"use_gpu": True, "num_processes": 1},
+            "train": {"precision": "fp16"},
+            "deepspeed": {"enabled": True, "zero_stage": 1},
+        }
+    )
     engine = build_engine(small_model(), cfg, env, steps_per_epoch=2, total_steps=2, deepspeed=deepspeed)
     x, y = batch(env)
     with engine.accumulation(True):

@@ -16,8 +16,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.kafka]
 
 
 def test_process_workers_feed_a_rank_with_cuda_initialised(produce_topic: Produce):
-    cfg, manifest = produce_topic(RAW, 200, partitions=2, launch__use_gpu=True, train__global_batch_size=16,
-                                  shard__block_records=32)
+    cfg, manifest = produce_topic(
+        RAW, 200, partitions=2, launch__use_gpu=True, train__global_batch_size=16, shard__block_records=32
+    )
     on_gpu = torch.ones(1, device="cuda")  # CUDA is initialised before the worker process starts
     runs = {}
     for workers in ("thread", "process"):

@@ -24,8 +24,9 @@ def produce_topic(make_config: Callable[..., KbitConfig]) -> Iterator[Produce]:
     """``produce_topic(variant, num_records=40, partitions=2, **dotted) -> (cfg, manifest)``; topics deleted after."""
     made: list[tuple[KbitConfig, str]] = []
 
-    def _produce(variant: DataVariant | dict[str, Any], num_records: int = 40, partitions: int = 2,
-                 **dotted: Any) -> tuple[KbitConfig, Manifest]:
+    def _produce(
+        variant: DataVariant | dict[str, Any], num_records: int = 40, partitions: int = 2, **dotted: Any
+    ) -> tuple[KbitConfig, Manifest]:
         variant = variant if isinstance(variant, DataVariant) else DataVariant(**variant)
         cfg = make_config(dataset__num_records=num_records, produce__partitions=partitions, **dotted)
         manifest = produce_dataset(cfg, variant, progress=False)
@@ -66,8 +67,22 @@ def inject(cfg: KbitConfig, topic: str, partition: int, value: bytes) -> int:
 
 def extended(manifest: Manifest, partition: int, extra: int) -> Manifest:
     """The manifest claiming ``extra`` more single-record messages at the end of ``partition``."""
-    parts = [p.model_copy(update={"last_offset": p.last_offset + extra, "num_messages": p.num_messages + extra,
-                                  "num_records": p.num_records + extra}) if p.partition == partition else p
-             for p in manifest.partitions]
-    return manifest.model_copy(update={"partitions": parts, "num_messages": manifest.num_messages + extra,
-                                       "num_records": manifest.num_records + extra})
+    parts = [
+        p.model_copy(
+            update={
+                "last_offset": p.last_offset + extra,
+                "num_messages": p.num_messages + extra,
+                "num_records": p.num_records + extra,
+            }
+        )
+        if p.partition == partition
+        else p
+        for p in manifest.partitions
+    ]
+    return manifest.model_copy(
+        update={
+            "partitions": parts,
+            "num_messages": manifest.num_messages + extra,
+            "num_records": manifest.num_records + extra,
+        }
+    )

@@ -52,8 +52,9 @@ def crash_once(*, image_shape: tuple[int, ...], num_classes: int, at_step: int, 
     return FaultAt(_cnn(image_shape, num_classes), rank=1, at_call=at_step, fault=fault)
 
 
-def stop_broker(*, image_shape: tuple[int, ...], num_classes: int, at_step: int, broker_dir: str,
-                port: int) -> nn.Module:
+def stop_broker(
+    *, image_shape: tuple[int, ...], num_classes: int, at_step: int, broker_dir: str, port: int
+) -> nn.Module:
     """Rank 0 stops the embedded broker (by its PID file in ``broker_dir``) at training step ``at_step``."""
 
     def fault() -> None:
@@ -62,8 +63,9 @@ def stop_broker(*, image_shape: tuple[int, ...], num_classes: int, at_step: int,
     return FaultAt(_cnn(image_shape, num_classes), rank=0, at_call=at_step, fault=fault)
 
 
-def kill_each_attempt(*, image_shape: tuple[int, ...], num_classes: int, at_step: int, marker_dir: str,
-                      times: int) -> nn.Module:
+def kill_each_attempt(
+    *, image_shape: tuple[int, ...], num_classes: int, at_step: int, marker_dir: str, times: int
+) -> nn.Module:
     """Rank 1 SIGKILLs itself at training step ``at_step`` of each of the first ``times`` attempts: no Python
     error, no traceback file, only torchrun's record (``marker_dir`` counts the kills; ``times=0`` never kills)."""
 

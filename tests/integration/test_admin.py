@@ -45,14 +45,28 @@ def produce_batched(kcfg: KafkaConfig, topic: str, per_partition: dict[int, int]
 
 
 def manifest_for(topic: str, messages: dict[int, int]) -> Manifest:
-    parts = [PartitionManifest(partition=p, first_offset=0, last_offset=n - 1, num_messages=n, num_records=n,
-                               value_bytes=2 * n) for p, n in sorted(messages.items())]
+    parts = [
+        PartitionManifest(
+            partition=p, first_offset=0, last_offset=n - 1, num_messages=n, num_records=n, value_bytes=2 * n
+        )
+        for p, n in sorted(messages.items())
+    ]
     total = sum(messages.values())
-    return Manifest(topic=topic, dataset=DatasetInfo(name="synthetic_digits", seed=0, num_records=total,
-                                                     image_shape=(1, 28, 28), num_classes=10),
-                    variant=DataVariant(), schema_fingerprint="f", partitions=parts, num_messages=total,
-                    num_records=total, value_bytes=2 * total, produce_seconds=0.1, client="confluent",
-                    kbit_version="test")
+    return Manifest(
+        topic=topic,
+        dataset=DatasetInfo(
+            name="synthetic_digits", seed=0, num_records=total, image_shape=(1, 28, 28), num_classes=10
+        ),
+        variant=DataVariant(),
+        schema_fingerprint="f",
+        partitions=parts,
+        num_messages=total,
+        num_records=total,
+        value_bytes=2 * total,
+        produce_seconds=0.1,
+        client="confluent",
+        kbit_version="test",
+    )
 
 
 def test_create_list_describe_delete(kcfg: KafkaConfig, topic: str) -> None:

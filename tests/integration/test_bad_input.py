@@ -18,6 +18,7 @@ from tests.integration.dataplane_fixtures import RAW, Produce, extended, inject,
 
 pytestmark = pytest.mark.kafka
 
+
 def drain(loader) -> list:
     return [b.indices.tolist() for b in loader.iter_indexed()]
 
@@ -25,8 +26,9 @@ def drain(loader) -> list:
 @pytest.mark.parametrize("mode", ["stream", "eager"])
 @pytest.mark.parametrize("value", [b"\x00garbage", b""], ids=["garbage", "empty"])
 def test_corrupt_value_fails_with_its_coordinates(produce_topic: Produce, mode, value):
-    cfg, manifest = produce_topic(RAW, 40, partitions=2, reader__mode=mode, shard__split_rates=[0.5, 0.5],
-                                  train__global_batch_size=4)
+    cfg, manifest = produce_topic(
+        RAW, 40, partitions=2, reader__mode=mode, shard__split_rates=[0.5, 0.5], train__global_batch_size=4
+    )
     offset = inject(cfg, manifest.topic, 1, value)
     with make_split_loader(cfg, extended(manifest, 1, 1), "val", 0, 1) as loader:
         with pytest.raises(CorruptRecordError, match=r"does not decode as raw/bytes") as err:
@@ -65,8 +67,9 @@ def test_a_damaged_list_value_fails_with_the_stock_error_and_its_coordinates(pro
 
 
 def test_skip_policy_counts_the_bad_record_and_keeps_len(produce_topic: Produce):
-    cfg, manifest = produce_topic(RAW, 40, partitions=2, reader__bad_records="skip", shard__split_rates=[0.5, 0.5],
-                                  train__global_batch_size=4)
+    cfg, manifest = produce_topic(
+        RAW, 40, partitions=2, reader__bad_records="skip", shard__split_rates=[0.5, 0.5], train__global_batch_size=4
+    )
     inject(cfg, manifest.topic, 1, b"not an image")
     with make_split_loader(cfg, extended(manifest, 1, 1), "val", 0, 1) as loader:
         batches = drain(loader)
@@ -101,8 +104,13 @@ def test_unknown_topic(produce_topic: Produce):
 def test_missing_partition(produce_topic: Produce):
     cfg, manifest = produce_topic(RAW, 10, partitions=1, shard__split_rates=[1.0])
     extra = manifest.partitions[0].model_copy(update={"partition": 1})
-    two = manifest.model_copy(update={"partitions": [*manifest.partitions, extra],
-                                      "num_messages": 2 * manifest.num_messages, "num_records": 2 * manifest.num_records})
+    two = manifest.model_copy(
+        update={
+            "partitions": [*manifest.partitions, extra],
+            "num_messages": 2 * manifest.num_messages,
+            "num_records": 2 * manifest.num_records,
+        }
+    )
     with make_split_loader(cfg, two, "train", 0, 1) as loader:
         with pytest.raises(TopicError, match=r"has no partition\(s\) \[1\]"):
             drain(loader)
@@ -113,8 +121,11 @@ def test_offsets_past_the_end_fail_fast(produce_topic: Produce, client):
     cfg, manifest = produce_topic(RAW, 20, partitions=2, shard__split_rates=[1.0], reader__deadline_s=30)
     started = time.monotonic()
     with make_split_loader(cfg, extended(manifest, 0, 5), "train", 0, 1, client=client) as loader:
-        with pytest.raises(OffsetRangeError, match=r"planned range \[0, 15\) is outside the stored offsets \[0, 10\)"
-                           r".*partition=0, offset=10"):
+        with pytest.raises(
+            OffsetRangeError,
+            match=r"planned range \[0, 15\) is outside the stored offsets \[0, 10\)"
+            r".*partition=0, offset=10",
+        ):
             drain(loader)
     assert time.monotonic() - started < 10, "checked up front, not after the read deadline"
 
@@ -124,9 +135,17 @@ def test_broker_stopped_mid_read_times_out_naming_the_position(tmp_path, make_co
     own = EmbeddedBroker(tmp_path / "own-broker", port=free_port())
     own.start()
     try:
-        cfg = make_config(kafka__embedded__port=own.port, dataset__num_records=400, produce__partitions=1,
-                          reader__deadline_s=2.0, reader__poll_timeout_s=0.2, reader__prefetch_batches=1,
-                          shard__split_rates=[1.0], shard__block_records=4, train__global_batch_size=2)
+        cfg = make_config(
+            kafka__embedded__port=own.port,
+            dataset__num_records=400,
+            produce__partitions=1,
+            reader__deadline_s=2.0,
+            reader__poll_timeout_s=0.2,
+            reader__prefetch_batches=1,
+            shard__split_rates=[1.0],
+            shard__block_records=4,
+            train__global_batch_size=2,
+        )
         from kbit_core.produce import produce_dataset
 
         manifest = produce_dataset(cfg, cfg.produce.variant.model_copy(update=RAW), progress=False)
@@ -135,8 +154,11 @@ def test_broker_stopped_mid_read_times_out_naming_the_position(tmp_path, make_co
             next(batches)
             own.stop()
             started = time.monotonic()
-            with pytest.raises(ReadTimeoutError, match=r"no progress for 2s reading planned range .*expecting offset "
-                                                       rf"\d+ next.*topic={manifest.topic}, partition=0") as err:
+            with pytest.raises(
+                ReadTimeoutError,
+                match=r"no progress for 2s reading planned range .*expecting offset "
+                rf"\d+ next.*topic={manifest.topic}, partition=0",
+            ) as err:
                 for _ in batches:
                     pass
             assert time.monotonic() - started < 20

@@ -18,21 +18,31 @@ from kbit_core.jobs.benchmark import matrix
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 
-VARIANTS = [{"format": "avro", "layout": "list", "compression": "lz4"},
-            {"format": "json", "layout": "bytes", "compression": "none"}]
+VARIANTS = [
+    {"format": "avro", "layout": "list", "compression": "lz4"},
+    {"format": "json", "layout": "bytes", "compression": "none"},
+]
 
 
 @pytest.fixture
 def bench_config(make_config: Callable[..., KbitConfig], tmp_path: Path, spark: object) -> KbitConfig:
-    return make_config({
-        "profile": "e2e",
-        "dataset": {"num_records": 700},
-        "produce": {"partitions": 2, "topic_prefix": f"e2e{tmp_path.name[-6:].replace('_', '')}"},
-        "train": {"global_batch_size": 32, "model": {"name": "mlp"}},
-        "bench": {"iterations": 2, "warmup_iterations": 0, "variants": VARIANTS, "train_epoch": True,
-                  "output_dir": str(tmp_path / "reports"), "bootstrap_resamples": 200},
-        "tracking": {"system_metrics": False},
-    })
+    return make_config(
+        {
+            "profile": "e2e",
+            "dataset": {"num_records": 700},
+            "produce": {"partitions": 2, "topic_prefix": f"e2e{tmp_path.name[-6:].replace('_', '')}"},
+            "train": {"global_batch_size": 32, "model": {"name": "mlp"}},
+            "bench": {
+                "iterations": 2,
+                "warmup_iterations": 0,
+                "variants": VARIANTS,
+                "train_epoch": True,
+                "output_dir": str(tmp_path / "reports"),
+                "bootstrap_resamples": 200,
+            },
+            "tracking": {"system_metrics": False},
+        }
+    )
 
 
 def test_small_benchmark_end_to_end(bench_config: KbitConfig, tmp_path: Path) -> None:
@@ -79,15 +89,14 @@ def test_small_benchmark_end_to_end(bench_config: KbitConfig, tmp_path: Path) ->
     parent_id = result["mlflow"]["parent_run_id"]
     parent = client.get_run(parent_id)
     assert parent.info.status == "FINISHED" and parent.data.params["bench.iterations"] == "2"
-    children = client.search_runs([exp.experiment_id],
-                                  filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
+    children = client.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
     assert {r.data.tags["config"] for r in children} == set(names)
     for child in children:
         name = child.data.tags["config"]
-        assert child.data.metrics["per_rank_median_s"] == pytest.approx(
-            stats["statistical_analysis"][name]["median"])
+        assert child.data.metrics["per_rank_median_s"] == pytest.approx(stats["statistical_analysis"][name]["median"])
         assert child.data.metrics["makespan_median_s"] == pytest.approx(
-            stats["makespan"]["statistical_analysis"][name]["median"])
+            stats["makespan"]["statistical_analysis"][name]["median"]
+        )
         assert child.data.metrics["throughput_records_per_s_median"] > 0
         assert len(client.get_metric_history(child.info.run_id, "makespan_s")) == 2
         assert child.data.metrics["train_samples_per_s_median"] > 0

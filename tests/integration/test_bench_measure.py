@@ -30,18 +30,24 @@ def opened_clients(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             def __init__(self, *args, **kwargs) -> None:
                 opened.append(cls.__name__)
                 super().__init__(*args, **kwargs)
+
         return Counted
 
-    for module, name in ((confluent_kafka, "Consumer"), (admin, "Consumer"), (admin, "AdminClient"),
-                         (kafka, "KafkaConsumer")):
+    for module, name in (
+        (confluent_kafka, "Consumer"),
+        (admin, "Consumer"),
+        (admin, "AdminClient"),
+        (kafka, "KafkaConsumer"),
+    ):
         monkeypatch.setattr(module, name, counted(getattr(module, name)))
     return opened
 
 
 # The rank's one consumer checks all three splits' ranges itself (metadata + one probe fetch); a kafka-python
 # rank asks them through one short-lived confluent client.
-@pytest.mark.parametrize(("client", "clients"), [("confluent", ["Consumer"]),
-                                                 ("kafka-python", ["Consumer", "KafkaConsumer"])])
+@pytest.mark.parametrize(
+    ("client", "clients"), [("confluent", ["Consumer"]), ("kafka-python", ["Consumer", "KafkaConsumer"])]
+)
 def test_one_configuration_opens_the_clients_it_counts(produce_topic: Produce, opened_clients, client, clients):
     base, manifest = produce_topic(RAW, 301, partitions=3)
     cfg = cell_config(base, Task("raw_bytes_lz4", client, 16, manifest.model_dump_json()))
@@ -60,7 +66,11 @@ def test_one_configuration_opens_the_clients_it_counts(produce_topic: Produce, o
     assert numbers["records"] == sum(s.num_records for s in shards)
     assert numbers["dropped_messages"] == sum(s.dropped for s in shards) > 0
     assert {c: numbers[c] for c in COUNTERS if c not in ("dropped_messages", "kafka_clients")} == {
-        "skipped_messages": 0, "gap_offsets": 0, "padded_messages": 0, "padded_records": 0}
+        "skipped_messages": 0,
+        "gap_offsets": 0,
+        "padded_messages": 0,
+        "padded_records": 0,
+    }
 
 
 def test_skipped_and_padded_records_reach_the_numbers(produce_topic: Produce):

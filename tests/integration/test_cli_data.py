@@ -37,9 +37,29 @@ def profile(make_config: Callable[..., KbitConfig], tmp_path: Path, topic_name: 
 
 
 def produce(profile: Path, topic: str, *extra: str):
-    return runner.invoke(app, ["produce", "--config", str(profile), "--format", "raw", "--layout", "bytes",
-                               "--compression", "lz4", "--records", "11", "--partitions", "2", "--topic", topic,
-                               "--records-per-message", "2", *extra])
+    return runner.invoke(
+        app,
+        [
+            "produce",
+            "--config",
+            str(profile),
+            "--format",
+            "raw",
+            "--layout",
+            "bytes",
+            "--compression",
+            "lz4",
+            "--records",
+            "11",
+            "--partitions",
+            "2",
+            "--topic",
+            topic,
+            "--records-per-message",
+            "2",
+            *extra,
+        ],
+    )
 
 
 def test_produce_flags_override_the_profile_and_inspect_confirms(profile: Path, topic_name: str) -> None:

@@ -60,8 +60,9 @@ def test_assign_reads_from_explicit_offsets_in_order(make_config: Callable[..., 
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_reassign_moves_backwards_and_across_partitions(make_config: Callable[..., KbitConfig], topic: str,
-                                                         client: str):
+def test_reassign_moves_backwards_and_across_partitions(
+    make_config: Callable[..., KbitConfig], topic: str, client: str
+):
     cfg = make_config()
     with make_consumer(cfg.kafka, cfg.reader, client) as consumer:
         consumer.assign(topic, {0: 100})
@@ -88,20 +89,24 @@ def test_poll_respects_max_records(make_config: Callable[..., KbitConfig], topic
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_offset_bounds_come_from_one_probe_fetch(make_config: Callable[..., KbitConfig], topic: str, client: str,
-                                                 monkeypatch: pytest.MonkeyPatch):
+def test_offset_bounds_come_from_one_probe_fetch(
+    make_config: Callable[..., KbitConfig], topic: str, client: str, monkeypatch: pytest.MonkeyPatch
+):
     # The topic was sent in multi-record batches, which Tansu's ListOffsets(LATEST) answers short: the exact ends
     # come from the probe's Fetch response alone, with no ListOffsets round trip.
     listed: list[list[int]] = []
     list_offsets = admin.list_offsets
-    monkeypatch.setattr(admin, "list_offsets",
-                        lambda c, k, t, parts: listed.append(list(parts)) or list_offsets(c, k, t, parts))
+    monkeypatch.setattr(
+        admin, "list_offsets", lambda c, k, t, parts: listed.append(list(parts)) or list_offsets(c, k, t, parts)
+    )
     cfg = make_config()
     with make_consumer(cfg.kafka, cfg.reader, client) as consumer:
         assert consumer.bounds_opens_client is (client == "kafka-python")
         # at the log end the response holds no record, only the bounds
-        assert consumer.offset_bounds(topic, {0: PER_PARTITION, 1: 120}) == {0: (0, PER_PARTITION),
-                                                                             1: (0, PER_PARTITION)}
+        assert consumer.offset_bounds(topic, {0: PER_PARTITION, 1: 120}) == {
+            0: (0, PER_PARTITION),
+            1: (0, PER_PARTITION),
+        }
         assert listed == []
         # a probe past the log end (a stale plan) still comes back with the true bounds, so the check can name them
         assert consumer.offset_bounds(topic, {1: PER_PARTITION + 50}) == {1: (0, PER_PARTITION)}
@@ -111,8 +116,9 @@ def test_offset_bounds_come_from_one_probe_fetch(make_config: Callable[..., Kbit
         assert [r.offset for r in poll_until(consumer, 10)] == list(range(PER_PARTITION - 10, PER_PARTITION))
 
 
-def test_offset_bounds_list_offsets_where_a_probe_is_answered_out_of_range(make_config: Callable[..., KbitConfig],
-                                                                         topic: str, monkeypatch: pytest.MonkeyPatch):
+def test_offset_bounds_list_offsets_where_a_probe_is_answered_out_of_range(
+    make_config: Callable[..., KbitConfig], topic: str, monkeypatch: pytest.MonkeyPatch
+):
     # Apache Kafka answers a probe outside the log as out of range (Tansu answers it with the bounds regardless):
     # the partition is asked with ListOffsets, then probed again below its approximate (on Tansu: short) end.
     probed: list[dict[int, int]] = []
@@ -132,8 +138,9 @@ def test_offset_bounds_list_offsets_where_a_probe_is_answered_out_of_range(make_
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_offset_bounds_name_a_missing_topic_or_partition(make_config: Callable[..., KbitConfig], topic: str,
-                                                         client: str):
+def test_offset_bounds_name_a_missing_topic_or_partition(
+    make_config: Callable[..., KbitConfig], topic: str, client: str
+):
     cfg = make_config()
     with make_consumer(cfg.kafka, cfg.reader, client) as consumer:
         with pytest.raises(TopicError, match=rf"topic '{topic}' has no partition\(s\) \[5\] \(it has \[0, 1\]\)"):

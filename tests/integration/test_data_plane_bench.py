@@ -48,21 +48,47 @@ def test_parse_variant_rejects_bad_names(name, match):
 def test_bench_data_cli_writes_rates_ratios_rss_and_targets(make_config, tmp_path):
     cfg = make_config()
     out, md = tmp_path / "results.json", tmp_path / "results.md"
-    result = CliRunner().invoke(app, [
-        "bench-data", "--set", f"kafka.embedded.port={cfg.kafka.embedded.port}", "--set", f"workdir={cfg.workdir}",
-        "--records", "300", "-v", "raw_bytes_none", "--clients", "confluent", "--repeats", "1",
-        "--rss-records", "200,1000", "--out", str(out), "--markdown", str(md), "--json",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench-data",
+            "--set",
+            f"kafka.embedded.port={cfg.kafka.embedded.port}",
+            "--set",
+            f"workdir={cfg.workdir}",
+            "--records",
+            "300",
+            "-v",
+            "raw_bytes_none",
+            "--clients",
+            "confluent",
+            "--repeats",
+            "1",
+            "--rss-records",
+            "200,1000",
+            "--out",
+            str(out),
+            "--markdown",
+            str(md),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     results = json.loads(out.read_text())
     (row,) = results["rows"]
     assert (row["variant"], row["client"], row["records"]) == ("raw_bytes_none", "confluent", 300)
-    for key in ("produce_records_per_s", "fetch_records_per_s", "decode_records_per_s", "stock_decode_records_per_s",
-                "loader_records_per_s"):
+    for key in (
+        "produce_records_per_s",
+        "fetch_records_per_s",
+        "decode_records_per_s",
+        "stock_decode_records_per_s",
+        "loader_records_per_s",
+    ):
         assert row[key] > 0, key
     for prefix in ("", "stock_"):
-        assert row[f"{prefix}decode_ratio"] == pytest.approx(row[f"{prefix}decode_records_per_s"] /
-                                                             row["fetch_records_per_s"])
+        assert row[f"{prefix}decode_ratio"] == pytest.approx(
+            row[f"{prefix}decode_records_per_s"] / row["fetch_records_per_s"]
+        )
     assert row["speedup"] == pytest.approx(row["decode_records_per_s"] / row["stock_decode_records_per_s"])
     assert row["fast_decoder"] is False and row["speedup"] == 1.0  # raw has no fast decoder: one codec, timed once
     assert row["connect_ms"] > 0
@@ -78,28 +104,66 @@ def test_bench_data_cli_writes_rates_ratios_rss_and_targets(make_config, tmp_pat
 def test_bench_data_reports_fast_and_stock_decoders_and_their_targets(make_config, tmp_path):
     cfg = make_config()
     out = tmp_path / "results.json"
-    result = CliRunner().invoke(app, [
-        "bench-data", "--set", f"kafka.embedded.port={cfg.kafka.embedded.port}", "--set", f"workdir={cfg.workdir}",
-        "--records", "200", "-v", "avro_list_none", "--clients", "kafka-python", "--repeats", "1", "--no-rss",
-        "--out", str(out), "--json",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench-data",
+            "--set",
+            f"kafka.embedded.port={cfg.kafka.embedded.port}",
+            "--set",
+            f"workdir={cfg.workdir}",
+            "--records",
+            "200",
+            "-v",
+            "avro_list_none",
+            "--clients",
+            "kafka-python",
+            "--repeats",
+            "1",
+            "--no-rss",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     (row,) = json.loads(out.read_text())["rows"]
     assert row["fast_decoder"] is True and row["decode_only_speedup"] > 0
     targets = {t["target"] for t in json.loads(out.read_text())["targets"]}
-    assert targets == {"avro_list_none (kafka-python) decode >= 0.5x fetch",
-                       "avro_list_none (kafka-python) connect stage <= 5 ms",
-                       "avro_list_none (kafka-python) fast read+decode >= 20x stock"}
+    assert targets == {
+        "avro_list_none (kafka-python) decode >= 0.5x fetch",
+        "avro_list_none (kafka-python) connect stage <= 5 ms",
+        "avro_list_none (kafka-python) fast read+decode >= 20x stock",
+    }
 
 
 def test_bench_data_times_kbits_decode_with_the_configured_decode_processes(make_config, tmp_path):
     cfg = make_config()
     out = tmp_path / "results.json"
-    result = CliRunner().invoke(app, [
-        "bench-data", "--set", f"kafka.embedded.port={cfg.kafka.embedded.port}", "--set", f"workdir={cfg.workdir}",
-        "--set", "reader.decode_processes=1", "--records", "600", "-v", "json_list_none", "--clients", "confluent",
-        "--repeats", "1", "--no-rss", "--out", str(out), "--json",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench-data",
+            "--set",
+            f"kafka.embedded.port={cfg.kafka.embedded.port}",
+            "--set",
+            f"workdir={cfg.workdir}",
+            "--set",
+            "reader.decode_processes=1",
+            "--records",
+            "600",
+            "-v",
+            "json_list_none",
+            "--clients",
+            "confluent",
+            "--repeats",
+            "1",
+            "--no-rss",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     results = json.loads(out.read_text())
     (row,) = results["rows"]

@@ -27,11 +27,13 @@ EXPERIMENT = "kbit-e2e"
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """The whole local stack on free ports in a temporary run directory, deployed, and stopped afterwards."""
-    cfg = KbitConfig.from_dict({
-        "workdir": str(tmp_path_factory.mktemp("e2e") / "kbit"),
-        "kafka": {"embedded": {"port": free_port()}},
-        "stack": {"prefect_port": free_port(), "mlflow_port": free_port(), "work_pool": "kbit-e2e"},
-    })
+    cfg = KbitConfig.from_dict(
+        {
+            "workdir": str(tmp_path_factory.mktemp("e2e") / "kbit"),
+            "kafka": {"embedded": {"port": free_port()}},
+            "stack": {"prefect_port": free_port(), "mlflow_port": free_port(), "work_pool": "kbit-e2e"},
+        }
+    )
     s = LocalStack(cfg)
     try:
         s.up()
@@ -42,13 +44,32 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
 
 def run_deployment(stack: LocalStack, name: str, overrides: dict[str, Any]) -> subprocess.CompletedProcess[str]:
     """`prefect deployment run NAME --watch` with the overrides that keep the run inside the test's stack."""
-    inside = {"workdir": str(stack.run_dir), "kafka": {"embedded": {"port": stack.cfg.kafka.embedded.port}},
-              "tracking": {"experiment": EXPERIMENT}}
+    inside = {
+        "workdir": str(stack.run_dir),
+        "kafka": {"embedded": {"port": stack.cfg.kafka.embedded.port}},
+        "tracking": {"experiment": EXPERIMENT},
+    }
     params = {"overrides": {**inside, **overrides}}
     return subprocess.run(
-        [sys.executable, "-m", "prefect", "deployment", "run", name, "--params", json.dumps(params),
-         "--watch", "--watch-interval", "1", "--watch-timeout", "480"],
-        env={**os.environ, **stack.prefect_env()}, capture_output=True, text=True, timeout=540,
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "deployment",
+            "run",
+            name,
+            "--params",
+            json.dumps(params),
+            "--watch",
+            "--watch-interval",
+            "1",
+            "--watch-timeout",
+            "480",
+        ],
+        env={**os.environ, **stack.prefect_env()},
+        capture_output=True,
+        text=True,
+        timeout=540,
         stdin=subprocess.DEVNULL,
     )
 
@@ -74,8 +95,9 @@ def test_a_bad_config_fails_the_run_and_the_watch(stack: LocalStack) -> None:
 
 
 def test_smoke_benchmark_runs_through_the_worker_into_mlflow(stack: LocalStack) -> None:
-    proc = run_deployment(stack, "benchmark/smoke", {"dataset": {"num_records": 600},
-                                                     "bench": {"iterations": 2, "warmup_iterations": 0}})
+    proc = run_deployment(
+        stack, "benchmark/smoke", {"dataset": {"num_records": 600}, "bench": {"iterations": 2, "warmup_iterations": 0}}
+    )
 
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     client = MlflowClient(tracking_uri=stack.mlflow_url)

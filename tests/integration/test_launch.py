@@ -33,8 +33,13 @@ def rank_report(cfg: KbitConfig, delay_rank0_s: float) -> dict[str, int]:
     dist.destroy_process_group()
     if rank == 0:
         time.sleep(delay_rank0_s)
-    return {"rank": rank, "world_size": world_size, "rank_sum": int(total.item()), "pid": os.getpid(),
-            "profile": cfg.profile}
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "rank_sum": int(total.item()),
+        "pid": os.getpid(),
+        "profile": cfg.profile,
+    }
 
 
 def fail_on_rank(cfg: KbitConfig, bad_rank: int) -> None:
@@ -49,21 +54,24 @@ def fail_on_rank(cfg: KbitConfig, bad_rank: int) -> None:
         dist.destroy_process_group()
 
 
-
-
 @pytest.mark.parametrize("local_mode", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_every_rank_returns_rank0_result(spark, make_config, audited_tmpdir, launch_debris, local_mode):
     cfg = make_config(launch__local_mode=local_mode)
     result = run_distributed(rank_report, cfg, 1.0)
     assert {k: result[k] for k in ("rank", "world_size", "rank_sum", "profile")} == {
-        "rank": 0, "world_size": 2, "rank_sum": 1, "profile": cfg.profile}
+        "rank": 0,
+        "world_size": 2,
+        "rank_sum": 1,
+        "profile": cfg.profile,
+    }
     assert result["pid"] != os.getpid()
     assert launch_debris(audited_tmpdir, cfg.run_dir, worker_tmp_dir()) == []
 
 
 @pytest.mark.parametrize("local_mode", [True, pytest.param(False, marks=pytest.mark.slow)])
-def test_worker_exception_reaches_driver_with_its_traceback(spark, make_config, audited_tmpdir, launch_debris,
-                                                            local_mode):
+def test_worker_exception_reaches_driver_with_its_traceback(
+    spark, make_config, audited_tmpdir, launch_debris, local_mode
+):
     cfg = make_config(launch__local_mode=local_mode)
     with pytest.raises(WorkerFailedError) as info:
         run_distributed(fail_on_rank, cfg, 1)
@@ -77,10 +85,13 @@ def test_worker_exception_reaches_driver_with_its_traceback(spark, make_config, 
 
 
 def test_more_barrier_tasks_than_slots_is_refused_before_launch(spark, make_config):
-    cfg = make_config(launch__local_mode=False, launch__num_processes=3, launch__master="local[4]",
-                      train__global_batch_size=64)
+    cfg = make_config(
+        launch__local_mode=False, launch__num_processes=3, launch__master="local[4]", train__global_batch_size=64
+    )
     started = time.monotonic()
-    with pytest.raises(DistributedError, match=r"needs 3 concurrent barrier tasks .*SparkSession \(local\[2\]\) has 2 slot"):
+    with pytest.raises(
+        DistributedError, match=r"needs 3 concurrent barrier tasks .*SparkSession \(local\[2\]\) has 2 slot"
+    ):
         run_distributed(rank_report, cfg, 0.0)
     assert time.monotonic() - started < 10
 

@@ -34,7 +34,11 @@ def torchrun_config(make_config):
 def test_rank0_result_comes_back_and_nothing_is_left_behind(torchrun_config, audited_tmpdir, launch_debris):
     result = launch(rank_report, torchrun_config, 0.5)
     assert {k: result[k] for k in ("rank", "world_size", "rank_sum", "profile")} == {
-        "rank": 0, "world_size": 2, "rank_sum": 1, "profile": torchrun_config.profile}
+        "rank": 0,
+        "world_size": 2,
+        "rank_sum": 1,
+        "profile": torchrun_config.profile,
+    }
     assert result["pid"] != os.getpid()
     assert launch_debris(audited_tmpdir, torchrun_config.run_dir) == []
     leftovers = [p.name for p in torchrun_config.run_dir.glob("kbit-torchrun-*")]
@@ -70,7 +74,8 @@ def test_an_entry_that_fails_to_import_in_a_rank_is_that_ranks_error(torchrun_co
         "if 'RANK' in os.environ:\n"
         "    raise ImportError('libfoo is installed on the driver host only')\n"
         "def entry(cfg):\n"
-        "    return 1\n")
+        "    return 1\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     from host_only_entry import entry
 
@@ -81,12 +86,17 @@ def test_an_entry_that_fails_to_import_in_a_rank_is_that_ranks_error(torchrun_co
     assert "ImportError" in (errors_dir(torchrun_config.run_dir) / "rank0.txt").read_text()
 
 
-def test_training_restarts_from_its_checkpoint_after_a_worker_failure(make_config, topic_name, tmp_path,
-                                                                      fault_models_importable):
+def test_training_restarts_from_its_checkpoint_after_a_worker_failure(
+    make_config, topic_name, tmp_path, fault_models_importable
+):
     marker = tmp_path / "fault-fired"
-    cfg = make_config(SMALL_TRAINING, produce__topic=topic_name, launch__engine="torchrun",
-                      train__model={"name": "fault_models:crash_once", "kwargs": {"at_step": 15, "marker": str(marker)}},
-                      checkpoint={"dir": "checkpoints", "every_steps": 10, "max_restarts": 1})
+    cfg = make_config(
+        SMALL_TRAINING,
+        produce__topic=topic_name,
+        launch__engine="torchrun",
+        train__model={"name": "fault_models:crash_once", "kwargs": {"at_step": 15, "marker": str(marker)}},
+        checkpoint={"dir": "checkpoints", "every_steps": 10, "max_restarts": 1},
+    )
     result = train(cfg, progress=False)
     assert marker.exists(), "the fault never fired, so nothing was restarted"
     assert result["restarts"] == 1 and result["steps"] == 25

@@ -41,13 +41,16 @@ def assert_same(got, expected) -> None:
 
 @pytest.mark.parametrize("variant", [RAW, AVRO_LIST], ids=["raw_bytes", "avro_list"])
 def test_process_workers_yield_the_thread_batches_and_resume_alike(produce_topic: Produce, variant):
-    cfg, manifest = produce_topic(variant, 150, partitions=3, shard__block_records=10, train__global_batch_size=6,
-                                  reader__prefetch_batches=2)
+    cfg, manifest = produce_topic(
+        variant, 150, partitions=3, shard__block_records=10, train__global_batch_size=6, reader__prefetch_batches=2
+    )
     runs = {}
     for workers in ("thread", "process"):
         mode_cfg = with_workers(cfg, workers)
-        with make_split_loader(mode_cfg, manifest, "train", 1, 2, epoch=3) as train, \
-                make_split_loader(mode_cfg, manifest, "val", 1, 2, epoch=3) as val:
+        with (
+            make_split_loader(mode_cfg, manifest, "train", 1, 2, epoch=3) as train,
+            make_split_loader(mode_cfg, manifest, "val", 1, 2, epoch=3) as val,
+        ):
             runs[workers] = (batches_of(train), batches_of(val))
             assert train.stats.reader.messages >= train.num_records and train.stats.reader.decode_seconds > 0
             assert train.stats.batches == len(train) and train.stats.reader.skipped == train.stats.padded_records == 0
@@ -74,8 +77,9 @@ def test_process_workers_yield_the_thread_batches_and_resume_alike(produce_topic
 
 
 def test_a_corrupt_record_fails_in_the_rank_with_its_coordinates(produce_topic: Produce):
-    cfg, manifest = produce_topic(RAW, 40, partitions=2, reader__workers="process", shard__split_rates=[0.5, 0.5],
-                                  train__global_batch_size=4)
+    cfg, manifest = produce_topic(
+        RAW, 40, partitions=2, reader__workers="process", shard__split_rates=[0.5, 0.5], train__global_batch_size=4
+    )
     offset = inject(cfg, manifest.topic, 1, b"\x00garbage")
     with make_split_loader(cfg, extended(manifest, 1, 1), "val", 0, 1) as loader:
         with pytest.raises(CorruptRecordError, match=r"does not decode as raw/bytes") as err:
@@ -87,8 +91,15 @@ def test_a_corrupt_record_fails_in_the_rank_with_its_coordinates(produce_topic: 
 
 
 def test_skipped_records_reach_the_rank_counts(produce_topic: Produce):
-    cfg, manifest = produce_topic(RAW, 40, partitions=2, reader__bad_records="skip", reader__workers="process",
-                                  shard__split_rates=[0.5, 0.5], train__global_batch_size=4)
+    cfg, manifest = produce_topic(
+        RAW,
+        40,
+        partitions=2,
+        reader__bad_records="skip",
+        reader__workers="process",
+        shard__split_rates=[0.5, 0.5],
+        train__global_batch_size=4,
+    )
     inject(cfg, manifest.topic, 1, b"not an image")
     with make_split_loader(cfg, extended(manifest, 1, 1), "val", 0, 1) as loader:
         batches = [i for i, _, _ in batches_of(loader)]
@@ -131,10 +142,21 @@ sys.stdin.read()  # killed while its worker process waits for the next request
 
 
 def test_the_worker_process_ends_when_the_rank_is_killed(produce_topic: Produce):
-    cfg, manifest = produce_topic(RAW, 400, partitions=1, reader__workers="process", shard__block_records=8,
-                                  train__global_batch_size=2, shard__split_rates=[1.0])
-    rank = subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, cfg.model_dump_json(), manifest.model_dump_json()],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    cfg, manifest = produce_topic(
+        RAW,
+        400,
+        partitions=1,
+        reader__workers="process",
+        shard__block_records=8,
+        train__global_batch_size=2,
+        shard__split_rates=[1.0],
+    )
+    rank = subprocess.Popen(
+        [sys.executable, "-c", RANK_SCRIPT, cfg.model_dump_json(), manifest.model_dump_json()],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert rank.stdout.readline().strip() == "first batch"
         rank_process = psutil.Process(rank.pid)

@@ -34,8 +34,9 @@ def cfg(make_config: Callable[..., KbitConfig], topic_name: str) -> Iterator[Kbi
 
 def read_back(kcfg: KafkaConfig, manifest: Manifest) -> list[tuple[int, int, bytes, bytes]]:
     """Every message in the manifest's ranges as (partition, offset, key, value), with a plain consumer."""
-    consumer = Consumer({"bootstrap.servers": kcfg.resolved_bootstrap(), "group.id": "test-read-back",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": kcfg.resolved_bootstrap(), "group.id": "test-read-back", "enable.auto.commit": False}
+    )
     ranges = {p: r for p, r in manifest.ranges().items() if r[1] > r[0]}
     consumer.assign([TopicPartition(manifest.topic, p, start) for p, (start, _) in ranges.items()])
     out: list[tuple[int, int, bytes, bytes]] = []
@@ -74,13 +75,17 @@ def assert_topic_holds_dataset(cfg: KbitConfig, manifest: Manifest) -> None:
     assert sum(p.num_records for p in manifest.partitions) == manifest.num_records == source.num_records
 
 
-@pytest.mark.parametrize("variant", [
-    DataVariant(format="json", layout="list", compression="none"),
-    DataVariant(format="avro", layout="list", compression="lz4", records_per_message=4),
-    DataVariant(format="protobuf", layout="bytes", compression="gzip"),
-    DataVariant(format="bson", layout="bytes", compression="snappy", records_per_message=5),
-    DataVariant(format="raw", layout="bytes", compression="zstd"),
-], ids=lambda v: v.name)
+@pytest.mark.parametrize(
+    "variant",
+    [
+        DataVariant(format="json", layout="list", compression="none"),
+        DataVariant(format="avro", layout="list", compression="lz4", records_per_message=4),
+        DataVariant(format="protobuf", layout="bytes", compression="gzip"),
+        DataVariant(format="bson", layout="bytes", compression="snappy", records_per_message=5),
+        DataVariant(format="raw", layout="bytes", compression="zstd"),
+    ],
+    ids=lambda v: v.name,
+)
 def test_each_compression_produces_an_exact_manifest(cfg: KbitConfig, variant: DataVariant) -> None:
     cfg.produce.variant = variant
     manifest = produce_dataset(cfg, progress=False)
@@ -154,8 +159,7 @@ def test_stale_manifest_of_a_vanished_topic_does_not_block_producing(cfg: KbitCo
     assert_topic_holds_dataset(cfg, again)
 
 
-def test_ensure_topics_produces_each_variant_under_its_own_name(
-        make_config: Callable[..., KbitConfig]) -> None:
+def test_ensure_topics_produces_each_variant_under_its_own_name(make_config: Callable[..., KbitConfig]) -> None:
     cfg = make_config(dataset__num_records=7, produce__partitions=2)
     variants = [DataVariant(format="raw", layout="bytes", compression=c) for c in ("none", "lz4")]
     manifests = ensure_topics(cfg, variants, progress=False)
@@ -192,8 +196,9 @@ def test_broker_down_raises_quickly_naming_it(make_config: Callable[..., KbitCon
     assert time.monotonic() - started < 10
 
 
-def test_embedded_broker_restart_reproduces_the_lost_topic(make_config: Callable[..., KbitConfig],
-                                                            tmp_path: Path) -> None:
+def test_embedded_broker_restart_reproduces_the_lost_topic(
+    make_config: Callable[..., KbitConfig], tmp_path: Path
+) -> None:
     """The real case behind the vanished-topic rule: Tansu keeps topics in memory only."""
     own = EmbeddedBroker(tmp_path / "own-broker", port=free_port())
     own.start()

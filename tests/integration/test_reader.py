@@ -42,8 +42,15 @@ def test_reader_yields_exactly_the_requested_ranges(produce_topic: Produce, clie
     cfg, manifest = produce_topic(RAW, 120, partitions=2, reader__max_poll_records=7)
     codec = get_codec("raw", "bytes", manifest.dataset.image_shape)
     # contiguous, backwards, across partitions, single offsets, empty
-    ranges = [OffsetRange(0, 0, 13), OffsetRange(0, 13, 40), OffsetRange(1, 5, 6), OffsetRange(0, 3, 9),
-              OffsetRange(1, 59, 60), OffsetRange(1, 30, 30), OffsetRange(0, 40, 60)]
+    ranges = [
+        OffsetRange(0, 0, 13),
+        OffsetRange(0, 13, 40),
+        OffsetRange(1, 5, 6),
+        OffsetRange(0, 3, 9),
+        OffsetRange(1, 59, 60),
+        OffsetRange(1, 30, 30),
+        OffsetRange(0, 40, 60),
+    ]
     with RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec, client) as reader:
         got = list(reader.read_raw(ranges))
     assert [r for r, _ in got] == [r for r in ranges if len(r)]
@@ -54,8 +61,14 @@ def test_reader_yields_exactly_the_requested_ranges(produce_topic: Produce, clie
 
 @pytest.mark.parametrize(("partitions", "world_size"), [(2, 2), (1, 2), (3, 2), (4, 3)])
 def test_every_sample_is_read_exactly_once_per_split_and_epoch(produce_topic: Produce, partitions, world_size):
-    cfg, manifest = produce_topic(RAW, 150, partitions=partitions, train__global_batch_size=4 * world_size,
-                                  launch__num_processes=world_size, shard__block_records=8)
+    cfg, manifest = produce_topic(
+        RAW,
+        150,
+        partitions=partitions,
+        train__global_batch_size=4 * world_size,
+        launch__num_processes=world_size,
+        shard__block_records=8,
+    )
     for split in ("train", "val", "test"):
         expected = split_indices(manifest, cfg, split)
         orders = []
@@ -87,8 +100,13 @@ def test_every_sample_is_read_exactly_once_per_split_and_epoch(produce_topic: Pr
 
 
 def test_stream_and_eager_yield_identical_batches(produce_topic: Produce):
-    cfg, manifest = produce_topic({"format": "protobuf", "layout": "bytes", "compression": "zstd"}, 90,
-                                  partitions=3, shard__block_records=10, train__global_batch_size=8)
+    cfg, manifest = produce_topic(
+        {"format": "protobuf", "layout": "bytes", "compression": "zstd"},
+        90,
+        partitions=3,
+        shard__block_records=10,
+        train__global_batch_size=8,
+    )
     runs = {}
     for mode in ("stream", "eager"):
         mode_cfg = cfg.model_copy(update={"reader": cfg.reader.model_copy(update={"mode": mode})})
@@ -103,8 +121,9 @@ def test_stream_and_eager_yield_identical_batches(produce_topic: Produce):
 
 @pytest.mark.parametrize("mode", ["stream", "eager"])
 def test_resume_mid_epoch_continues_at_the_next_unseen_batch(produce_topic: Produce, mode):
-    cfg, manifest = produce_topic(RAW, 140, partitions=2, reader__mode=mode, shard__block_records=9,
-                                  train__global_batch_size=6)
+    cfg, manifest = produce_topic(
+        RAW, 140, partitions=2, reader__mode=mode, shard__block_records=9, train__global_batch_size=6
+    )
     with make_split_loader(cfg, manifest, "train", 0, 2, epoch=1) as loader:
         full = [b.indices.tolist() for b in loader.iter_indexed()]
         batches = loader.iter_indexed()
@@ -139,8 +158,15 @@ def test_load_state_dict_rejects_a_different_world_size_or_plan(produce_topic: P
 
 
 def test_pad_keeps_len_equal_when_the_split_does_not_divide(produce_topic: Produce):
-    cfg, manifest = produce_topic(RAW, 31, partitions=3, shard__remainder="pad", shard__split_rates=[1.0],
-                                  train__global_batch_size=3, launch__num_processes=3)
+    cfg, manifest = produce_topic(
+        RAW,
+        31,
+        partitions=3,
+        shard__remainder="pad",
+        shard__split_rates=[1.0],
+        train__global_batch_size=3,
+        launch__num_processes=3,
+    )
     seen: Counter[int] = Counter()
     lengths = []
     for rank in range(3):
@@ -152,8 +178,15 @@ def test_pad_keeps_len_equal_when_the_split_does_not_divide(produce_topic: Produ
 
 
 def test_early_break_and_close_stop_the_prefetch_thread(produce_topic: Produce):
-    cfg, manifest = produce_topic(RAW, 200, partitions=1, reader__prefetch_batches=1, shard__block_records=16,
-                                  train__global_batch_size=2, shard__split_rates=[1.0])
+    cfg, manifest = produce_topic(
+        RAW,
+        200,
+        partitions=1,
+        reader__prefetch_batches=1,
+        shard__block_records=16,
+        train__global_batch_size=2,
+        shard__split_rates=[1.0],
+    )
     with make_split_loader(cfg, manifest, "train", 0, 1) as loader:
         for i, (_x, _y) in enumerate(loader):
             if i == 3:
@@ -172,8 +205,10 @@ def test_set_epoch_reshuffles_train_only(produce_topic: Produce):
         for epoch in (0, 1):
             train.set_epoch(epoch)
             val.set_epoch(epoch)
-            orders[epoch] = ([b.indices.tolist() for b in train.iter_indexed()],
-                             [b.indices.tolist() for b in val.iter_indexed()])
+            orders[epoch] = (
+                [b.indices.tolist() for b in train.iter_indexed()],
+                [b.indices.tolist() for b in val.iter_indexed()],
+            )
     assert orders[0][0] != orders[1][0] and sorted(sum(orders[0][0], [])) == sorted(sum(orders[1][0], []))
     assert orders[0][1] == orders[1][1]
 
@@ -218,8 +253,9 @@ def test_offsets_missing_at_the_end_of_a_range_are_counted_as_gaps(produce_topic
     cfg, manifest = produce_topic(RAW, 20, partitions=1, reader__deadline_s=10.0)
     codec = get_codec("raw", "bytes", manifest.dataset.image_shape)
     end = manifest.partitions[0].stop_offset
-    extra = codec.encode(*[a[:2] for a in (np.arange(2), np.zeros((2, *codec.image_shape), np.uint8),
-                                            np.zeros(2, np.int64))])
+    extra = codec.encode(
+        *[a[:2] for a in (np.arange(2), np.zeros((2, *codec.image_shape), np.uint8), np.zeros(2, np.int64))]
+    )
     assert append_transaction(cfg, manifest.topic, 0, extra) == [end, end + 1]
     log_end = end + 3  # the two records and the commit marker
     with RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec, client) as reader:
@@ -238,8 +274,9 @@ def test_offsets_missing_at_the_end_of_a_range_are_counted_as_gaps(produce_topic
 def test_records_left_out_with_several_records_per_message_are_counted(produce_topic: Produce):
     # 43 records in groups of 4: the last message holds 3, so every rank yields what the rank holding it can,
     # and the records the others read past that are counted, not silently dropped.
-    cfg, manifest = produce_topic({**RAW, "records_per_message": 4}, 43, partitions=2,
-                                  train__global_batch_size=2, shard__split_rates=[1.0])
+    cfg, manifest = produce_topic(
+        {**RAW, "records_per_message": 4}, 43, partitions=2, train__global_batch_size=2, shard__split_rates=[1.0]
+    )
     codec = get_codec("raw", "bytes", manifest.dataset.image_shape, 4)
     yielded = left_out = held = 0
     for rank in range(2):

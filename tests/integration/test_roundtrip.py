@@ -58,8 +58,9 @@ def test_variant_round_trips_with_both_clients(produce_topic: Produce, fmt, layo
 @pytest.mark.parametrize(("fmt", "rpm"), [("json", 4), ("avro", 3), ("protobuf", 7), ("bson", 8), ("raw", 5)])
 def test_grouped_messages_round_trip_with_a_short_last_message(produce_topic: Produce, fmt, rpm):
     layout = "list" if fmt == "json" else "bytes"
-    cfg, manifest = produce_topic({"format": fmt, "layout": layout, "compression": "zstd", "records_per_message": rpm},
-                                  NUM_RECORDS)
+    cfg, manifest = produce_topic(
+        {"format": fmt, "layout": layout, "compression": "zstd", "records_per_message": rpm}, NUM_RECORDS
+    )
     assert manifest.num_messages == -(-NUM_RECORDS // rpm)
     decoded, stats = read_everything(cfg, manifest, "confluent")
     assert_matches_source(cfg, decoded, layout)
@@ -71,8 +72,13 @@ def test_loader_turns_both_layouts_into_the_same_float_batches(produce_topic: Pr
     """x is float32 in [0, 1] whatever the pixel layout; uint8 / 255 equals the list layout's floats."""
     batches = {}
     for layout in ("list", "bytes"):
-        cfg, manifest = produce_topic({"format": "avro", "layout": layout, "compression": "lz4"}, 48,
-                                      shard__split_rates=[0.5, 0.5], reader__mode=mode, train__global_batch_size=8)
+        cfg, manifest = produce_topic(
+            {"format": "avro", "layout": layout, "compression": "lz4"},
+            48,
+            shard__split_rates=[0.5, 0.5],
+            reader__mode=mode,
+            train__global_batch_size=8,
+        )
         with make_split_loader(cfg, manifest, "val", 0, 1) as loader:
             batches[layout] = list(loader.iter_indexed())
             assert len(batches[layout]) == len(loader) == 3

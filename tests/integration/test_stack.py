@@ -23,11 +23,13 @@ pytestmark = pytest.mark.prefect
 
 
 def stack_config(workdir: Path) -> KbitConfig:
-    return KbitConfig.from_dict({
-        "workdir": str(workdir),
-        "kafka": {"embedded": {"port": free_port()}},
-        "stack": {"prefect_port": free_port(), "mlflow_port": free_port(), "work_pool": "kbit-test-pool"},
-    })
+    return KbitConfig.from_dict(
+        {
+            "workdir": str(workdir),
+            "kafka": {"embedded": {"port": free_port()}},
+            "stack": {"prefect_port": free_port(), "mlflow_port": free_port(), "work_pool": "kbit-test-pool"},
+        }
+    )
 
 
 def wait_gone(pid: int, timeout_s: float) -> bool:
@@ -50,8 +52,11 @@ def test_port_taken_by_another_process_is_a_clear_error(stack: LocalStack) -> No
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", stack.cfg.stack.mlflow_port))
         squatter.listen()
-        with pytest.raises(StackError, match=rf"mlflow-server: port 127.0.0.1:{stack.cfg.stack.mlflow_port} "
-                                             r"is already taken"):
+        with pytest.raises(
+            StackError,
+            match=rf"mlflow-server: port 127.0.0.1:{stack.cfg.stack.mlflow_port} "
+            r"is already taken",
+        ):
             stack.mlflow_server.start()
     assert not stack.mlflow_server.pid_path.exists()
 
@@ -97,11 +102,23 @@ def test_services_start_report_reuse_and_stop(stack: LocalStack) -> None:
     os.killpg(worker_pid, signal.SIGTERM)
     assert wait_gone(worker_pid, 10.0), "the worker survived one SIGTERM"
 
-    result = CliRunner().invoke(app, ["stack", "status", "--set", f"workdir={stack.run_dir}",
-                                      "--set", f"stack.prefect_port={stack.cfg.stack.prefect_port}",
-                                      "--set", f"stack.mlflow_port={stack.cfg.stack.mlflow_port}",
-                                      "--set", f"kafka.embedded.port={stack.cfg.kafka.embedded.port}",
-                                      "--set", "stack.work_pool=kbit-test-pool"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "stack",
+            "status",
+            "--set",
+            f"workdir={stack.run_dir}",
+            "--set",
+            f"stack.prefect_port={stack.cfg.stack.prefect_port}",
+            "--set",
+            f"stack.mlflow_port={stack.cfg.stack.mlflow_port}",
+            "--set",
+            f"kafka.embedded.port={stack.cfg.kafka.embedded.port}",
+            "--set",
+            "stack.work_pool=kbit-test-pool",
+        ],
+    )
     assert result.exit_code == 1, result.output  # the worker is down
     assert "prefect-worker" in result.output and "stopped" in result.output
 

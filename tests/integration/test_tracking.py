@@ -35,13 +35,21 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def tracked_config(tmp_path: Path, store: Path, profile: str, **tracking: object) -> KbitConfig:
-    return KbitConfig.from_dict({
-        "workdir": str(tmp_path / "kbit"), "profile": profile,
-        "kafka": {"bootstrap_servers": "kafka.example:9092", "security_protocol": "SASL_PLAINTEXT",
-                  "sasl_mechanism": "PLAIN", "sasl_username": "u",
-                  "sasl_password": "hunter2", "extra": {"ssl.key.password": "also-secret"}},
-        "tracking": {"tracking_uri": f"sqlite:///{store}", "system_metrics": False, **tracking},
-    })
+    return KbitConfig.from_dict(
+        {
+            "workdir": str(tmp_path / "kbit"),
+            "profile": profile,
+            "kafka": {
+                "bootstrap_servers": "kafka.example:9092",
+                "security_protocol": "SASL_PLAINTEXT",
+                "sasl_mechanism": "PLAIN",
+                "sasl_username": "u",
+                "sasl_password": "hunter2",
+                "extra": {"ssl.key.password": "also-secret"},
+            },
+            "tracking": {"tracking_uri": f"sqlite:///{store}", "system_metrics": False, **tracking},
+        }
+    )
 
 
 def client_for(cfg: KbitConfig) -> MlflowClient:
@@ -112,8 +120,13 @@ def test_the_baseline_is_the_newest_comparable_run_without_measurement_overrides
     rows = synthetic_rows(iterations=3)
 
     def night(name: str, identity_changes: dict, overrides: dict | None) -> str:
-        files = write_report(timings_frame(rows), {"identity": identity(identity_changes)}, tmp_path / name,
-                             bootstrap_resamples=100, seed=0)
+        files = write_report(
+            timings_frame(rows),
+            {"identity": identity(identity_changes)},
+            tmp_path / name,
+            bootstrap_resamples=100,
+            seed=0,
+        )
         with tracker.run(cfg, name=name, kind="benchmark") as run_id:
             tracker.log_benchmark(run_id, json.loads(files.stats_json.read_text()), rows, files.paths())
         record_overrides(cfg, run_id, overrides)
@@ -128,9 +141,10 @@ def test_the_baseline_is_the_newest_comparable_run_without_measurement_overrides
 
     assert found is not None and found["run_id"] == plain
     assert found["stats"]["metadata"]["identity"] == identity()
-    assert passed_over == [f"{overridden}: started with overrides {{\"kafka.sasl_password\": \"***\", "
-                           f"\"reader.prefetch_batches\": \"1\"}}",
-                           f"{smaller}: differs in dataset.num_records: 20000 vs 70000"]
+    assert passed_over == [
+        f'{overridden}: started with overrides {{"kafka.sasl_password": "***", "reader.prefetch_batches": "1"}}',
+        f"{smaller}: differs in dataset.num_records: 20000 vs 70000",
+    ]
     client = client_for(cfg)
     assert client.get_run(plain).data.tags["kbit.identity_hash"] == identity_hash(identity())
     assert client.get_run(smaller).data.tags["kbit.identity_hash"] != identity_hash(identity())
@@ -142,8 +156,9 @@ def test_kbit_history_draws_a_step_and_leaves_flat_noise_alone(tmp_path: Path, s
     tracker, client = make_tracker(cfg), client_for(cfg)
     for night in range(12):
         rows = synthetic_rows(iterations=4, warmup=0, seed=night, slowdown={CONFIGS[1]: 1.6 if night >= 6 else 1.0})
-        files = write_report(timings_frame(rows), {"identity": identity()}, tmp_path / f"night{night}",
-                             bootstrap_resamples=100, seed=0)
+        files = write_report(
+            timings_frame(rows), {"identity": identity()}, tmp_path / f"night{night}", bootstrap_resamples=100, seed=0
+        )
         with tracker.run(cfg, name=f"night{night}", kind="benchmark") as run_id:
             tracker.log_benchmark(run_id, json.loads(files.stats_json.read_text()), rows, [])
         record_overrides(cfg, run_id, None)
@@ -153,8 +168,19 @@ def test_kbit_history_draws_a_step_and_leaves_flat_noise_alone(tmp_path: Path, s
         tracker.log_benchmark(run_id, json.loads(files.stats_json.read_text()), rows, [])
     record_overrides(cfg, run_id, {"reader": {"prefetch_batches": 1}})
 
-    result = CliRunner().invoke(app, ["history", "--profile", "history", "--tracking-uri", cfg.tracking_uri(),
-                                      "--out", str(tmp_path / "history"), "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "history",
+            "--profile",
+            "history",
+            "--tracking-uri",
+            cfg.tracking_uri(),
+            "--out",
+            str(tmp_path / "history"),
+            "--json",
+        ],
+    )
 
     assert result.exit_code == 0, result.output
     history = json.loads(result.stdout)
@@ -202,15 +228,25 @@ def test_disabled_tracking_records_nothing(tmp_path: Path) -> None:
 
 def test_training_run_with_epochs_system_metrics_and_model(tmp_path: Path, store: Path) -> None:
     cfg = tracked_config(tmp_path, store, "train", system_metrics=True)
-    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"model": cfg.train.model.model_copy(
-        update={"name": "mlp"})})})
+    cfg = cfg.model_copy(
+        update={"train": cfg.train.model_copy(update={"model": cfg.train.model.model_copy(update={"name": "mlp"})})}
+    )
     model = build_model(cfg.train.model, (1, 28, 28), 10)
     torch.save({"model": model.state_dict(), "epoch": 1}, tmp_path / "ckpt.pt")
-    result = {"history": [{"epoch": 0, "train_loss": 2.0, "val_accuracy": 0.5, "steps": 10},
-                          {"epoch": 1, "train_loss": 1.0, "val_accuracy": 0.8, "steps": 20}],
-              "test_accuracy": 0.79, "samples_per_s": 1234.0, "steps": 20, "val_loss": [0.9, 0.7],
-              "data": {"train": {"skipped_messages": 1, "padded_records": 1, "dropped_messages_per_epoch": 0},
-                       "test": {"skipped_messages": 0, "gaps": 2}}}
+    result = {
+        "history": [
+            {"epoch": 0, "train_loss": 2.0, "val_accuracy": 0.5, "steps": 10},
+            {"epoch": 1, "train_loss": 1.0, "val_accuracy": 0.8, "steps": 20},
+        ],
+        "test_accuracy": 0.79,
+        "samples_per_s": 1234.0,
+        "steps": 20,
+        "val_loss": [0.9, 0.7],
+        "data": {
+            "train": {"skipped_messages": 1, "padded_records": 1, "dropped_messages_per_epoch": 0},
+            "test": {"skipped_messages": 0, "gaps": 2},
+        },
+    }
     tracker = make_tracker(cfg)
     with tracker.run(cfg, name="train", kind="train") as run_id:
         time.sleep(2.5)  # the training itself, long enough for system-metric samples at 1 s
@@ -223,8 +259,12 @@ def test_training_run_with_epochs_system_metrics_and_model(tmp_path: Path, store
     assert run.data.metrics["test_accuracy"] == 0.79
     assert run.data.metrics["val_loss"] == 0.7  # a per-epoch list ends on its final value
     assert {k: v for k, v in run.data.metrics.items() if k.startswith("data_")} == {
-        "data_train_skipped_messages": 1, "data_train_padded_records": 1, "data_train_dropped_messages_per_epoch": 0,
-        "data_test_skipped_messages": 0, "data_test_gaps": 2}
+        "data_train_skipped_messages": 1,
+        "data_train_padded_records": 1,
+        "data_train_dropped_messages_per_epoch": 0,
+        "data_test_skipped_messages": 0,
+        "data_test_gaps": 2,
+    }
     # a key in both the history and the final result stays one series ending on the final value
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "steps")] == [(0, 10), (1, 20), (2, 20)]
     assert any(k.startswith("system/") for k in run.data.metrics), sorted(run.data.metrics)
@@ -249,8 +289,21 @@ def test_sharded_deepspeed_checkpoint_is_recorded_not_logged_as_model(tmp_path: 
 
 
 def test_final_metrics_keep_numbers_last_epoch_values_and_data_counts() -> None:
-    result = {"test_accuracy": 0.9, "steps": 12, "val_accuracy": [0.5, 0.8], "engine": "ddp", "checkpoint": None,
-              "deterministic": True, "history": [{"epoch": 0, "val_accuracy": 0.5}], "val_loss": [],
-              "data": {"val": {"skipped_messages": 3, "retries": 1}}}
-    assert final_metrics(result) == {"test_accuracy": 0.9, "steps": 12.0, "val_accuracy": 0.8,
-                                     "data_val_skipped_messages": 3.0, "data_val_retries": 1.0}
+    result = {
+        "test_accuracy": 0.9,
+        "steps": 12,
+        "val_accuracy": [0.5, 0.8],
+        "engine": "ddp",
+        "checkpoint": None,
+        "deterministic": True,
+        "history": [{"epoch": 0, "val_accuracy": 0.5}],
+        "val_loss": [],
+        "data": {"val": {"skipped_messages": 3, "retries": 1}},
+    }
+    assert final_metrics(result) == {
+        "test_accuracy": 0.9,
+        "steps": 12.0,
+        "val_accuracy": 0.8,
+        "data_val_skipped_messages": 3.0,
+        "data_val_retries": 1.0,
+    }

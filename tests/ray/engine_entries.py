@@ -14,11 +14,14 @@ def rank_sample_indices(cfg: KbitConfig, manifest_json: str) -> list[dict[str, A
     """Every rank's epoch-0 sample indices per split, as each rank read them from Kafka, in rank order."""
     env = read_env(cfg.launch.use_gpu)
     init_process_group(env, cfg.launch.timeout_s)
-    loaders = rank_loaders(cfg, Manifest.model_validate_json(manifest_json), env.rank, env.world_size,
-                           share_reader=False)
+    loaders = rank_loaders(
+        cfg, Manifest.model_validate_json(manifest_json), env.rank, env.world_size, share_reader=False
+    )
     try:
-        read = {split: sorted(int(i) for batch in loader.iter_indexed() for i in batch.indices)
-                for split, loader in loaders.splits().items()}
+        read = {
+            split: sorted(int(i) for batch in loader.iter_indexed() for i in batch.indices)
+            for split, loader in loaders.splits().items()
+        }
     finally:
         loaders.close()
     gathered = all_gather({"rank": env.rank, **read}, env)

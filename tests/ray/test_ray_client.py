@@ -27,17 +27,35 @@ pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
 
 @pytest.mark.slow
-def test_training_through_ray_client_runs_its_ranks_on_the_head(broker, ray_head_config: KbitConfig,
-                                                                 ray_head_service: Service, tmp_path, topic_name):
+def test_training_through_ray_client_runs_its_ranks_on_the_head(
+    broker, ray_head_config: KbitConfig, ray_head_service: Service, tmp_path, topic_name
+):
     client_address = f"ray://127.0.0.1:{ray_head_config.launch.ray_client_server_port}"
-    sets = {"workdir": tmp_path / "kbit", "kafka.embedded.port": broker.port, "produce.topic": topic_name,
-            "launch.ray_address": client_address, "dataset.num_records": 2000, "train.epochs": 1,
-            "tracking.enabled": "false", "launch.ray_auth_token_file": own_token_file(ray_head_config.run_dir)}
+    sets = {
+        "workdir": tmp_path / "kbit",
+        "kafka.embedded.port": broker.port,
+        "produce.topic": topic_name,
+        "launch.ray_address": client_address,
+        "dataset.num_records": 2000,
+        "train.epochs": 1,
+        "tracking.enabled": "false",
+        "launch.ray_auth_token_file": own_token_file(ray_head_config.run_dir),
+    }
     # A process of its own: this one may already be a driver of the head, and a process joins one cluster once.
-    done = subprocess.run([str(Path(sys.executable).parent / "kbit"), "train", "--config",
-                           str(REPO / "deployments" / "train-ray.yaml"), "--json",
-                           *[arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]],
-                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "kbit"),
+            "train",
+            "--config",
+            str(REPO / "deployments" / "train-ray.yaml"),
+            "--json",
+            *[arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     # Ray took the client path: only Ray Client hands ray.init's arguments to a server
     assert "Passing the following kwargs to ray.init() on the server" in done.stderr
@@ -54,14 +72,21 @@ def test_training_through_ray_client_runs_its_ranks_on_the_head(broker, ray_head
 
 def test_a_client_server_port_taken_by_another_process_stops_the_head_from_starting(tmp_path):
     # Before, a second head on one machine came up with Ray's client server failing on Ray's default port
-    cfg = KbitConfig.from_dict({"workdir": str(tmp_path), "launch": {"engine": "ray", "ray_head_port": free_port(),
-                                                                    "ray_client_server_port": free_port()}})
+    cfg = KbitConfig.from_dict(
+        {
+            "workdir": str(tmp_path),
+            "launch": {"engine": "ray", "ray_head_port": free_port(), "ray_client_server_port": free_port()},
+        }
+    )
     head = ray_head(cfg)
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", cfg.launch.ray_client_server_port))
         squatter.listen()
-        with pytest.raises(StackError, match=rf"port 127.0.0.1:{cfg.launch.ray_client_server_port} is already taken"
-                                             r".*launch.ray_client_server_port"):
+        with pytest.raises(
+            StackError,
+            match=rf"port 127.0.0.1:{cfg.launch.ray_client_server_port} is already taken"
+            r".*launch.ray_client_server_port",
+        ):
             head.start()
     assert head.pid() is None and not head.pid_path.exists()
 

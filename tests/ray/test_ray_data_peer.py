@@ -14,9 +14,15 @@ pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
 
 def test_read_kafka_reads_the_planned_offsets_and_is_compared_with_kbit(make_ray_config, topic_name):
-    cfg = make_ray_config(produce={"topic": topic_name, "partitions": 2,
-                                   "variant": {"format": "raw", "layout": "bytes", "compression": "lz4"}},
-                          dataset={"num_records": 3000}, shard={"split_rates": [1.0]})
+    cfg = make_ray_config(
+        produce={
+            "topic": topic_name,
+            "partitions": 2,
+            "variant": {"format": "raw", "layout": "bytes", "compression": "lz4"},
+        },
+        dataset={"num_records": 3000},
+        shard={"split_rates": [1.0]},
+    )
     manifest = produce_dataset(cfg, progress=False)
     kbit = asdict(measure_variant(cfg, manifest, "confluent", repeats=1))
 

@@ -29,8 +29,12 @@ pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
 
 def listening_sockets(head: psutil.Process) -> list[tuple[str, psutil._common.addr]]:
-    return [(p.name(), c.laddr) for p in [head, *head.children(recursive=True)]
-            for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    return [
+        (p.name(), c.laddr)
+        for p in [head, *head.children(recursive=True)]
+        for c in p.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    ]
 
 
 def test_the_ray_head_listens_on_loopback_only(ray_head_service):
@@ -46,13 +50,28 @@ def test_the_ray_head_listens_on_loopback_only(ray_head_service):
 
 @pytest.mark.slow
 def test_train_ray_profile_reaches_90_percent_through_the_cli(broker, ray_head_service, tmp_path, topic_name):
-    sets = {"workdir": tmp_path / "kbit", "kafka.embedded.port": broker.port, "produce.topic": topic_name,
-            "launch.ray_head_port": ray_head_service.port, "tracking.enabled": "false",
-            "launch.ray_auth_token_file": own_token_file(ray_head_service.run_dir)}
-    done = subprocess.run([str(Path(sys.executable).parent / "kbit"), "train", "--config",
-                           str(REPO / "deployments" / "train-ray.yaml"), "--json",
-                           *[arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]],
-                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    sets = {
+        "workdir": tmp_path / "kbit",
+        "kafka.embedded.port": broker.port,
+        "produce.topic": topic_name,
+        "launch.ray_head_port": ray_head_service.port,
+        "tracking.enabled": "false",
+        "launch.ray_auth_token_file": own_token_file(ray_head_service.run_dir),
+    }
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "kbit"),
+            "train",
+            "--config",
+            str(REPO / "deployments" / "train-ray.yaml"),
+            "--json",
+            *[arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout)
     assert result["test_accuracy"] >= 0.90, result
@@ -74,14 +93,22 @@ def test_both_engines_read_the_same_samples_on_each_rank(spark, make_ray_config,
 
 @pytest.mark.slow
 def test_a_rank_killed_mid_epoch_under_ray_resumes_to_the_weights_of_an_uninterrupted_run(
-        make_ray_config, topic_name, tmp_path, fault_models_importable, caplog):
+    make_ray_config, topic_name, tmp_path, fault_models_importable, caplog
+):
     def run(marker_dir, times, checkpoints):
         marker_dir.mkdir()
-        return train(make_ray_config(
-            SMALL_TRAINING, produce__topic=topic_name,
-            train__model={"name": "fault_models:kill_each_attempt",
-                          "kwargs": {"at_step": 10, "marker_dir": str(marker_dir), "times": times}},
-            checkpoint={"dir": checkpoints, "every_steps": 4, "max_restarts": 1}), progress=False)
+        return train(
+            make_ray_config(
+                SMALL_TRAINING,
+                produce__topic=topic_name,
+                train__model={
+                    "name": "fault_models:kill_each_attempt",
+                    "kwargs": {"at_step": 10, "marker_dir": str(marker_dir), "times": times},
+                },
+                checkpoint={"dir": checkpoints, "every_steps": 4, "max_restarts": 1},
+            ),
+            progress=False,
+        )
 
     with caplog.at_level(logging.WARNING, logger="kbit_core.jobs.restarts"):
         killed = run(tmp_path / "kills", 1, "checkpoints-killed")
@@ -97,8 +124,14 @@ def test_a_rank_killed_mid_epoch_under_ray_resumes_to_the_weights_of_an_uninterr
 
 @pytest.mark.slow
 def test_deepspeed_zero_trains_under_ray(make_ray_config, topic_name):
-    cfg = make_ray_config(SMALL_TRAINING, produce__topic=topic_name, deepspeed__enabled=True, deepspeed__zero_stage=2,
-                          train__model={"name": "mlp"}, train__optim={"name": "adam", "lr": 0.003})
+    cfg = make_ray_config(
+        SMALL_TRAINING,
+        produce__topic=topic_name,
+        deepspeed__enabled=True,
+        deepspeed__zero_stage=2,
+        train__model={"name": "mlp"},
+        train__optim={"name": "adam", "lr": 0.003},
+    )
     result = train(cfg, progress=False)
     assert result["engine"] == "deepspeed-zero2" and result["world_size"] == 2
     curve = result["loss_curve"]
@@ -107,12 +140,15 @@ def test_deepspeed_zero_trains_under_ray(make_ray_config, topic_name):
 
 
 @pytest.mark.slow
-def test_a_rank_that_raises_under_ray_is_named_with_its_exception(make_ray_config, topic_name, tmp_path,
-                                                                   fault_models_importable):
-    cfg = make_ray_config(SMALL_TRAINING, produce__topic=topic_name,
-                          train__model={"name": "fault_models:crash_once",
-                                        "kwargs": {"at_step": 3, "marker": str(tmp_path / "fired")}},
-                          checkpoint__max_restarts=0)
+def test_a_rank_that_raises_under_ray_is_named_with_its_exception(
+    make_ray_config, topic_name, tmp_path, fault_models_importable
+):
+    cfg = make_ray_config(
+        SMALL_TRAINING,
+        produce__topic=topic_name,
+        train__model={"name": "fault_models:crash_once", "kwargs": {"at_step": 3, "marker": str(tmp_path / "fired")}},
+        checkpoint__max_restarts=0,
+    )
     with pytest.raises(WorkerFailedError) as info:
         train(cfg, progress=False)
     error = info.value
@@ -132,13 +168,28 @@ def test_ray_state_is_kbits_own_token_not_the_home_directory(make_ray_config, ra
 
 
 def test_joining_a_head_without_its_token_is_refused_naming_the_setting(broker, ray_head_service, tmp_path):
-    sets = {"workdir": tmp_path / "kbit", "kafka.embedded.port": broker.port, "launch.engine": "ray",
-            "launch.ray_head_port": ray_head_service.port, "tracking.enabled": "false"}
+    sets = {
+        "workdir": tmp_path / "kbit",
+        "kafka.embedded.port": broker.port,
+        "launch.engine": "ray",
+        "launch.ray_head_port": ray_head_service.port,
+        "tracking.enabled": "false",
+    }
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
-    done = subprocess.run([str(Path(sys.executable).parent / "kbit"), "train", "--config",
-                           str(REPO / "deployments" / "train-ray.yaml"),
-                           *[arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]],
-                          capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "kbit"),
+            "train",
+            "--config",
+            str(REPO / "deployments" / "train-ray.yaml"),
+            *[arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=env,
+    )
     assert done.returncode != 0
     assert f"Ray cluster at 127.0.0.1:{ray_head_service.port} asks for its token" in done.stderr, done.stderr[-3000:]
     assert "launch.ray_auth_token_file" in done.stderr

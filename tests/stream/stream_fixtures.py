@@ -15,10 +15,14 @@ from tests.conftest import free_port
 
 def stream_config(tmp_path: Path, broker: EmbeddedBroker, overrides: dict[str, Any] | None = None) -> KbitConfig:
     """A 3-partition raw stream of 50 cycled records on ``broker``, tracking off; ``overrides`` nested."""
-    base = {"workdir": str(tmp_path / "kbit"), "kafka": {"embedded": {"port": broker.port}},
-            "dataset": {"num_records": 50}, "tracking": {"enabled": False},
-            "produce": {"partitions": 3, "variant": {"format": "raw", "layout": "bytes", "compression": "lz4"}},
-            "stream": {"topic": f"stream-{free_port()}"}}
+    base = {
+        "workdir": str(tmp_path / "kbit"),
+        "kafka": {"embedded": {"port": broker.port}},
+        "dataset": {"num_records": 50},
+        "tracking": {"enabled": False},
+        "produce": {"partitions": 3, "variant": {"format": "raw", "layout": "bytes", "compression": "lz4"}},
+        "stream": {"topic": f"stream-{free_port()}"},
+    }
     return KbitConfig.from_dict(deep_merge(base, overrides or {}))
 
 

@@ -35,14 +35,27 @@ PARTITIONS = 3  # 3 ranks need 3 partitions: a rank without one is a config erro
 def continuous_config(tmp_path: Path, broker: EmbeddedBroker, marker_dir: Path) -> KbitConfig:
     # The killing model in every phase (a checkpoint continues only under the same model settings); its marker
     # directory lets it kill once.
-    model = {"name": "fault_models:kill_each_attempt",
-             "kwargs": {"at_step": 8, "marker_dir": str(marker_dir), "times": 1}}
-    return stream_config(tmp_path, broker, {
-        "dataset": {"num_records": 300}, "produce": {"partitions": PARTITIONS},
-        "train": {"mode": "continuous", "global_batch_size": BATCH, "model": model},
-        "stream": {"eval_every_steps": 10, "report_every_steps": 5, "eval_records": 200, "idle_timeout_s": 90,
-                   "fill_timeout_s": 0.3},
-        "checkpoint": {"dir": "ckpt", "every_steps": 5, "max_restarts": 1}})
+    model = {
+        "name": "fault_models:kill_each_attempt",
+        "kwargs": {"at_step": 8, "marker_dir": str(marker_dir), "times": 1},
+    }
+    return stream_config(
+        tmp_path,
+        broker,
+        {
+            "dataset": {"num_records": 300},
+            "produce": {"partitions": PARTITIONS},
+            "train": {"mode": "continuous", "global_batch_size": BATCH, "model": model},
+            "stream": {
+                "eval_every_steps": 10,
+                "report_every_steps": 5,
+                "eval_records": 200,
+                "idle_timeout_s": 90,
+                "fill_timeout_s": 0.3,
+            },
+            "checkpoint": {"dir": "ckpt", "every_steps": 5, "max_restarts": 1},
+        },
+    )
 
 
 def run(cfg: KbitConfig, **changes: Any) -> dict[str, Any]:
@@ -58,8 +71,11 @@ def crash_when_training(cfg: KbitConfig, broker: EmbeddedBroker, after_step: int
     def crash_then_produce() -> None:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            steps = [int(c.name.split("-")[1].split(".")[0]) for lineage in ckpt.list_lineages(lineage_dir)
-                     for c in ckpt.list_checkpoints(lineage)]
+            steps = [
+                int(c.name.split("-")[1].split(".")[0])
+                for lineage in ckpt.list_lineages(lineage_dir)
+                for c in ckpt.list_checkpoints(lineage)
+            ]
             if max(steps, default=0) > after_step:
                 break
             time.sleep(0.2)
@@ -71,7 +87,8 @@ def crash_when_training(cfg: KbitConfig, broker: EmbeddedBroker, after_step: int
 
 
 def test_exactly_once_across_a_killed_rank_a_restarted_job_world_sizes_2_1_3_and_a_broker_crash(
-        tmp_path: Path, own_broker: EmbeddedBroker, fault_models_importable: None, spark: object) -> None:
+    tmp_path: Path, own_broker: EmbeddedBroker, fault_models_importable: None, spark: object
+) -> None:
     cfg = continuous_config(tmp_path, own_broker, tmp_path / "kills")
     (tmp_path / "kills").mkdir()
     LiveProducer(cfg).run(rate=2000, records=640)
@@ -108,13 +125,19 @@ def test_exactly_once_across_a_killed_rank_a_restarted_job_world_sizes_2_1_3_and
     assert third["freshness_s"]["p50"] is not None and third["test_accuracy"] is not None
 
 
-def test_the_stop_file_stops_every_rank_at_one_step_with_a_final_checkpoint(tmp_path: Path,
-                                                                             own_broker: EmbeddedBroker) -> None:
-    cfg = stream_config(tmp_path, own_broker, {
-        "produce": {"partitions": 2}, "train": {"mode": "continuous", "global_batch_size": BATCH,
-                                                 "model": {"name": "mlp"}},
-        "stream": {"eval_every_steps": 1000, "eval_records": 100, "idle_timeout_s": 60},
-        "checkpoint": {"dir": "ckpt"}})
+def test_the_stop_file_stops_every_rank_at_one_step_with_a_final_checkpoint(
+    tmp_path: Path, own_broker: EmbeddedBroker
+) -> None:
+    cfg = stream_config(
+        tmp_path,
+        own_broker,
+        {
+            "produce": {"partitions": 2},
+            "train": {"mode": "continuous", "global_batch_size": BATCH, "model": {"name": "mlp"}},
+            "stream": {"eval_every_steps": 1000, "eval_records": 100, "idle_timeout_s": 60},
+            "checkpoint": {"dir": "ckpt"},
+        },
+    )
     producer = Background(LiveProducer(cfg).run, rate=100, duration_s=40)
     stop_file = cfg.run_dir / "streams" / f"{cfg.stream.topic}.stop"
 
@@ -142,15 +165,22 @@ def cmdline(process: psutil.Process) -> str:
         return ""
 
 
-def test_ranks_whose_launcher_is_killed_stop_at_one_step_with_a_final_checkpoint(tmp_path: Path,
-                                                                                  own_broker: EmbeddedBroker) -> None:
+def test_ranks_whose_launcher_is_killed_stop_at_one_step_with_a_final_checkpoint(
+    tmp_path: Path, own_broker: EmbeddedBroker
+) -> None:
     """torchrun's agent SIGKILLed with the job (its SIGTERM to the ranks and the driver's stop file never come):
     the orphaned ranks stop together, checkpoint and exit, rather than train on for as long as the stream flows."""
-    cfg = stream_config(tmp_path, own_broker, {
-        "produce": {"partitions": 2}, "launch": {"engine": "torchrun", "num_processes": 2},
-        "train": {"mode": "continuous", "global_batch_size": BATCH, "model": {"name": "mlp"}},
-        "stream": {"eval_every_steps": 1000, "eval_records": 100, "idle_timeout_s": 600},
-        "checkpoint": {"dir": "ckpt", "every_steps": 3}})
+    cfg = stream_config(
+        tmp_path,
+        own_broker,
+        {
+            "produce": {"partitions": 2},
+            "launch": {"engine": "torchrun", "num_processes": 2},
+            "train": {"mode": "continuous", "global_batch_size": BATCH, "model": {"name": "mlp"}},
+            "stream": {"eval_every_steps": 1000, "eval_records": 100, "idle_timeout_s": 600},
+            "checkpoint": {"dir": "ckpt", "every_steps": 3},
+        },
+    )
     lineage_dir = cfg.run_dir / "ckpt"
     stop_producing = threading.Event()
     producer = Background(LiveProducer(cfg).run, rate=100, duration_s=300, should_stop=stop_producing.is_set)
@@ -172,8 +202,9 @@ def test_ranks_whose_launcher_is_killed_stop_at_one_step_with_a_final_checkpoint
     finally:
         stop_producing.set()
         # an orphan that did not stop would train on through the next tests (the agent's command names the module too)
-        leftovers = ranks + [p for p in psutil.Process().children(recursive=True)
-                             if "kbit_core.launch.torchrun" in cmdline(p)]
+        leftovers = ranks + [
+            p for p in psutil.Process().children(recursive=True) if "kbit_core.launch.torchrun" in cmdline(p)
+        ]
         for process in leftovers:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()

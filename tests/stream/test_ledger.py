@@ -28,8 +28,13 @@ def test_more_ranks_than_partitions_is_a_config_error_naming_the_settings() -> N
         assign_partitions(2, 3)
 
 
-def _train_round(positions: dict[int, int], trained: dict[int, list[list[int]]], partitions: int,
-                 world_size: int, records_per_rank: int) -> None:
+def _train_round(
+    positions: dict[int, int],
+    trained: dict[int, list[list[int]]],
+    partitions: int,
+    world_size: int,
+    records_per_rank: int,
+) -> None:
     """Each rank trains its partitions' next records from the shared positions, as a resumed run does."""
     for owned in assign_partitions(partitions, world_size):
         for step in range(records_per_rank):

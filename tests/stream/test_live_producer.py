@@ -29,8 +29,13 @@ pytestmark = pytest.mark.kafka
 def read_all(cfg: KbitConfig, topic: str) -> list[tuple[int, int, int, int]]:
     """(partition, offset, key as index, timestamp ms) of every record on the broker."""
     ends = admin.exact_end_offsets(cfg.kafka, topic)
-    consumer = Consumer({"bootstrap.servers": cfg.kafka.resolved_bootstrap(), "group.id": "test-stream-read",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cfg.kafka.resolved_bootstrap(),
+            "group.id": "test-stream-read",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in ends])
     out: list[tuple[int, int, int, int]] = []
     deadline = time.monotonic() + 20
@@ -65,8 +70,9 @@ def test_a_restarted_producer_continues_the_sequence(tmp_path: Path, own_broker:
     assert [index for _, _, index, _ in read_all(cfg, run.topic)] == sorted(range(61), key=lambda i: (i % 3, i))
 
 
-def test_a_broker_that_lost_the_topic_gets_it_back_at_the_same_offsets(tmp_path: Path,
-                                                                      own_broker: EmbeddedBroker) -> None:
+def test_a_broker_that_lost_the_topic_gets_it_back_at_the_same_offsets(
+    tmp_path: Path, own_broker: EmbeddedBroker
+) -> None:
     cfg = stream_config(tmp_path, own_broker)
     first = LiveProducer(cfg).run(rate=5000, records=45)
     before = read_all(cfg, first.topic)
@@ -120,8 +126,9 @@ def test_a_running_producer_survives_a_broker_restart(tmp_path: Path, own_broker
 
 
 @pytest.mark.parametrize("client", sorted(BACKENDS))
-def test_sends_in_flight_at_a_broker_crash_fail_with_a_broker_error(tmp_path: Path, own_broker: EmbeddedBroker,
-                                                                    client: str) -> None:
+def test_sends_in_flight_at_a_broker_crash_fail_with_a_broker_error(
+    tmp_path: Path, own_broker: EmbeddedBroker, client: str
+) -> None:
     cfg = stream_config(tmp_path, own_broker)
     admin.create_topic(cfg.kafka, "in-flight", 1)
     backend = make_producer(cfg.kafka, cfg.produce, "none", client)
@@ -171,9 +178,25 @@ def test_the_cli_flag_runs_the_live_producer(tmp_path: Path, own_broker: Embedde
     from kbit_core.cli import app
 
     cfg = stream_config(tmp_path, own_broker)
-    args = ["produce", "--stream", "--rate", "500", "--records", "25", "--topic", cfg.stream.topic, "--json",
-            "--set", f"workdir={cfg.workdir}", "--set", f"kafka.embedded.port={own_broker.port}",
-            "--set", "produce.variant.format=raw", "--set", "produce.variant.layout=bytes"]
+    args = [
+        "produce",
+        "--stream",
+        "--rate",
+        "500",
+        "--records",
+        "25",
+        "--topic",
+        cfg.stream.topic,
+        "--json",
+        "--set",
+        f"workdir={cfg.workdir}",
+        "--set",
+        f"kafka.embedded.port={own_broker.port}",
+        "--set",
+        "produce.variant.format=raw",
+        "--set",
+        "produce.variant.layout=bytes",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)

@@ -25,8 +25,7 @@ pytestmark = pytest.mark.kafka
 def make_source(cfg: KbitConfig, partitions: tuple[int, ...]) -> StreamSource:
     source = open_source(cfg.dataset)
     codec = get_codec("raw", "bytes", source.image_shape, 1, num_classes=source.num_classes)
-    return StreamSource(cfg, codec, cfg.stream.topic_for(cfg.dataset, cfg.produce), partitions,
-                        cfg.produce.partitions)
+    return StreamSource(cfg, codec, cfg.stream.topic_for(cfg.dataset, cfg.produce), partitions, cfg.produce.partitions)
 
 
 def test_records_come_in_stream_index_order_and_positions_follow(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
@@ -38,7 +37,9 @@ def test_records_come_in_stream_index_order_and_positions_follow(tmp_path: Path,
     batch = source.take(8)
     assert batch.x.shape == (8, 1, 28, 28) and batch.y.shape == (8,)
     assert {p: (pos.offset, pos.index, pos.trained) for p, pos in source.positions.items()} == {
-        0: (4, 12, [[0, 9]]), 2: (4, 14, [[2, 11]])}  # indices 0 2 3 5 6 8 9 11: merged in index order
+        0: (4, 12, [[0, 9]]),
+        2: (4, 14, [[2, 11]]),
+    }  # indices 0 2 3 5 6 8 9 11: merged in index order
     assert source.lag(int(time.time() * 1000))[0][0] == 10 - 4  # 10 records in partition 0, 4 trained
     source.close()
 
@@ -60,8 +61,7 @@ def test_a_timestamp_start_skips_what_was_produced_before(tmp_path: Path, own_br
     time.sleep(0.05)
     start_ms = int(time.time() * 1000)
     LiveProducer(cfg).run(rate=5000, records=60)
-    source = make_source(cfg.override({"stream.start": "timestamp", "stream.start_timestamp_ms": start_ms}),
-                         (0, 1, 2))
+    source = make_source(cfg.override({"stream.start": "timestamp", "stream.start_timestamp_ms": start_ms}), (0, 1, 2))
     source.start_fresh()
     assert source.fill(30, timeout_s=10) == 30
     source.take(30)
@@ -78,8 +78,11 @@ def test_a_record_out_of_sequence_is_an_error_naming_where(tmp_path: Path, own_b
     source = make_source(cfg, (0,))
     source.start_fresh()
     source.fill(3, timeout_s=10)
-    with pytest.raises(StreamGapError, match=rf"{cfg.stream.topic}\[0\] at offset 2 holds index 3; the next to "
-                                             r"train is offset 2, index 6"):
+    with pytest.raises(
+        StreamGapError,
+        match=rf"{cfg.stream.topic}\[0\] at offset 2 holds index 3; the next to "
+        r"train is offset 2, index 6",
+    ):
         source.take(3)
     source.close()
 
@@ -111,14 +114,16 @@ def read_across_a_lost_and_recreated_topic(cfg: KbitConfig, broker: EmbeddedBrok
 
 
 def test_a_reader_whose_topic_was_lost_reads_on_once_refilled_and_survives_its_recreation(
-        tmp_path: Path, own_broker: EmbeddedBroker) -> None:
+    tmp_path: Path, own_broker: EmbeddedBroker
+) -> None:
     """librdkafka 2.16 crashes the process (SIGSEGV) when a topic is deleted and created again under a consumer
     assigned to it: the reader holds none until the log reaches its offsets again. In a process of its own, so
     that a crash fails this test alone."""
     cfg = stream_config(tmp_path, own_broker, {"produce": {"partitions": 2}})
     out = tmp_path / "trained.json"
-    reader = multiprocessing.get_context("spawn").Process(target=read_across_a_lost_and_recreated_topic,
-                                                          args=(cfg, own_broker, out))
+    reader = multiprocessing.get_context("spawn").Process(
+        target=read_across_a_lost_and_recreated_topic, args=(cfg, own_broker, out)
+    )
     reader.start()
     reader.join(180)
     if reader.is_alive():

@@ -19,9 +19,18 @@ from kbit_core.sharding import OffsetRange
 
 
 def main(produce_client: str, workdir: str, *overrides: str) -> None:
-    cfg = load_config(None, [f"workdir={workdir}", "dataset.num_records=64", "produce.partitions=2",
-                             f"produce.client={produce_client}", f"kafka.client={produce_client}",
-                             f"produce.topic_prefix=bed-{socket.gethostname()}-{produce_client}", *overrides])
+    cfg = load_config(
+        None,
+        [
+            f"workdir={workdir}",
+            "dataset.num_records=64",
+            "produce.partitions=2",
+            f"produce.client={produce_client}",
+            f"kafka.client={produce_client}",
+            f"produce.topic_prefix=bed-{socket.gethostname()}-{produce_client}",
+            *overrides,
+        ],
+    )
     manifest = produce_dataset(cfg, progress=False, recreate=True)
     v = manifest.variant
     codec = get_codec(v.format, v.layout, manifest.dataset.image_shape, v.records_per_message)

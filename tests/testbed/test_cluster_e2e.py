@@ -30,10 +30,17 @@ def bed_sets(testbed: BedState, workdir: Path, **extra: Any) -> list[str]:
     workdir."""
     # The bed's broker outlives one test (and a bed left up by `kbit cluster up` outlives the session): own topics.
     unique = uuid.uuid4().hex[:10]
-    values = {**testbed.kafka_overrides(), "produce.topic": f"bed-{unique}", "produce.topic_prefix": f"bed-{unique}",
-              "launch.master": testbed.master_url,
-              "launch.driver_host": testbed.driver.address, "launch.driver_bind_address": testbed.driver.address,
-              "workdir": str(workdir), "tracking.tracking_uri": f"sqlite:///{workdir}/mlflow.db", **extra}
+    values = {
+        **testbed.kafka_overrides(),
+        "produce.topic": f"bed-{unique}",
+        "produce.topic_prefix": f"bed-{unique}",
+        "launch.master": testbed.master_url,
+        "launch.driver_host": testbed.driver.address,
+        "launch.driver_bind_address": testbed.driver.address,
+        "workdir": str(workdir),
+        "tracking.tracking_uri": f"sqlite:///{workdir}/mlflow.db",
+        **extra,
+    }
     return [arg for key, value in values.items() for arg in ("--set", f"{key}={_yaml(value)}")]
 
 
@@ -42,8 +49,15 @@ def _yaml(value: Any) -> str:
 
 
 def run_kbit(*args: str, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(KBIT), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [str(KBIT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def assert_ranks_on_node_hosts(result: dict[str, Any], testbed: BedState) -> None:
@@ -56,8 +70,9 @@ def assert_ranks_on_node_hosts(result: dict[str, Any], testbed: BedState) -> Non
     assert all(ipaddress.ip_address(r["address"]) in subnet for r in ranks)
 
 
-def assert_trained_on_node_hosts(done: subprocess.CompletedProcess[str], testbed: BedState,
-                                 workdir: Path) -> dict[str, Any]:
+def assert_trained_on_node_hosts(
+    done: subprocess.CompletedProcess[str], testbed: BedState, workdir: Path
+) -> dict[str, Any]:
     """`kbit train --json` on the bed's train-cluster profile: one rank per node host, >= 90 %, nothing lost or left."""
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout)
@@ -78,10 +93,24 @@ def test_ddp_trains_across_hosts_over_tls(testbed: BedState, tmp_path: Path, rec
 
 
 def test_deepspeed_zero2_trains_across_hosts(testbed: BedState, tmp_path: Path) -> None:
-    done = run_kbit("train", "--config", str(TRAIN_CLUSTER), "--json",
-                    *bed_sets(testbed, tmp_path / "ds", **{"deepspeed.enabled": True, "deepspeed.zero_stage": 2,
-                                                           "dataset.num_records": 2000, "train.epochs": 1,
-                                                           "tracking.enabled": False, "train.model": {"name": "mlp"}}))
+    done = run_kbit(
+        "train",
+        "--config",
+        str(TRAIN_CLUSTER),
+        "--json",
+        *bed_sets(
+            testbed,
+            tmp_path / "ds",
+            **{
+                "deepspeed.enabled": True,
+                "deepspeed.zero_stage": 2,
+                "dataset.num_records": 2000,
+                "train.epochs": 1,
+                "tracking.enabled": False,
+                "train.model": {"name": "mlp"},
+            },
+        ),
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout)
     assert result["engine"] == "deepspeed-zero2"
@@ -92,8 +121,13 @@ def test_deepspeed_zero2_trains_across_hosts(testbed: BedState, tmp_path: Path) 
 
 def test_benchmark_runs_across_hosts(testbed: BedState, tmp_path: Path) -> None:
     workdir = tmp_path / "bench-cluster"
-    done = run_kbit("bench", "--config", str(BENCH_CLUSTER), "--json",
-                    *bed_sets(testbed, workdir, **{"bench.output_dir": str(workdir / "reports")}))
+    done = run_kbit(
+        "bench",
+        "--config",
+        str(BENCH_CLUSTER),
+        "--json",
+        *bed_sets(testbed, workdir, **{"bench.output_dir": str(workdir / "reports")}),
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout)
     configurations = result["configurations"]
@@ -107,12 +141,26 @@ def test_benchmark_runs_across_hosts(testbed: BedState, tmp_path: Path) -> None:
 def test_a_lost_executor_mid_epoch_restarts_from_the_checkpoint(testbed: BedState, tmp_path: Path) -> None:
     marker = tmp_path / "executor-killed"
     model = {"name": "fault_models:kill_executor_once", "kwargs": {"at_step": 40, "marker": str(marker)}}
-    done = run_kbit("train", "--config", str(TRAIN_CLUSTER), "--json",
-                    *bed_sets(testbed, tmp_path / "lost", **{
-                        "dataset.num_records": 4000, "train.epochs": 2, "tracking.enabled": False,
-                        "train.model": model, "checkpoint.every_steps": 20, "checkpoint.max_restarts": 1,
-                        "launch.spark_conf": {"spark.executorEnv.PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"}}),
-                    env={"PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"})  # the driver's preflight imports the model too
+    done = run_kbit(
+        "train",
+        "--config",
+        str(TRAIN_CLUSTER),
+        "--json",
+        *bed_sets(
+            testbed,
+            tmp_path / "lost",
+            **{
+                "dataset.num_records": 4000,
+                "train.epochs": 2,
+                "tracking.enabled": False,
+                "train.model": model,
+                "checkpoint.every_steps": 20,
+                "checkpoint.max_restarts": 1,
+                "launch.spark_conf": {"spark.executorEnv.PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"},
+            },
+        ),
+        env={"PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"},
+    )  # the driver's preflight imports the model too
     assert marker.exists(), f"the fault never fired:\n{done.stderr[-3000:]}"
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout)
@@ -123,8 +171,13 @@ def test_a_lost_executor_mid_epoch_restarts_from_the_checkpoint(testbed: BedStat
 
 def test_a_cluster_master_with_a_loopback_driver_is_refused_at_once(testbed: BedState, tmp_path: Path) -> None:
     started = time.monotonic()
-    done = run_kbit("train", "--config", str(TRAIN_CLUSTER),
-                    *bed_sets(testbed, tmp_path / "loop", **{"launch.driver_host": "127.0.0.1"}), timeout=120)
+    done = run_kbit(
+        "train",
+        "--config",
+        str(TRAIN_CLUSTER),
+        *bed_sets(testbed, tmp_path / "loop", **{"launch.driver_host": "127.0.0.1"}),
+        timeout=120,
+    )
     assert done.returncode != 0
     assert "launch.driver_host=127.0.0.1 is a loopback address" in done.stderr
     assert time.monotonic() - started < 30

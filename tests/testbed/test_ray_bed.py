@@ -38,8 +38,11 @@ def _ray_processes(state: BedState) -> dict[str, list[int]]:
 def _listening_pids(netns: str | None) -> set[int]:
     argv = ["ss", "-ltnpH"] if netns is None else ["ip", "netns", "exec", netns, "ss", "-ltnpH"]
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    return {int(part.split("=", 1)[1]) for part in out.replace(",", " ").replace(")", " ").split()
-            if part.startswith("pid=")}
+    return {
+        int(part.split("=", 1)[1])
+        for part in out.replace(",", " ").replace(")", " ").split()
+        if part.startswith("pid=")
+    }
 
 
 def test_a_ray_node_runs_on_each_node_host_and_listens_only_on_the_bed(ray_bed: BedState):
@@ -67,7 +70,12 @@ def test_a_ray_node_runs_on_each_node_host_and_listens_only_on_the_bed(ray_bed: 
 @pytest.mark.kafka
 def test_ray_train_ranks_run_on_the_node_hosts_and_read_the_broker_over_tls(ray_bed: BedState, tmp_path: Path):
     workdir = tmp_path / "train-ray-cluster"
-    done = run_kbit("train", "--config", str(TRAIN_CLUSTER), "--json",
-                    *bed_sets(ray_bed, workdir, **ray_bed.ray_overrides()),
-                    env={"RAY_AUTH_MODE": "token"})  # the bed's Ray asks every client for the cluster's token
+    done = run_kbit(
+        "train",
+        "--config",
+        str(TRAIN_CLUSTER),
+        "--json",
+        *bed_sets(ray_bed, workdir, **ray_bed.ray_overrides()),
+        env={"RAY_AUTH_MODE": "token"},
+    )  # the bed's Ray asks every client for the cluster's token
     assert_trained_on_node_hosts(done, ray_bed, workdir)

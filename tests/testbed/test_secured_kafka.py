@@ -36,8 +36,17 @@ CLIENT_STEPS: dict[str, Callable[[KbitConfig, str], Any]] = {
 
 def bed_config(testbed: BedState, workdir: Path, *sets: str, **sections: Any) -> KbitConfig:
     over = [f"{k}={v}" for k, v in testbed.kafka_overrides().items()]
-    cfg = load_config(None, [f"workdir={workdir}", f"tracking.tracking_uri=sqlite:///{workdir / 'mlflow.db'}",
-                             "dataset.num_records=64", "produce.partitions=2", *over, *sets])
+    cfg = load_config(
+        None,
+        [
+            f"workdir={workdir}",
+            f"tracking.tracking_uri=sqlite:///{workdir / 'mlflow.db'}",
+            "dataset.num_records=64",
+            "produce.partitions=2",
+            *over,
+            *sets,
+        ],
+    )
     return cfg.override(sections) if sections else cfg
 
 
@@ -52,14 +61,22 @@ def _mistakes(testbed: BedState, foreign, tmp: Path) -> dict[str, tuple[dict[str
         "wrong CA": ({"kafka.ssl_cafile": str(foreign.ca)}, BrokerError, "kafka.ssl_cafile"),
         "missing cert file": ({"kafka.ssl_certfile": str(tmp / "absent.pem")}, ConfigError, "kafka.ssl_certfile"),
         "key of another cert": ({"kafka.ssl_keyfile": str(foreign.client_key)}, ConfigError, "kafka.ssl_keyfile"),
-        "no client cert": ({"kafka.ssl_certfile": None, "kafka.ssl_keyfile": None}, BrokerError,
-                           "kafka.ssl_certfile"),
-        "client cert of another CA": ({"kafka.ssl_certfile": str(foreign.client_cert),
-                                       "kafka.ssl_keyfile": str(foreign.client_key)}, BrokerError,
-                                      "kafka.ssl_certfile"),
-        "SASL the broker lacks": ({"kafka.security_protocol": "SASL_SSL", "kafka.sasl_mechanism": "SCRAM-SHA-512",
-                                   "kafka.sasl_username": "kbit", "kafka.sasl_password": "not-it"}, BrokerError,
-                                  "kafka.sasl_mechanism"),
+        "no client cert": ({"kafka.ssl_certfile": None, "kafka.ssl_keyfile": None}, BrokerError, "kafka.ssl_certfile"),
+        "client cert of another CA": (
+            {"kafka.ssl_certfile": str(foreign.client_cert), "kafka.ssl_keyfile": str(foreign.client_key)},
+            BrokerError,
+            "kafka.ssl_certfile",
+        ),
+        "SASL the broker lacks": (
+            {
+                "kafka.security_protocol": "SASL_SSL",
+                "kafka.sasl_mechanism": "SCRAM-SHA-512",
+                "kafka.sasl_username": "kbit",
+                "kafka.sasl_password": "not-it",
+            },
+            BrokerError,
+            "kafka.sasl_mechanism",
+        ),
     }
 
 
@@ -70,14 +87,25 @@ def test_every_client_works_over_mutual_tls(testbed: BedState, tmp_path: Path, c
     CLIENT_STEPS[step](cfg, client)
 
 
-@pytest.mark.parametrize("mistake", ["wrong CA", "missing cert file", "key of another cert", "no client cert",
-                                     "client cert of another CA", "SASL the broker lacks"])
+@pytest.mark.parametrize(
+    "mistake",
+    [
+        "wrong CA",
+        "missing cert file",
+        "key of another cert",
+        "no client cert",
+        "client cert of another CA",
+        "SASL the broker lacks",
+    ],
+)
 @pytest.mark.parametrize("client", ["confluent", "kafka-python"])
-def test_a_security_mistake_is_named_within_seconds(testbed: BedState, foreign_certs, tmp_path: Path,
-                                                    client: str, mistake: str):
+def test_a_security_mistake_is_named_within_seconds(
+    testbed: BedState, foreign_certs, tmp_path: Path, client: str, mistake: str
+):
     changes, error, setting = _mistakes(testbed, foreign_certs, tmp_path)[mistake]
-    cfg = bed_config(testbed, tmp_path, f"kafka.client={client}", f"produce.client={client}",
-                     "kafka.request_timeout_s=30").override(changes)
+    cfg = bed_config(
+        testbed, tmp_path, f"kafka.client={client}", f"produce.client={client}", "kafka.request_timeout_s=30"
+    ).override(changes)
     for step in ("consumer", "producer"):
         started = time.monotonic()
         with pytest.raises(error, match=setting.replace(".", r"\.")) as caught:
@@ -91,8 +119,9 @@ def _every_file_under(*roots: Path) -> list[Path]:
     return [p for root in roots for p in root.rglob("*") if p.is_file()]
 
 
-def test_no_credential_reaches_any_file_the_project_writes(testbed: BedState, tmp_path: Path,
-                                                           caplog: pytest.LogCaptureFixture):
+def test_no_credential_reaches_any_file_the_project_writes(
+    testbed: BedState, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
     """The client key travels inline (kafka.extra ssl.key.pem) and a SASL password is configured: produce, read,
     track in MLflow, fail on SASL, print `stack env`; then no written file, log or output holds either secret."""
     key_pem = Path(testbed.ssl_keyfile).read_text()
@@ -103,24 +132,42 @@ def test_no_credential_reaches_any_file_the_project_writes(testbed: BedState, tm
     logging.getLogger().addHandler(handler)
     caplog.set_level(logging.DEBUG)
     try:
-        cfg = bed_config(testbed, tmp_path / "work", kafka={"ssl_certfile": None, "ssl_keyfile": None,
-                                "extra": {"ssl.key.pem": key_pem,
-                                          "ssl.certificate.pem": Path(testbed.ssl_certfile).read_text()}})
+        cfg = bed_config(
+            testbed,
+            tmp_path / "work",
+            kafka={
+                "ssl_certfile": None,
+                "ssl_keyfile": None,
+                "extra": {"ssl.key.pem": key_pem, "ssl.certificate.pem": Path(testbed.ssl_certfile).read_text()},
+            },
+        )
         manifest = produce_dataset(cfg, progress=False, recreate=True)
         v = manifest.variant
         codec = get_codec(v.format, v.layout, manifest.dataset.image_shape, v.records_per_message)
         ranges = [OffsetRange(p, a, b) for p, (a, b) in manifest.ranges().items()]
         with RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec) as reader:
             assert sum(len(batch.labels) for _, batch in reader.read(ranges)) == 64
-        sasl = cfg.override({"kafka.security_protocol": "SASL_SSL", "kafka.sasl_mechanism": "SCRAM-SHA-256",
-                             "kafka.sasl_username": "kbit", "kafka.sasl_password": password})
+        sasl = cfg.override(
+            {
+                "kafka.security_protocol": "SASL_SSL",
+                "kafka.sasl_mechanism": "SCRAM-SHA-256",
+                "kafka.sasl_username": "kbit",
+                "kafka.sasl_password": password,
+            }
+        )
         for run_cfg in (cfg, sasl):
             with make_tracker(run_cfg).run(run_cfg, name="secrets", kind="test"):
                 pass
         with pytest.raises(BrokerError, match="kafka.sasl_mechanism"):
             produce_dataset(sasl, progress=False)
-        sets = [f"workdir={tmp_path / 'work'}", "kafka.bootstrap_servers=k:9093", "kafka.security_protocol=SASL_SSL",
-                "kafka.sasl_mechanism=SCRAM-SHA-256", "kafka.sasl_username=kbit", f"kafka.sasl_password={password}"]
+        sets = [
+            f"workdir={tmp_path / 'work'}",
+            "kafka.bootstrap_servers=k:9093",
+            "kafka.security_protocol=SASL_SSL",
+            "kafka.sasl_mechanism=SCRAM-SHA-256",
+            "kafka.sasl_username=kbit",
+            f"kafka.sasl_password={password}",
+        ]
         env = CliRunner().invoke(app, ["stack", "env", *(arg for s in sets for arg in ("--set", s))])
         admin.delete_topic(cfg.kafka, manifest.topic)
     finally:

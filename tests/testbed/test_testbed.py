@@ -50,13 +50,19 @@ def test_each_node_runs_under_its_own_hostname_and_status_reports_it(testbed: Be
         assert worker.alive and worker.hostname == node.name and worker.address == node.address
         assert Path(worker.log).is_file()
     assert by_name["spark-master"].hostname == os.uname().nodename  # the driver host is the machine itself
-    assert _run_on(testbed, 1, [sys.executable, "-c", "import socket; print(socket.gethostname())"]).stdout.strip() \
+    assert (
+        _run_on(testbed, 1, [sys.executable, "-c", "import socket; print(socket.gethostname())"]).stdout.strip()
         == testbed.nodes[1].name
+    )
 
 
 def test_status_command_prints_the_state_as_json(testbed: BedState):
-    proc = subprocess.run([str(KBIT), "cluster", "status", "--json", "--set", f"workdir={testbed.bed_dir.parent}"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [str(KBIT), "cluster", "status", "--json", "--set", f"workdir={testbed.bed_dir.parent}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["up"] and out["state"]["broker_bootstrap"] == testbed.broker_bootstrap
@@ -74,18 +80,25 @@ def test_a_node_produces_and_reads_over_mutual_tls(testbed: BedState, tmp_path: 
     proc = _run_on(testbed, 0, [sys.executable, str(ROUNDTRIP), client, str(tmp_path), *_overrides(testbed)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result == {"hostname": testbed.nodes[0].name, "produced": 64,
-                      "read": {"confluent": 64, "kafka-python": 64}}
+    assert result == {"hostname": testbed.nodes[0].name, "produced": 64, "read": {"confluent": 64, "kafka-python": 64}}
 
 
-@pytest.mark.parametrize(("dropped", "named"), [
-    (("kafka.ssl_cafile",), "kafka.ssl_cafile"),
-    (("kafka.ssl_certfile", "kafka.ssl_keyfile"), "kafka.ssl_certfile"),
-])
-def test_the_broker_refuses_a_node_without_the_ca_or_a_client_certificate(testbed: BedState, tmp_path: Path,
-                                                                         dropped: tuple[str, ...], named: str):
-    proc = _run_on(testbed, 1, [sys.executable, str(ROUNDTRIP), "confluent", str(tmp_path),
-                                *_overrides(testbed, drop=dropped)], timeout_s=60)
+@pytest.mark.parametrize(
+    ("dropped", "named"),
+    [
+        (("kafka.ssl_cafile",), "kafka.ssl_cafile"),
+        (("kafka.ssl_certfile", "kafka.ssl_keyfile"), "kafka.ssl_certfile"),
+    ],
+)
+def test_the_broker_refuses_a_node_without_the_ca_or_a_client_certificate(
+    testbed: BedState, tmp_path: Path, dropped: tuple[str, ...], named: str
+):
+    proc = _run_on(
+        testbed,
+        1,
+        [sys.executable, str(ROUNDTRIP), "confluent", str(tmp_path), *_overrides(testbed, drop=dropped)],
+        timeout_s=60,
+    )
     assert proc.returncode != 0
     assert named in proc.stderr, proc.stderr[-3000:]
 
@@ -93,8 +106,10 @@ def test_the_broker_refuses_a_node_without_the_ca_or_a_client_certificate(testbe
 def test_plaintext_kafka_is_not_reachable_from_a_node(testbed: BedState):
     """Tansu's own plaintext listener is on the driver's loopback: another host only ever gets the TLS port."""
     plain = testbed.options["broker_plain_port"]
-    probe = (f"import socket\ntry:\n    socket.create_connection(('{testbed.driver.address}', {plain}), timeout=2)\n"
-             "    print('open')\nexcept OSError:\n    print('closed')")
+    probe = (
+        f"import socket\ntry:\n    socket.create_connection(('{testbed.driver.address}', {plain}), timeout=2)\n"
+        "    print('open')\nexcept OSError:\n    print('closed')"
+    )
     assert _run_on(testbed, 0, [sys.executable, "-c", probe]).stdout.strip() == "closed"
 
 
@@ -107,12 +122,17 @@ def test_require_bed_for_refuses_bed_addresses_while_their_bed_is_down(testbed: 
 def _bed_leftovers() -> dict[str, list[str]]:
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return {"netns": bed.network.bed_namespaces(),
-            "links": [line for line in links.splitlines() if "kbit-" in line],
-            "processes": [line for line in ps.splitlines()
-                          if "kbit_core.testbed.tls_front" in line or "org.apache.spark.deploy." in line],
-            # Ray's node processes (GCS, raylet, agents, workers) outlive a killed `ray start`; all carry the marker
-            "marked": [str(d) for d in [bed.running_bed_dir()] if d is not None]}
+    return {
+        "netns": bed.network.bed_namespaces(),
+        "links": [line for line in links.splitlines() if "kbit-" in line],
+        "processes": [
+            line
+            for line in ps.splitlines()
+            if "kbit_core.testbed.tls_front" in line or "org.apache.spark.deploy." in line
+        ],
+        # Ray's node processes (GCS, raylet, agents, workers) outlive a killed `ray start`; all carry the marker
+        "marked": [str(d) for d in [bed.running_bed_dir()] if d is not None],
+    }
 
 
 @pytest.mark.slow

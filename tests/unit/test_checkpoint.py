@@ -24,9 +24,12 @@ def state(step: int) -> dict:
     opt = torch.optim.Adam(model.parameters())
     model(torch.rand(4, 3)).sum().backward()
     opt.step()
-    return {ckpt.MODEL: model.state_dict(), ckpt.OPTIMIZER: opt.state_dict(),
-            ckpt.TRAIN_STATE: {"step": step, "history": [{"loss": 0.5}]},
-            ckpt.RANKS: [{"rng": ckpt.rng_state(CPU), "loader": {"epoch": 0, "position": step}}]}
+    return {
+        ckpt.MODEL: model.state_dict(),
+        ckpt.OPTIMIZER: opt.state_dict(),
+        ckpt.TRAIN_STATE: {"step": step, "history": [{"loss": 0.5}]},
+        ckpt.RANKS: [{"rng": ckpt.rng_state(CPU), "loader": {"epoch": 0, "position": step}}],
+    }
 
 
 @pytest.mark.parametrize("async_save", [False, True])
@@ -62,8 +65,9 @@ def test_failed_background_save_is_raised_not_lost(tmp_path: Path) -> None:
         writer.wait()
 
 
-def test_interrupted_write_leaves_previous_checkpoint_as_latest(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupted_write_leaves_previous_checkpoint_as_latest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     writer = ckpt.Checkpointer(tmp_path, keep_last=3)
     writer.write_file("step-00000001", state(1))
 
@@ -147,15 +151,17 @@ def test_a_second_run_in_the_same_directory_keeps_its_own_lineage(tmp_path: Path
     assert ckpt.list_checkpoints(first.directory) == [first.directory / "step-00000050.pt"], "run 1's file untouched"
 
 
-def test_resume_latest_continues_only_a_compatible_unfinished_lineage(tmp_path: Path,
-                                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_resume_latest_continues_only_a_compatible_unfinished_lineage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     crashed, _ = ckpt.open_lineage(config(), tmp_path, is_main=True, sharded=False)
     crashed_file = crashed.write_file("step-00000004", state(4))
     finished, _ = ckpt.open_lineage(config(), tmp_path, is_main=True, sharded=False)
     finished.write_file("step-00000009", state(9))
     finished.finish()
-    other = KbitConfig.from_dict({"checkpoint": {"dir": "ckpt"}, "launch": {"num_processes": 4},
-                                  "train": {"global_batch_size": 64}})
+    other = KbitConfig.from_dict(
+        {"checkpoint": {"dir": "ckpt"}, "launch": {"num_processes": 4}, "train": {"global_batch_size": 64}}
+    )
     foreign, _ = ckpt.open_lineage(other, tmp_path, is_main=True, sharded=False)
     foreign.write_file("step-00000020", state(20))
 

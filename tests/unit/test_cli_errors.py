@@ -35,8 +35,9 @@ def test_markup_in_a_message_is_printed_as_text(capsys):
 def test_an_unexpected_error_names_its_type_and_points_to_debug(capsys):
     with pytest.raises(typer.Exit):
         common.run_guarded(raise_, ValueError("[bold]not markup[/bold]"))
-    assert capsys.readouterr().err == ("error: ValueError: [bold]not markup[/bold]\n"
-                                       "(run with --debug for the traceback)\n")
+    assert capsys.readouterr().err == (
+        "error: ValueError: [bold]not markup[/bold]\n(run with --debug for the traceback)\n"
+    )
 
 
 def test_debug_prints_the_traceback_first(capsys):
@@ -44,8 +45,9 @@ def test_debug_prints_the_traceback_first(capsys):
     with pytest.raises(typer.Exit):
         common.run_guarded(raise_, ValueError("boom"))
     err = capsys.readouterr().err
-    assert err.startswith("Traceback (most recent call last):") and err.endswith("ValueError: boom\nerror: "
-                                                                                 "ValueError: boom\n")
+    assert err.startswith("Traceback (most recent call last):") and err.endswith(
+        "ValueError: boom\nerror: ValueError: boom\n"
+    )
 
 
 def test_an_interrupt_exits_130_with_how_to_resume(capsys):

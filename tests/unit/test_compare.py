@@ -14,8 +14,13 @@ from tests.unit.test_report import synthetic_rows
 FAST = [1.0, 1.1, 0.9, 1.05, 0.95, 1.0, 1.02, 0.98]
 SLOW = [2.0, 2.1, 1.9, 2.05, 1.95, 2.0, 2.02, 1.98]
 # The nightly matrix's size: 18 configurations, so 17 tests against the fastest and 18 between two nights.
-NIGHTLY = tuple(f"{fmt}_{layout}_{comp}.confluent" for fmt in ("avro", "json", "protobuf", "bson", "raw")
-                for layout in ("list", "bytes") for comp in ("lz4", "none") if (fmt, layout) != ("raw", "list"))
+NIGHTLY = tuple(
+    f"{fmt}_{layout}_{comp}.confluent"
+    for fmt in ("avro", "json", "protobuf", "bson", "raw")
+    for layout in ("list", "bytes")
+    for comp in ("lz4", "none")
+    if (fmt, layout) != ("raw", "list")
+)
 
 
 def test_ranks_by_median_and_tests_each_against_the_fastest() -> None:
@@ -27,8 +32,7 @@ def test_ranks_by_median_and_tests_each_against_the_fastest() -> None:
     assert other.ratio == pytest.approx(np.median(SLOW) / np.median(FAST))
     assert other.slowdown_pct == pytest.approx((other.ratio - 1) * 100)
     # FAST repeats 1.0: with ties the exact distribution does not hold, so the normal approximation is used.
-    assert other.p_value == pytest.approx(mannwhitneyu(FAST, SLOW, alternative="two-sided",
-                                                       method="asymptotic").pvalue)
+    assert other.p_value == pytest.approx(mannwhitneyu(FAST, SLOW, alternative="two-sided", method="asymptotic").pvalue)
     assert other.p_holm == other.p_value and other.significance == "significant"  # a family of one
 
 
@@ -40,7 +44,8 @@ def test_holm_corrects_across_the_configurations() -> None:
     ps = sorted(e.p_value for e in tested)
     # Holm: the smallest p times 3, the next times 2 (never below the previous), the largest times 1.
     assert sorted(e.p_holm for e in tested) == pytest.approx(
-        [min(1, 3 * ps[0]), min(1, max(3 * ps[0], 2 * ps[1])), min(1, max(3 * ps[0], 2 * ps[1], ps[2]))])
+        [min(1, 3 * ps[0]), min(1, max(3 * ps[0], 2 * ps[1])), min(1, max(3 * ps[0], 2 * ps[1], ps[2]))]
+    )
     assert entries["slow"].significance == "significant" and entries["same1"].significance == "not significant"
 
 

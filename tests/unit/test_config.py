@@ -76,9 +76,17 @@ def test_idx_dataset_needs_path() -> None:
 
 
 def test_password_is_masked_in_dumps_and_revealed_only_for_workers() -> None:
-    cfg = KbitConfig.from_dict({"kafka": {"bootstrap_servers": "k:9093", "security_protocol": "SASL_SSL",
-                                          "sasl_mechanism": "PLAIN", "sasl_username": "u",
-                                          "sasl_password": "hunter2"}})
+    cfg = KbitConfig.from_dict(
+        {
+            "kafka": {
+                "bootstrap_servers": "k:9093",
+                "security_protocol": "SASL_SSL",
+                "sasl_mechanism": "PLAIN",
+                "sasl_username": "u",
+                "sasl_password": "hunter2",
+            }
+        }
+    )
     assert "hunter2" not in str(cfg.to_dict())
     assert "hunter2" not in repr(cfg)
     assert cfg.to_secret_dict()["kafka"]["sasl_password"] == "hunter2"
@@ -93,8 +101,9 @@ def test_default_matrix_holds_the_original_four_and_both_layouts() -> None:
 
 
 def test_variant_name_includes_records_per_message() -> None:
-    assert DataVariant(format="raw", layout="bytes", compression="none", records_per_message=8).name == \
-        "raw_bytes_none_x8"
+    assert (
+        DataVariant(format="raw", layout="bytes", compression="none", records_per_message=8).name == "raw_bytes_none_x8"
+    )
 
 
 def test_yaml_extends_and_overrides(tmp_path: Path) -> None:
@@ -140,11 +149,14 @@ def test_shipped_profiles_validate() -> None:
         load_config(path)
 
 
-@pytest.mark.parametrize(("kafka", "match"), [
-    ({"bootstrap_servers": "k:9093", "ssl_cafile": "/ca.pem"}, "ssl_cafile given but security_protocol=PLAINTEXT"),
-    ({"bootstrap_servers": "k:9093", "sasl_password": "x"}, "sasl_\\* settings are given"),
-    ({"security_protocol": "SSL"}, "embedded broker speaks PLAINTEXT only"),
-])
+@pytest.mark.parametrize(
+    ("kafka", "match"),
+    [
+        ({"bootstrap_servers": "k:9093", "ssl_cafile": "/ca.pem"}, "ssl_cafile given but security_protocol=PLAINTEXT"),
+        ({"bootstrap_servers": "k:9093", "sasl_password": "x"}, "sasl_\\* settings are given"),
+        ({"security_protocol": "SSL"}, "embedded broker speaks PLAINTEXT only"),
+    ],
+)
 def test_inconsistent_kafka_security_is_rejected(kafka: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         KbitConfig.from_dict({"kafka": kafka})
@@ -154,8 +166,7 @@ def test_gpu_on_a_cluster_needs_a_discovery_script_on_the_executors() -> None:
     driver = {"driver_host": "10.1.0.5", "driver_bind_address": "0.0.0.0"}
     with pytest.raises(ValueError, match="gpu_discovery_script"):
         LaunchConfig(master="spark://h:7077", local_mode=False, use_gpu=True, **driver)
-    LaunchConfig(master="spark://h:7077", local_mode=False, use_gpu=True, gpu_discovery_script="/opt/gpus.sh",
-                 **driver)
+    LaunchConfig(master="spark://h:7077", local_mode=False, use_gpu=True, gpu_discovery_script="/opt/gpus.sh", **driver)
 
 
 def test_gpu_cluster_mode_on_plain_local_master_rejected_even_without_task_amount() -> None:
@@ -171,8 +182,13 @@ def test_librdkafka_extras_refused_for_kafka_python() -> None:
 
 @pytest.mark.parametrize("setting", ["driver_host", "driver_bind_address"])
 def test_a_cluster_master_with_a_loopback_driver_address_names_the_setting(setting: str) -> None:
-    launch = {"master": "spark://10.213.7.1:7077", "local_mode": False, "driver_host": "10.213.7.1",
-              "driver_bind_address": "10.213.7.1", setting: "127.0.0.1"}
+    launch = {
+        "master": "spark://10.213.7.1:7077",
+        "local_mode": False,
+        "driver_host": "10.213.7.1",
+        "driver_bind_address": "10.213.7.1",
+        setting: "127.0.0.1",
+    }
     with pytest.raises(ConfigError, match=rf"launch\.{setting}=127\.0\.0\.1 is a loopback address"):
         KbitConfig.from_dict({"launch": launch})
 
@@ -183,9 +199,17 @@ def test_local_masters_keep_the_driver_on_loopback() -> None:
 
 
 def test_override_takes_dotted_and_nested_keys_validates_and_keeps_secrets() -> None:
-    cfg = KbitConfig.from_dict({"kafka": {"bootstrap_servers": "k:9093", "security_protocol": "SASL_SSL",
-                                          "sasl_mechanism": "PLAIN", "sasl_username": "u",
-                                          "sasl_password": "hunter2"}})
+    cfg = KbitConfig.from_dict(
+        {
+            "kafka": {
+                "bootstrap_servers": "k:9093",
+                "security_protocol": "SASL_SSL",
+                "sasl_mechanism": "PLAIN",
+                "sasl_username": "u",
+                "sasl_password": "hunter2",
+            }
+        }
+    )
     changed = cfg.override({"launch.num_processes": 4, "train": {"global_batch_size": 128}, "reader.mode": "eager"})
     assert (changed.launch.num_processes, changed.train.global_batch_size, changed.reader.mode) == (4, 128, "eager")
     assert changed.kafka.sasl_password.get_secret_value() == "hunter2"
@@ -194,12 +218,18 @@ def test_override_takes_dotted_and_nested_keys_validates_and_keeps_secrets() -> 
         cfg.override({"launch.num_processes": 0})
 
 
-def test_the_rank_hand_off_round_trips_the_config_with_paths_made_absolute(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_rank_hand_off_round_trips_the_config_with_paths_made_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
-    cfg = KbitConfig.from_dict({"profile": "p", "train": {"epochs": 5}, "workdir": "runs/a",
-                                "kafka": {"bootstrap_servers": "k:9093", "security_protocol": "SSL",
-                                          "ssl_cafile": "certs/ca.pem"}})
+    cfg = KbitConfig.from_dict(
+        {
+            "profile": "p",
+            "train": {"epochs": 5},
+            "workdir": "runs/a",
+            "kafka": {"bootstrap_servers": "k:9093", "security_protocol": "SSL", "ssl_cafile": "certs/ca.pem"},
+        }
+    )
     hand_off = cfg.to_secret_json()
     monkeypatch.chdir("/")  # a rank on another host starts elsewhere
     rank_cfg = KbitConfig.from_json(hand_off)

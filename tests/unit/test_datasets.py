@@ -17,8 +17,9 @@ from kbit_core.errors import ConfigError
 SYNTHETIC = ["synthetic_digits", "synthetic_color"]
 
 
-def collect(source: DatasetSource, start: int = 0, stop: int | None = None,
-            batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def collect(
+    source: DatasetSource, start: int = 0, stop: int | None = None, batch_size: int = 4096
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     parts = list(source.batches(start, stop, batch_size))
     return tuple(np.concatenate([p[k] for p in parts]) for k in range(3))  # type: ignore[return-value]
 
@@ -82,9 +83,15 @@ class TestSynthetic:
         with pytest.raises(ConfigError, match="needs dataset.num_records"):
             open_source(DatasetConfig(name="synthetic_digits", num_records=None))
 
-    @pytest.mark.parametrize("start, stop, batch_size, match", [
-        (-1, 10, 8, "outside"), (5, 4, 8, "outside"), (0, 3001, 8, "outside"), (0, 10, 0, "batch_size"),
-    ])
+    @pytest.mark.parametrize(
+        "start, stop, batch_size, match",
+        [
+            (-1, 10, 8, "outside"),
+            (5, 4, 8, "outside"),
+            (0, 3001, 8, "outside"),
+            (0, 10, 0, "batch_size"),
+        ],
+    )
     def test_bad_ranges_are_refused(self, start: int, stop: int, batch_size: int, match: str) -> None:
         with pytest.raises(ValueError, match=match):
             next(synthetic("synthetic_digits").batches(start, stop, batch_size))
@@ -94,6 +101,7 @@ class TestSynthetic:
 
 
 # ---- IDX -------------------------------------------------------------------------------------------
+
 
 def write_idx(path: Path, magic: int, dims: tuple[int, ...], payload: bytes, compress: bool = False) -> Path:
     data = struct.pack(f">{1 + len(dims)}I", magic, *dims) + payload
@@ -109,12 +117,14 @@ def write_split(directory: Path, split: str, images: np.ndarray, labels: np.ndar
     prefix = "train" if split == "train" else "t10k"
     n, rows, cols = images.shape
     write_idx(directory / f"{prefix}-images-idx3-ubyte", 2051, (n, rows, cols), images.tobytes(), compress)
-    write_idx(directory / f"{prefix}-labels-idx1-ubyte", 2049, (len(labels),), labels.astype(np.uint8).tobytes(),
-              compress)
+    write_idx(
+        directory / f"{prefix}-labels-idx1-ubyte", 2049, (len(labels),), labels.astype(np.uint8).tobytes(), compress
+    )
 
 
-def make_mnist(directory: Path, n_train: int = 50, n_test: int = 20, compress: bool = False,
-               size: tuple[int, int] = (28, 28)) -> tuple[np.ndarray, np.ndarray]:
+def make_mnist(
+    directory: Path, n_train: int = 50, n_test: int = 20, compress: bool = False, size: tuple[int, int] = (28, 28)
+) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (n_train + n_test, *size), dtype=np.uint8)
     labels = rng.integers(0, 10, n_train + n_test).astype(np.uint8)
@@ -123,8 +133,9 @@ def make_mnist(directory: Path, n_train: int = 50, n_test: int = 20, compress: b
     return images, labels
 
 
-def idx_source(directory: Path, split: str = "all", num_records: int | None = None,
-               name: str = "mnist") -> DatasetSource:
+def idx_source(
+    directory: Path, split: str = "all", num_records: int | None = None, name: str = "mnist"
+) -> DatasetSource:
     return open_source(DatasetConfig(name=name, path=directory, split=split, num_records=num_records))
 
 
@@ -209,16 +220,22 @@ class TestIdx:
         images_gz = tmp_path / "train-images-idx3-ubyte.gz"
         whole = images_gz.read_bytes()
         images_gz.write_bytes(whole[: len(whole) // 2])  # no trailer left: its last 4 bytes are compressed data
-        with pytest.raises(IdxFormatError, match=rf"gzip stream is cut off after \d+ decompressed bytes "
-                                                 rf"\(the {len(whole) // 2}-byte file is truncated\); its header "
-                                                 rf"promises {16 + 50 * 784} \(16-byte header"):
+        with pytest.raises(
+            IdxFormatError,
+            match=rf"gzip stream is cut off after \d+ decompressed bytes "
+            rf"\(the {len(whole) // 2}-byte file is truncated\); its header "
+            rf"promises {16 + 50 * 784} \(16-byte header",
+        ):
             idx_source(tmp_path)
 
     def test_gzip_size_mismatch_names_the_decompressed_size(self, tmp_path: Path) -> None:
         images, _ = make_mnist(tmp_path, compress=True)
         write_idx(tmp_path / "train-images-idx3-ubyte", 2051, (50, 28, 28), images[:49].tobytes(), compress=True)
-        with pytest.raises(IdxFormatError, match=rf"decompresses to {16 + 49 * 784} bytes but its header promises "
-                                                 rf"{16 + 50 * 784} "):
+        with pytest.raises(
+            IdxFormatError,
+            match=rf"decompresses to {16 + 49 * 784} bytes but its header promises "
+            rf"{16 + 50 * 784} ",
+        ):
             idx_source(tmp_path)
 
     def test_truncated_labels_and_short_header(self, tmp_path: Path) -> None:

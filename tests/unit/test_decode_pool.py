@@ -30,18 +30,22 @@ def _block(codec: Codec, n: int = N) -> list[bytes]:
 
 
 def _equal(a, b) -> bool:
-    return all(np.array_equal(getattr(a, k), getattr(b, k)) and getattr(a, k).dtype == getattr(b, k).dtype
-               for k in ("indices", "labels", "pixels"))
+    return all(
+        np.array_equal(getattr(a, k), getattr(b, k)) and getattr(a, k).dtype == getattr(b, k).dtype
+        for k in ("indices", "labels", "pixels")
+    )
 
 
-@pytest.mark.parametrize("format,layout,decoder", [("json", "list", "fast"), ("avro", "list", "fast"),
-                                                   ("bson", "bytes", "stock"), ("protobuf", "list", "fast")])
+@pytest.mark.parametrize(
+    "format,layout,decoder",
+    [("json", "list", "fast"), ("avro", "list", "fast"), ("bson", "bytes", "stock"), ("protobuf", "list", "fast")],
+)
 def test_the_pool_decodes_bit_for_bit_what_the_codec_decodes(format: str, layout: str, decoder: str):
     codec = get_codec(format, layout, SHAPE, num_classes=10, decoder=decoder)
     values = _block(codec)
     with DecodePool(codec, 2) as pool:
         # small, then large (the shared buffers grow), then small again (they are reused)
-        for block in (values[:N // 2], values, values[:N // 2]):
+        for block in (values[: N // 2], values, values[: N // 2]):
             assert _equal(pool.decode(block), codec.decode(block))
         assert len(pool._workers) == 2 and all(w.process.is_alive() for w in pool._workers)
         workers = [w.process for w in pool._workers]
@@ -99,8 +103,9 @@ def test_a_block_that_fails_before_its_answers_are_read_leaves_no_worker_behind(
         assert _equal(pool.decode(values), codec.decode(values))
 
 
-def test_workers_that_cannot_start_leave_the_block_to_the_thread(monkeypatch: pytest.MonkeyPatch,
-                                                                 caplog: pytest.LogCaptureFixture):
+def test_workers_that_cannot_start_leave_the_block_to_the_thread(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
     codec = get_codec("json", "list", SHAPE, decoder="fast")
     values = _block(codec)
     init, started = decode_pool._Worker.__init__, []
@@ -128,7 +133,8 @@ def test_a_workers_deferrals_are_counted_on_the_codec():
 
 
 def test_a_dead_worker_is_logged_its_block_still_decoded_and_the_workers_started_again(
-        caplog: pytest.LogCaptureFixture):
+    caplog: pytest.LogCaptureFixture,
+):
     codec = get_codec("json", "list", SHAPE, decoder="fast")
     values = _block(codec)
     expected = codec.decode(values)
@@ -160,8 +166,8 @@ def test_a_range_readers_pool_names_a_corrupt_records_coordinates():
     records = [RawRecord(1, 500 + i, v) for i, v in enumerate(values)]
     reader = RangeReader(cfg.kafka, cfg.reader, "the-topic", codec)
     try:
-        batch = reader.decode(records[:N - 2])
-        assert _equal(batch, codec.decode(values[:N - 2]))
+        batch = reader.decode(records[: N - 2])
+        assert _equal(batch, codec.decode(values[: N - 2]))
         with pytest.raises(CorruptRecordError, match=rf"topic=the-topic, partition=1, offset={500 + N - 2}"):
             reader.decode(records)
         workers = [w.process for w in reader._decoder._workers]

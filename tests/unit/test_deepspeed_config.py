@@ -42,8 +42,9 @@ def test_micro_batch_is_the_loaders_per_rank_batch() -> None:
 
 @pytest.mark.parametrize("stage, offload_param", [(2, False), (3, False), (3, True)])
 def test_offload_to_cpu(stage: int, offload_param: bool) -> None:
-    cfg = make(deepspeed={"enabled": True, "zero_stage": stage, "offload_optimizer": True,
-                          "offload_param": offload_param})
+    cfg = make(
+        deepspeed={"enabled": True, "zero_stage": stage, "offload_optimizer": True, "offload_param": offload_param}
+    )
     zero = build_deepspeed_config(cfg, 2, use_gpu=True)["zero_optimization"]
     assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert ("offload_param" in zero) is offload_param
@@ -51,8 +52,10 @@ def test_offload_to_cpu(stage: int, offload_param: bool) -> None:
     assert on_cpu["offload_optimizer"]["pin_memory"] is False
 
 
-@pytest.mark.parametrize("precision, use_gpu, bf16, fp16", [("fp32", False, False, False), ("bf16", False, True, False),
-                                                           ("fp16", True, False, True)])
+@pytest.mark.parametrize(
+    "precision, use_gpu, bf16, fp16",
+    [("fp32", False, False, False), ("bf16", False, True, False), ("fp16", True, False, True)],
+)
 def test_precision_sections(precision: str, use_gpu: bool, bf16: bool, fp16: bool) -> None:
     cfg = make(train={"precision": precision}, launch={"num_processes": 2, "use_gpu": use_gpu})
     ds = build_deepspeed_config(cfg, 2, use_gpu)

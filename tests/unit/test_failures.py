@@ -54,10 +54,14 @@ Root Cause (first observed failure):
 
 def test_every_failed_rank_is_read_with_root_causes_first() -> None:
     exits = rank_exits(SUMMARIES)
-    assert exits == [RankExit(rank=0, host="node1", exitcode=-15, pid=22821),
-                     RankExit(rank=1, host="node2", exitcode=-9, pid=22822)]
-    assert exits[1].signal_name == "SIGKILL" and exits[1].describe() == \
-        "rank 1 on host node2 (pid 22822) killed by SIGKILL"
+    assert exits == [
+        RankExit(rank=0, host="node1", exitcode=-15, pid=22821),
+        RankExit(rank=1, host="node2", exitcode=-9, pid=22822),
+    ]
+    assert (
+        exits[1].signal_name == "SIGKILL"
+        and exits[1].describe() == "rank 1 on host node2 (pid 22822) killed by SIGKILL"
+    )
     assert RankExit(rank=2, host="h", exitcode=3, pid=7).describe() == "rank 2 on host h (pid 7) exited with code 3"
 
 
@@ -66,20 +70,25 @@ def test_output_without_a_summary_names_no_rank() -> None:
 
 
 def test_a_ranks_own_lines_are_picked_by_torchruns_prefix() -> None:
-    assert rank_lines(SUMMARIES, 0, 1) == ["[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/"
-                                           "transport/tcp/pair.cc:553] Connection closed by peer"]
+    assert rank_lines(SUMMARIES, 0, 1) == [
+        "[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/"
+        "transport/tcp/pair.cc:553] Connection closed by peer"
+    ]
     assert rank_lines(SUMMARIES, 1, 5) == []
 
 
 def test_an_executor_loss_names_executor_host_and_rank() -> None:
-    message = ("Job aborted due to stage failure: Could not recover from a failed barrier ResultStage. Most recent "
-               "failure reason: Stage failed because barrier task ResultTask(0, 1) finished unsuccessfully.\n"
-               "ExecutorLostFailure (executor 1 exited caused by one of the running tasks) Reason: Command exited "
-               "with code 137\n13:08:51 ERROR TaskSchedulerImpl: Lost executor 1 on 10.213.7.12: Command exited")
+    message = (
+        "Job aborted due to stage failure: Could not recover from a failed barrier ResultStage. Most recent "
+        "failure reason: Stage failed because barrier task ResultTask(0, 1) finished unsuccessfully.\n"
+        "ExecutorLostFailure (executor 1 exited caused by one of the running tasks) Reason: Command exited "
+        "with code 137\n13:08:51 ERROR TaskSchedulerImpl: Lost executor 1 on 10.213.7.12: Command exited"
+    )
     assert executor_loss(message) == ExecutorLoss(executor="1", host="10.213.7.12", rank=1)
-    assert executor_loss("Lost task 0.0 in stage 0.0 (TID 0) (10.213.7.11 executor 0): ExecutorLostFailure "
-                         "(executor 0 exited unrelated to the running tasks)") == \
-        ExecutorLoss(executor="0", host="10.213.7.11", rank=None)
+    assert executor_loss(
+        "Lost task 0.0 in stage 0.0 (TID 0) (10.213.7.11 executor 0): ExecutorLostFailure "
+        "(executor 0 exited unrelated to the running tasks)"
+    ) == ExecutorLoss(executor="0", host="10.213.7.11", rank=None)
     assert executor_loss("TorchDistributor failed during training.") is None
 
 

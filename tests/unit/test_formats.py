@@ -52,7 +52,7 @@ def check_round_trip(codec: Codec, n: int = 9) -> None:
         assert batch.pixels.dtype == np.float32
         np.testing.assert_allclose(batch.pixels, images.astype(np.float32) / 255, rtol=0, atol=1e-7)
     single = codec.decode(values[-1:])  # one value alone, as the reader decodes when localising errors
-    np.testing.assert_array_equal(single.indices, indices[(len(values) - 1) * codec.records_per_message:])
+    np.testing.assert_array_equal(single.indices, indices[(len(values) - 1) * codec.records_per_message :])
 
 
 def assert_refused(codec: Codec, good: list[bytes], bad: bytes, match: str | None = None) -> None:
@@ -71,8 +71,12 @@ class CodecContract:
     rpms: tuple[int, ...] = (1, 4)
 
     def codecs(self) -> list[Codec]:
-        return [get_codec(self.format, layout, shape, rpm, num_classes=10)
-                for layout in self.layouts for shape in SHAPES for rpm in self.rpms]
+        return [
+            get_codec(self.format, layout, shape, rpm, num_classes=10)
+            for layout in self.layouts
+            for shape in SHAPES
+            for rpm in self.rpms
+        ]
 
     def test_round_trips(self) -> None:
         for codec in self.codecs():
@@ -98,8 +102,13 @@ class CodecContract:
         for codec in self.codecs():
             good = codec.encode(*samples(codec.image_shape, 3 * codec.records_per_message))
             middle = good[1]
-            for damaged in ([middle[:len(middle) // 2], middle[len(middle) // 2:]], [middle[:-1]],
-                            [middle + b"\x00"], [middle + good[2]], [b""]):
+            for damaged in (
+                [middle[: len(middle) // 2], middle[len(middle) // 2 :]],
+                [middle[:-1]],
+                [middle + b"\x00"],
+                [middle + good[2]],
+                [b""],
+            ):
                 with pytest.raises(CorruptRecordError, match=f"value 1 of {len(damaged) + 2}"):
                     codec.decode([good[0], *damaged, good[2]])
 
@@ -114,8 +123,10 @@ class CodecContract:
 
     def test_other_image_shape_is_refused(self) -> None:
         for codec in self.codecs():
-            for other_shape in ((1, 28, 28) if codec.image_shape != (1, 28, 28) else (3, 32, 32),
-                                codec.image_shape[::-1]):  # same pixel count, other shape: caught by shape alone
+            for other_shape in (
+                (1, 28, 28) if codec.image_shape != (1, 28, 28) else (3, 32, 32),
+                codec.image_shape[::-1],
+            ):  # same pixel count, other shape: caught by shape alone
                 other = get_codec(self.format, codec.layout, other_shape, codec.records_per_message)
                 # mongodb_avro's fingerprint covers the shape, so it refuses these before reading the record
                 with pytest.raises(CorruptRecordError, match="shape|schema_fingerprint"):
@@ -168,16 +179,19 @@ class TestJson(CodecContract):
         doc = orjson.loads(codec.encode(indices, images, labels)[0])
         assert base64.b64decode(doc["data"]) == images[0].tobytes()
 
-    @pytest.mark.parametrize("mutate, match", [
-        (lambda d: d.pop("label"), "missing field 'label'"),
-        (lambda d: d.update(label="3"), "'label' must be an integer"),
-        (lambda d: d.update(label=3.0), "'label' must be an integer"),
-        (lambda d: d.update(index=True), "'index' must be an integer"),
-        (lambda d: d.update(shape=[28, 28]), "shape"),
-        (lambda d: d.update(data=d["data"][:-1]), "783 pixel values"),
-        (lambda d: d.update(data=[2.0] * 784), r"outside \[0, 1\]"),
-        (lambda d: d.update(data="AAAA"), "list of floats"),
-    ])
+    @pytest.mark.parametrize(
+        "mutate, match",
+        [
+            (lambda d: d.pop("label"), "missing field 'label'"),
+            (lambda d: d.update(label="3"), "'label' must be an integer"),
+            (lambda d: d.update(label=3.0), "'label' must be an integer"),
+            (lambda d: d.update(index=True), "'index' must be an integer"),
+            (lambda d: d.update(shape=[28, 28]), "shape"),
+            (lambda d: d.update(data=d["data"][:-1]), "783 pixel values"),
+            (lambda d: d.update(data=[2.0] * 784), r"outside \[0, 1\]"),
+            (lambda d: d.update(data="AAAA"), "list of floats"),
+        ],
+    )
     def test_wrong_fields_are_refused(self, mutate, match) -> None:
         codec = get_codec("json", "list", (1, 28, 28))
         doc = orjson.loads(codec.encode(*samples((1, 28, 28), 1))[0])
@@ -206,8 +220,12 @@ class TestAvro(CodecContract):
         assert fields["meta"] == "Meta"
         meta = schema["__named_schemas"]["Meta"]
         assert [(f["name"], f["type"]) for f in meta["fields"]] == [
-            ("index", "int"), ("partition", "int"), ("timestamp", "long"), ("format", "string"),
-            ("compression", "string")]
+            ("index", "int"),
+            ("partition", "int"),
+            ("timestamp", "long"),
+            ("format", "string"),
+            ("compression", "string"),
+        ]
 
     def test_values_are_schemaless_records_a_plain_reader_decodes(self) -> None:
         codec = get_codec("avro", "list", (1, 28, 28))
@@ -218,8 +236,7 @@ class TestAvro(CodecContract):
         meta = json.loads((ROOT / "kbit_core/formats/schemas/Meta.avsc").read_text())
         named: dict = {}
         fastavro.parse_schema(meta, named_schemas=named)
-        record = fastavro.schemaless_reader(io.BytesIO(value), fastavro.parse_schema(schema, named_schemas=named),
-                                            None)
+        record = fastavro.schemaless_reader(io.BytesIO(value), fastavro.parse_schema(schema, named_schemas=named), None)
         assert record["label"] == labels[0] and record["meta"]["index"] == indices[0]
         assert record["meta"]["format"] == "avro"
 
@@ -235,12 +252,14 @@ class TestProtobuf(CodecContract):
 
     def test_values_are_kbit_sample_messages(self) -> None:
         indices, images, labels = samples((1, 28, 28), 1)
-        as_bytes = kbit_pb2.Sample.FromString(get_codec("protobuf", "bytes", (1, 28, 28)).encode(
-            indices, images, labels)[0])
+        as_bytes = kbit_pb2.Sample.FromString(
+            get_codec("protobuf", "bytes", (1, 28, 28)).encode(indices, images, labels)[0]
+        )
         assert as_bytes.pixels == images[0].tobytes() and not as_bytes.data
         assert (as_bytes.index, as_bytes.label, list(as_bytes.shape)) == (indices[0], labels[0], [1, 28, 28])
-        as_list = kbit_pb2.Sample.FromString(get_codec("protobuf", "list", (1, 28, 28)).encode(
-            indices, images, labels)[0])
+        as_list = kbit_pb2.Sample.FromString(
+            get_codec("protobuf", "list", (1, 28, 28)).encode(indices, images, labels)[0]
+        )
         assert len(as_list.data) == 784 and not as_list.pixels
 
     def test_batch_cut_between_samples_is_refused(self) -> None:
@@ -250,11 +269,17 @@ class TestProtobuf(CodecContract):
         del batch.samples[3]
         assert_refused(codec, [], batch.SerializeToString(), match="count field says 4")
 
-    @pytest.mark.skipif(importlib.util.find_spec("grpc_tools") is None,
-                        reason="grpcio-tools is not installed, so kbit_pb2.py cannot be regenerated here")
+    @pytest.mark.skipif(
+        importlib.util.find_spec("grpc_tools") is None,
+        reason="grpcio-tools is not installed, so kbit_pb2.py cannot be regenerated here",
+    )
     def test_committed_kbit_pb2_matches_a_fresh_generation(self, tmp_path: Path) -> None:
-        subprocess.run([str(ROOT / "scripts/gen_proto.sh"), str(tmp_path)], check=True, capture_output=True,
-                       env={**os.environ, "PYTHON": sys.executable})
+        subprocess.run(
+            [str(ROOT / "scripts/gen_proto.sh"), str(tmp_path)],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "PYTHON": sys.executable},
+        )
         committed = (ROOT / "kbit_core/formats/schemas/kbit_pb2.py").read_text()
         assert (tmp_path / "kbit_pb2.py").read_text() == committed, "run scripts/gen_proto.sh and commit the result"
 
@@ -350,8 +375,12 @@ def test_values_of_the_other_layout_are_refused(fmt: str, shape: tuple[int, int,
 
 
 def test_fingerprints_differ_across_formats() -> None:
-    prints = [get_codec(f, layout, (1, 28, 28)).schema_fingerprint()
-              for f in codec_names() for layout in ("list", "bytes") if supported(f, layout)]
+    prints = [
+        get_codec(f, layout, (1, 28, 28)).schema_fingerprint()
+        for f in codec_names()
+        for layout in ("list", "bytes")
+        if supported(f, layout)
+    ]
     assert len(set(prints)) == len(prints)
 
 

@@ -23,14 +23,28 @@ from kbit_core.formats.fast.base import Defer, UnsupportedSchema
 from kbit_core.formats.microbench import fast_speedups
 from tests.unit.test_formats import SHAPES, CodecContract
 
-FAST = [("avro", "list"), ("avro", "bytes"), ("mongodb_avro", "list"), ("mongodb_avro", "bytes"), ("json", "list"),
-        ("json", "bytes"), ("protobuf", "list"), ("protobuf", "bytes"), ("bson", "list"), ("bson", "bytes")]
+FAST = [
+    ("avro", "list"),
+    ("avro", "bytes"),
+    ("mongodb_avro", "list"),
+    ("mongodb_avro", "bytes"),
+    ("json", "list"),
+    ("json", "bytes"),
+    ("protobuf", "list"),
+    ("protobuf", "bytes"),
+    ("bson", "list"),
+    ("bson", "bytes"),
+]
 
 
 class FastContract(CodecContract):
     def codecs(self) -> list[Codec]:
-        out = [get_codec(self.format, layout, shape, rpm, num_classes=10, decoder="fast")
-               for layout in self.layouts for shape in SHAPES for rpm in self.rpms]
+        out = [
+            get_codec(self.format, layout, shape, rpm, num_classes=10, decoder="fast")
+            for layout in self.layouts
+            for shape in SHAPES
+            for rpm in self.rpms
+        ]
         assert any(isinstance(c, FastPath) for c in out)
         return out
 
@@ -62,8 +76,13 @@ def outcome(codec: Codec, values: list[bytes]) -> tuple[str, ...] | tuple[np.nda
         batch = codec.decode(values)
     except CorruptRecordError as exc:
         return ("error", re.sub(r"0x[0-9a-f]+", "0x...", str(exc)))  # library messages may name object addresses
-    return (batch.indices, batch.labels, batch.pixels.view(f"u{batch.pixels.itemsize}"), np.array(batch.pixels.shape),
-            np.array([batch.pixels.dtype.str]))
+    return (
+        batch.indices,
+        batch.labels,
+        batch.pixels.view(f"u{batch.pixels.itemsize}"),
+        np.array(batch.pixels.shape),
+        np.array([batch.pixels.dtype.str]),
+    )
 
 
 def assert_same(stock: Codec, fast: Codec, values: list[bytes]) -> None:
@@ -78,10 +97,28 @@ def assert_same(stock: Codec, fast: Codec, values: list[bytes]) -> None:
 
 
 # float32 bit patterns: zeros of both signs, denormals, the pixel range, NaN/inf and any other pattern
-SPECIAL_FLOATS = [0.0, -0.0, 1.0, 1 / 255, 254 / 255, 1.4e-45, 1.1754942e-38, 1.1754944e-38, 5e-39,
-                  float("nan"), float("inf"), -float("inf"), -1e-45, 1.0000001, 0.99999994]
-floats = st.one_of(st.sampled_from(SPECIAL_FLOATS), st.floats(0, 1, width=32),
-                   st.integers(0, 2**32 - 1).map(lambda bits: float(np.uint32(bits).view(np.float32))))
+SPECIAL_FLOATS = [
+    0.0,
+    -0.0,
+    1.0,
+    1 / 255,
+    254 / 255,
+    1.4e-45,
+    1.1754942e-38,
+    1.1754944e-38,
+    5e-39,
+    float("nan"),
+    float("inf"),
+    -float("inf"),
+    -1e-45,
+    1.0000001,
+    0.99999994,
+]
+floats = st.one_of(
+    st.sampled_from(SPECIAL_FLOATS),
+    st.floats(0, 1, width=32),
+    st.integers(0, 2**32 - 1).map(lambda bits: float(np.uint32(bits).view(np.float32))),
+)
 
 
 @st.composite
@@ -180,7 +217,9 @@ def test_json_and_protobuf_bytes_blocks_take_the_template_path(rpm: int) -> None
 
 def test_fast_speedups_compares_every_fast_decoder_with_its_stock_codec() -> None:
     result = fast_speedups((1, 4, 4), n=64, repeats=1, groupings=(1,))
-    assert {(r["codec"], r["records_per_message"]) for r in result["rows"]} == {(f"{f}/{layout}", 1) for f, layout in FAST}
+    assert {(r["codec"], r["records_per_message"]) for r in result["rows"]} == {
+        (f"{f}/{layout}", 1) for f, layout in FAST
+    }
     assert all(r["stock_us"] > 0 and r["fast_us"] > 0 and r["speedup"] > 0 for r in result["rows"])
 
 
@@ -209,14 +248,21 @@ def test_only_formats_without_a_fast_decoder_stay_stock(caplog: pytest.LogCaptur
 
 
 def test_a_schema_the_fast_path_does_not_know_falls_back_with_the_reason(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     stock = get_codec("avro", "list", (1, 28, 28))
     union = {"type": "record", "name": "X", "fields": [{"name": "data", "type": ["null", "float"]}]}
     with pytest.raises(UnsupportedSchema, match="data"):
         compile_plan(union, "list")
-    no_meta = {"type": "record", "name": "X", "fields": [{"name": "data", "type": {"type": "array", "items": "float"}},
-                                                         {"name": "shape", "type": {"type": "array", "items": "int"}},
-                                                         {"name": "label", "type": "int"}]}
+    no_meta = {
+        "type": "record",
+        "name": "X",
+        "fields": [
+            {"name": "data", "type": {"type": "array", "items": "float"}},
+            {"name": "shape", "type": {"type": "array", "items": "int"}},
+            {"name": "label", "type": "int"},
+        ],
+    }
     with pytest.raises(UnsupportedSchema, match="index"):
         compile_plan(no_meta, "list")
 
@@ -237,14 +283,18 @@ def test_unusual_but_valid_avro_blocks_decode_like_fastavro() -> None:
 
     stock = get_codec("avro", "list", (1, 2, 2))
     fast = get_codec("avro", "list", (1, 2, 2), decoder="fast")
-    record = {"data": [0.0, 0.25, 0.5, 1.0], "shape": [1, 2, 2], "label": 3,
-              "meta": {"index": 7, "partition": 0, "timestamp": 0, "format": "avro", "compression": ""}}
+    record = {
+        "data": [0.0, 0.25, 0.5, 1.0],
+        "shape": [1, 2, 2],
+        "label": 3,
+        "meta": {"index": 7, "partition": 0, "timestamp": 0, "format": "avro", "compression": ""},
+    }
     out = io.BytesIO()
     fastavro.schemaless_writer(out, stock._schema, record)
     plain = out.getvalue()
     head = plain.index(bytes([8]))  # block count 4, zigzag
-    floats = plain[head + 1:head + 17]
-    blocked = plain[:head] + bytes([3, 16]) + floats[:8] + bytes([3, 16]) + floats[8:] + plain[head + 17:]
+    floats = plain[head + 1 : head + 17]
+    blocked = plain[:head] + bytes([3, 16]) + floats[:8] + bytes([3, 16]) + floats[8:] + plain[head + 17 :]
     assert blocked != plain
     assert_same(stock, fast, [plain, blocked])
     np.testing.assert_array_equal(fast.decode([blocked]).pixels.reshape(-1), record["data"])
@@ -258,8 +308,9 @@ AVRO_FAST = [("avro", "bytes"), ("avro", "list"), ("mongodb_avro", "bytes"), ("m
 
 @pytest.mark.parametrize("shuffled", [False, True], ids=["in-order", "shuffled"])
 @pytest.mark.parametrize(("fmt", "layout"), AVRO_FAST)
-def test_avro_blocks_of_several_lengths_are_read_as_matrices(fmt: str, layout: str, shuffled: bool,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_avro_blocks_of_several_lengths_are_read_as_matrices(
+    fmt: str, layout: str, shuffled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Every other index across the varint widths at 8,192 and 1,048,576 (three payload lengths), in order or not,
     # in parts of at most 40 values: each part's payloads of one length are read as a matrix by template, and only
     # the first value of each length is walked.
@@ -276,8 +327,9 @@ def test_avro_blocks_of_several_lengths_are_read_as_matrices(fmt: str, layout: s
     matrices: list[int] = []
     walk, by_template = AvroWalker._walked, AvroWalker.by_template
     monkeypatch.setattr(AvroWalker, "_walked", lambda self, vs: walked.append(len(vs)) or walk(self, vs))
-    monkeypatch.setattr(AvroWalker, "by_template",
-                        lambda self, rows: matrices.append(len(rows)) or by_template(self, rows))
+    monkeypatch.setattr(
+        AvroWalker, "by_template", lambda self, rows: matrices.append(len(rows)) or by_template(self, rows)
+    )
     monkeypatch.setattr(fast_base, "GROUP_BYTES", 40 * max(map(len, values)))
     assert_same(stock, fast, values)
     assert fast.deferred_batches == 0
@@ -318,11 +370,11 @@ def damage_envelope(data: st.DataObject, values: list[bytes]) -> None:
         value[data.draw(st.integers(start, stop - 1))] = data.draw(st.integers(0, 255))
     elif kind == "escape" and b"/" in value[start:stop]:
         at = value.index(b"/", start)
-        value[at:at + 1] = b"\\/"
+        value[at : at + 1] = b"\\/"
     elif kind == "unpad":
         value[start:stop] = value[start:stop].rstrip(b"=")
     elif kind == "space":
-        value[start - 1:start - 1] = b" "
+        value[start - 1 : start - 1] = b" "
     values[target] = bytes(value)
 
 
@@ -354,11 +406,13 @@ def test_a_look_alike_data_string_is_not_taken_for_the_payload(decoy: str) -> No
     fast = get_codec("mongodb_avro", "bytes", (1, 4, 4), decoder="fast")
     images = np.random.default_rng(0).integers(0, 256, (32, 1, 4, 4), dtype=np.uint8)
     written = stock.encode(np.arange(100, 132), images, np.arange(32) % 10)
-    strings = [v[v.index(b'"Data":"') + 8:v.index(b'"', v.index(b'"Data":"') + 8)] for v in written]
+    strings = [v[v.index(b'"Data":"') + 8 : v.index(b'"', v.index(b'"Data":"') + 8)] for v in written]
     first, kept = written[0], b'"Data":"' + strings[0]
-    old, new = {"duplicate-key": (kept, b'"Data":"%s",' + kept),
-                "other-object": (b'{"binary_data"', b'{"other":{"Data":"%s"},"binary_data"'),
-                "escaped-key": (b'{"binary_data"', b'{"x\\"Data":"%s","binary_data"')}[decoy]
+    old, new = {
+        "duplicate-key": (kept, b'"Data":"%s",' + kept),
+        "other-object": (b'{"binary_data"', b'{"other":{"Data":"%s"},"binary_data"'),
+        "escaped-key": (b'{"binary_data"', b'{"x\\"Data":"%s","binary_data"'),
+    }[decoy]
     values = [first.replace(old, new % s) for s in strings]
     assert len(set(map(len, values))) == 1
     np.testing.assert_array_equal(stock.decode(values).indices, np.full(32, 100))
@@ -379,7 +433,7 @@ def test_every_byte_of_a_block_value_is_judged_like_stock(fmt: str, shape: tuple
     stop = value.index(b'"', start) if fmt == "mongodb_avro" else len(value)
     for at in range(start, stop):
         for byte in range(256):
-            assert_same(stock, fast, [*values[:7], value[:at] + bytes([byte]) + value[at + 1:], *values[8:]])
+            assert_same(stock, fast, [*values[:7], value[:at] + bytes([byte]) + value[at + 1 :], *values[8:]])
 
 
 @pytest.mark.parametrize("change", ["fingerprint", "subtype"])
@@ -391,8 +445,11 @@ def test_a_block_of_envelopes_from_another_writer_fails_like_stock(change: str) 
     fast = get_codec("mongodb_avro", "bytes", (1, 4, 4), decoder="fast")
     good = stock.encode(np.arange(32), np.zeros((32, 1, 4, 4), np.uint8), np.zeros(32, np.int64))
     assert_same(stock, fast, good)
-    old, new = ((stock.schema_fingerprint().encode(), b"0" * 64) if change == "fingerprint"
-                else (b'"Subtype":0', b'"Subtype":4'))
+    old, new = (
+        (stock.schema_fingerprint().encode(), b"0" * 64)
+        if change == "fingerprint"
+        else (b'"Subtype":0', b'"Subtype":4')
+    )
     values = [v.replace(old, new) for v in good]
     assert len(set(map(len, values + good))) == 1
     assert_same(stock, fast, values)
@@ -406,13 +463,15 @@ def test_a_letter_after_a_data_strings_padding_is_not_read_as_padding() -> None:
     fast = get_codec("mongodb_avro", "bytes", (1, 1, 5), decoder="fast")
     values = stock.encode(np.arange(64, 80), np.zeros((16, 1, 1, 5), np.uint8), np.zeros(16, np.int64))
     stop = values[3].index(b'"', values[3].index(b'"Data":"') + 8)
-    assert values[3][stop - 2:stop] == b"=="
-    values[3] = values[3][:stop - 1] + b"A" + values[3][stop:]
+    assert values[3][stop - 2 : stop] == b"=="
+    values[3] = values[3][: stop - 1] + b"A" + values[3][stop:]
     with pytest.raises(Defer, match="inside a Data string"):
         fast._payload_rows(values)
     assert_same(stock, fast, values)
 
+
 # ---- the bytes-layout templates (protobuf, JSON): values written by other writers, or damaged ----------------
+
 
 def varint(value: int, extra: int = 0) -> bytes:
     """Base-128 varint of ``value`` (two's complement in 64 bits when negative), padded with ``extra``
@@ -434,8 +493,14 @@ def protobuf_field(draw: st.DrawFn, tag: int, others: bool) -> tuple[bytes, bool
     """A varint field as kbit's writer, or ``others`` (any writer, any int64) may write it, and whether the
     template reads it (at most 9 bytes)."""
     if others:
-        value = draw(st.one_of(st.integers(0, 12), st.integers(0, 2**63 - 1), st.integers(-2**63, 2**64 - 1),
-                               st.sampled_from([2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**35, 2**63 - 1])))
+        value = draw(
+            st.one_of(
+                st.integers(0, 12),
+                st.integers(0, 2**63 - 1),
+                st.integers(-(2**63), 2**64 - 1),
+                st.sampled_from([2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**35, 2**63 - 1]),
+            )
+        )
         encoded = varint(value, draw(st.sampled_from([0, 0, 0, 1, 2])))
     else:  # up to 8 bytes, maybe one overlong byte more: int32 labels past 2**31 keep their low 32 bits
         encoded = varint(draw(st.one_of(st.integers(0, 12), st.integers(0, 2**56 - 1))), draw(st.sampled_from([0, 1])))
@@ -487,9 +552,31 @@ def test_protobuf_bytes_headers_decode_like_upb(rpm: int, data: st.DataObject) -
 
 KBIT_NUMBERS = st.one_of(st.integers(0, 12), st.integers(0, 10**18 - 1)).map(str)  # 1..18 digits
 JSON_NUMBERS = st.one_of(
-    KBIT_NUMBERS, st.integers(0, 2**64).map(str),
-    st.sampled_from(["0", "00", "07", "-0", "-3", "+3", "1.0", "1e2", "3 ", " 3", "true", "null", '"3"', "", "1_0",
-                     "9" * 19, "1" + "0" * 25, "\\u0033"]))
+    KBIT_NUMBERS,
+    st.integers(0, 2**64).map(str),
+    st.sampled_from(
+        [
+            "0",
+            "00",
+            "07",
+            "-0",
+            "-3",
+            "+3",
+            "1.0",
+            "1e2",
+            "3 ",
+            " 3",
+            "true",
+            "null",
+            '"3"',
+            "",
+            "1_0",
+            "9" * 19,
+            "1" + "0" * 25,
+            "\\u0033",
+        ]
+    ),
+)
 
 
 @pytest.mark.parametrize("rpm", [1, 3])
@@ -513,14 +600,18 @@ def test_json_bytes_texts_decode_like_orjson(rpm: int, data: st.DataObject) -> N
         if edit == "byte":
             text[at] = data.draw(st.integers(0, 255))
         elif edit == "escape" and b"/" in text:
-            text[text.index(b"/"):text.index(b"/") + 1] = b"\\/"
+            text[text.index(b"/") : text.index(b"/") + 1] = b"\\/"
         elif edit == "cut":
             del text[at]
         label, index = (data.draw(JSON_NUMBERS if others else KBIT_NUMBERS) for _ in range(2))
         numbers_ok = all(re.fullmatch(r"0|[1-9][0-9]{0,17}", n) for n in (label, index))
         readable &= numbers_ok and bytes(text) == base64.b64encode(pixels)
-        fields = [b'"data":"' + bytes(text) + b'"', b'"label":' + label.encode(), b'"index":' + index.encode(),
-                  b'"shape":[' + ",".join(map(str, shape)).encode() + b"]"]
+        fields = [
+            b'"data":"' + bytes(text) + b'"',
+            b'"label":' + label.encode(),
+            b'"index":' + index.encode(),
+            b'"shape":[' + ",".join(map(str, shape)).encode() + b"]",
+        ]
         if others and data.draw(st.integers(0, 9)) == 0:
             fields.reverse()
             readable = False
@@ -548,8 +639,23 @@ def test_json_numbers_only_orjson_reads_go_to_orjson(field: str) -> None:
     stock = get_codec("json", "bytes", (1, 2, 2))
     fast = get_codec("json", "bytes", (1, 2, 2), decoder="fast")
     good = stock.encode(np.arange(3), np.zeros((3, 1, 2, 2), np.uint8), np.array([1, 2, 3]))
-    for number in ["00", "07", "-0", "-3", "+3", "1.0", "1e2", " 3", "3 ", "true", '"3"', "0x1", "9" * 19,
-                   "\\u0033", "123456789012345678"]:
+    for number in [
+        "00",
+        "07",
+        "-0",
+        "-3",
+        "+3",
+        "1.0",
+        "1e2",
+        " 3",
+        "3 ",
+        "true",
+        '"3"',
+        "0x1",
+        "9" * 19,
+        "\\u0033",
+        "123456789012345678",
+    ]:
         value = re.sub(f'"{field}":[0-9]+,'.encode(), lambda _, number=number: f'"{field}":{number},'.encode(), good[1])
         assert value != good[1]
         assert_same(stock, fast, [good[0], value, good[2]])
@@ -595,15 +701,73 @@ def test_every_byte_in_a_base64_string_is_judged_like_binascii(shape: tuple[int,
 
 # Numbers orjson reads as doubles in [0, 1] (so the batch decodes), written as other writers may: integers, -0,
 # exponents, 17 and more digits, subnormal doubles and doubles that round to float32 subnormals or to 0
-IN_RANGE_NUMBERS = ["0", "1", "-0", "-0.0", "0.0", "1.0", "0.5e0", "5E-1", "1e+0", "1e-400", "5e-324", "1e-320",
-                    "2.2250738585072014e-308", "1.401298464324817e-45", "7.006492321624085e-46",
-                    "7.0064923216240854e-46", "1.1754942807573643e-38", "0.1000000000000000055511151231257827",
-                    "0.99999999999999999999", "0.333333333333333314829616256247390992939472198486328125"]
+IN_RANGE_NUMBERS = [
+    "0",
+    "1",
+    "-0",
+    "-0.0",
+    "0.0",
+    "1.0",
+    "0.5e0",
+    "5E-1",
+    "1e+0",
+    "1e-400",
+    "5e-324",
+    "1e-320",
+    "2.2250738585072014e-308",
+    "1.401298464324817e-45",
+    "7.006492321624085e-46",
+    "7.0064923216240854e-46",
+    "1.1754942807573643e-38",
+    "0.1000000000000000055511151231257827",
+    "0.99999999999999999999",
+    "0.333333333333333314829616256247390992939472198486328125",
+]
 # Numbers and texts orjson rejects, or reads as something the stock checks refuse
-OTHER_NUMBERS = ["NaN", "Infinity", "-Infinity", "01", "+1", ".5", "1.", "1e", "-", "0x1", "2.5", "-0.5", "1e400",
-                 "18446744073709551616", "[0.5]", "[]", "[[]]", "null", "true", '"0.5"', "{}", "0.5 ", " 0.5"]
-INTEGERS = ["0", "7", "12", "00", "07", "-0", "-3", "+3", "1.0", "1e2", " 3", "true", "null", '"3"', "9" * 19,
-            str(2**63), str(10**18 - 1)]
+OTHER_NUMBERS = [
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "01",
+    "+1",
+    ".5",
+    "1.",
+    "1e",
+    "-",
+    "0x1",
+    "2.5",
+    "-0.5",
+    "1e400",
+    "18446744073709551616",
+    "[0.5]",
+    "[]",
+    "[[]]",
+    "null",
+    "true",
+    '"0.5"',
+    "{}",
+    "0.5 ",
+    " 0.5",
+]
+INTEGERS = [
+    "0",
+    "7",
+    "12",
+    "00",
+    "07",
+    "-0",
+    "-3",
+    "+3",
+    "1.0",
+    "1e2",
+    " 3",
+    "true",
+    "null",
+    '"3"',
+    "9" * 19,
+    str(2**63),
+    str(10**18 - 1),
+]
 
 
 def float32_halfway(rng: np.random.Generator, count: int) -> list[str]:
@@ -632,12 +796,22 @@ def json_list_values(draw: st.DrawFn, other_writers: bool) -> tuple[Codec, Codec
         spellings = [rng.random(size).astype(str), float32_halfway(rng, size)]
         for at, kind in draw(st.lists(st.tuples(st.integers(0, size - 1), st.integers(0, 3)), max_size=size)):
             numbers[at] = (spellings[kind][at] if kind < 2 else draw(st.sampled_from(IN_RANGE_NUMBERS))).encode()
-        fields = {"data": b"[" + b",".join(numbers) + b"]", "label": str(draw(st.integers(0, 9))).encode(),
-                  "index": str(draw(st.integers(0, 10**18 - 1))).encode(),
-                  "shape": b"[" + ",".join(map(str, shape)).encode() + b"]"}
+        fields = {
+            "data": b"[" + b",".join(numbers) + b"]",
+            "label": str(draw(st.integers(0, 9))).encode(),
+            "index": str(draw(st.integers(0, 10**18 - 1))).encode(),
+            "shape": b"[" + ",".join(map(str, shape)).encode() + b"]",
+        }
         order = ["data", "label", "index", "shape"]
-        edit = draw(st.sampled_from(["none", "none", "number", "integer", "order", "space", "extra", "repeat",
-                                     "shape", "comma"])) if other_writers else "none"
+        edit = (
+            draw(
+                st.sampled_from(
+                    ["none", "none", "number", "integer", "order", "space", "extra", "repeat", "shape", "comma"]
+                )
+            )
+            if other_writers
+            else "none"
+        )
         if edit == "number":
             numbers[draw(st.integers(0, size - 1))] = draw(st.sampled_from(OTHER_NUMBERS)).encode()
             fields["data"] = b"[" + b",".join(numbers) + b"]"

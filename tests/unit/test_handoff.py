@@ -16,8 +16,9 @@ from kbit_core import handoff
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    | st.tuples(inner, inner),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4) | st.tuples(inner, inner)
+    ),
     max_leaves=20,
 )
 
@@ -28,8 +29,12 @@ def test_plain_values_round_trip_with_their_types(value) -> None:
 
 
 def test_arrays_tensors_and_nonfinite_floats_round_trip_bit_for_bit() -> None:
-    state = {"rng": torch.get_rng_state(), "keys": np.random.get_state()[1],
-             "py": (3, tuple(range(5)), None), "loss": [math.inf, -math.inf, 0.5]}
+    state = {
+        "rng": torch.get_rng_state(),
+        "keys": np.random.get_state()[1],
+        "py": (3, tuple(range(5)), None),
+        "loss": [math.inf, -math.inf, 0.5],
+    }
     back = handoff.loads(handoff.dumps(state))
     assert torch.equal(back["rng"], state["rng"]) and back["rng"].dtype == torch.uint8
     assert back["keys"].dtype == np.uint32 and np.array_equal(back["keys"], state["keys"])
@@ -50,8 +55,10 @@ def test_a_pickle_is_not_wire_data() -> None:
         handoff.loads(pickle.dumps({"a": 1}))
 
 
-@pytest.mark.parametrize("doc", [{"__kbit__": "callable", "name": "os.system"},
-                                 {"__kbit__": "ndarray", "dtype": "|O", "shape": [1], "data": ""}])
+@pytest.mark.parametrize(
+    "doc",
+    [{"__kbit__": "callable", "name": "os.system"}, {"__kbit__": "ndarray", "dtype": "|O", "shape": [1], "data": ""}],
+)
 def test_unknown_tags_and_object_arrays_are_refused_when_received(doc) -> None:
     with pytest.raises(ValueError):
         handoff.loads(json.dumps(doc))

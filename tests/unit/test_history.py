@@ -43,8 +43,9 @@ def test_flat_noise_has_no_change_point(seed: int) -> None:
 
 
 def test_a_noisy_configuration_is_flagged_unstable() -> None:
-    history = analyze_history(nights({"noisy": [1.0] * 20, "quiet": [1.0] * 20}, 0.0, 0)
-                              [:0] + nights({"noisy": [1.0] * 20}, 0.15, 1), 0.10)
+    history = analyze_history(
+        nights({"noisy": [1.0] * 20, "quiet": [1.0] * 20}, 0.0, 0)[:0] + nights({"noisy": [1.0] * 20}, 0.15, 1), 0.10
+    )
     (noisy,) = history.configurations
     assert noisy.unstable and noisy.noise_pct > 5
     assert "unstable: noisy" in history.verdict() and "**unstable**" in history_markdown(history)

@@ -22,14 +22,21 @@ from kbit_core.errors import StatisticsError
 from tests.unit.test_compare import NIGHTLY
 from tests.unit.test_report import synthetic_rows
 
-HARDWARE = {"host": "vm-1", "machine": "x86_64", "cpu_model": "EPYC", "cpu_count": 2, "memory_gb": 23.5,
-            "load_average_1m": 3.2}
+HARDWARE = {
+    "host": "vm-1",
+    "machine": "x86_64",
+    "cpu_model": "EPYC",
+    "cpu_count": 2,
+    "memory_gb": 23.5,
+    "load_average_1m": 3.2,
+}
 BROKER = {"kind": "embedded", "version": "tansu 0.6.0"}
 
 
 def identity(changes: dict | None = None, hardware: dict | None = None) -> dict:
-    cfg = KbitConfig.from_dict({"profile": "nightly", "dataset": {"num_records": 70000}, "bench": {"iterations": 10}}
-                               ).override(changes or {})
+    cfg = KbitConfig.from_dict(
+        {"profile": "nightly", "dataset": {"num_records": 70000}, "bench": {"iterations": 10}}
+    ).override(changes or {})
     return run_identity(cfg, {**HARDWARE, **(hardware or {})}, BROKER)
 
 
@@ -46,22 +53,32 @@ def test_identity_holds_what_the_numbers_depend_on_and_not_where_they_ran() -> N
 
 def test_differences_are_named_field_by_field() -> None:
     a, b = identity(), identity({"dataset.num_records": 20000, "bench.iterations": 5}, hardware={"cpu_count": 16})
-    assert identity_differences(a, b) == ["dataset.num_records: 70000 vs 20000", "hardware.cpu_count: 2 vs 16",
-                                          "iterations: 10 vs 5"]
+    assert identity_differences(a, b) == [
+        "dataset.num_records: 70000 vs 20000",
+        "hardware.cpu_count: 2 vs 16",
+        "iterations: 10 vs 5",
+    ]
     assert identity_hash(a) != identity_hash(b)
 
 
 def test_only_overrides_that_change_the_measurement_count() -> None:
-    overrides = {"workdir": "/tmp/x", "tracking": {"tracking_uri": "sqlite:///x.db"},
-                 "kafka": {"embedded": {"port": 1}},
-                 "produce": {"topic_prefix": "t", "partitions": 4}, "bench": {"output_dir": "r", "iterations": 5}}
+    overrides = {
+        "workdir": "/tmp/x",
+        "tracking": {"tracking_uri": "sqlite:///x.db"},
+        "kafka": {"embedded": {"port": 1}},
+        "produce": {"topic_prefix": "t", "partitions": 4},
+        "bench": {"output_dir": "r", "iterations": 5},
+    }
     assert measurement_overrides(overrides) == {"produce.partitions": "4", "bench.iterations": "5"}
     assert measurement_overrides(None) == {}
 
 
 def stats(seed: int, **changes: object) -> dict:
-    doc = analyze(timings_frame(synthetic_rows(iterations=6, warmup=0, seed=seed, configs=NIGHTLY)),
-                  bootstrap_resamples=100, seed=0)
+    doc = analyze(
+        timings_frame(synthetic_rows(iterations=6, warmup=0, seed=seed, configs=NIGHTLY)),
+        bootstrap_resamples=100,
+        seed=0,
+    )
     doc["metadata"] = {"identity": identity(dict(changes))}
     return doc
 

@@ -19,17 +19,32 @@ DATASET = DatasetInfo(name="synthetic_digits", seed=0, num_records=10, image_sha
 
 
 def part(p: int, first: int, messages: int, records: int | None = None) -> PartitionManifest:
-    return PartitionManifest(partition=p, first_offset=first, last_offset=first + messages - 1,
-                             num_messages=messages, num_records=messages if records is None else records,
-                             value_bytes=100 * messages)
+    return PartitionManifest(
+        partition=p,
+        first_offset=first,
+        last_offset=first + messages - 1,
+        num_messages=messages,
+        num_records=messages if records is None else records,
+        value_bytes=100 * messages,
+    )
 
 
 def manifest(**changes) -> Manifest:
     parts = changes.pop("partitions", [part(0, 0, 4), part(1, 5, 3), part(2, 0, 0)])
-    fields = dict(topic="kbit.test.v1", dataset=DATASET, variant=DataVariant(), schema_fingerprint="abc123",
-                  partitions=parts, num_messages=sum(p.num_messages for p in parts),
-                  num_records=sum(p.num_records for p in parts), value_bytes=sum(p.value_bytes for p in parts),
-                  wire_bytes=None, produce_seconds=0.5, client="confluent", kbit_version="0.1.0")
+    fields = dict(
+        topic="kbit.test.v1",
+        dataset=DATASET,
+        variant=DataVariant(),
+        schema_fingerprint="abc123",
+        partitions=parts,
+        num_messages=sum(p.num_messages for p in parts),
+        num_records=sum(p.num_records for p in parts),
+        value_bytes=sum(p.value_bytes for p in parts),
+        wire_bytes=None,
+        produce_seconds=0.5,
+        client="confluent",
+        kbit_version="0.1.0",
+    )
     fields.update(changes)
     return Manifest(**fields)
 
@@ -65,17 +80,25 @@ def test_same_identity_matches_despite_different_timing_and_client() -> None:
 
 
 def test_matches_lists_each_identity_difference() -> None:
-    other = manifest(variant=DataVariant(compression="none"), schema_fingerprint="zzz",
-                     dataset=DATASET.model_copy(update={"seed": 7}),
-                     partitions=[part(0, 0, 4), part(1, 0, 3)])
+    other = manifest(
+        variant=DataVariant(compression="none"),
+        schema_fingerprint="zzz",
+        dataset=DATASET.model_copy(update={"seed": 7}),
+        partitions=[part(0, 0, 4), part(1, 0, 3)],
+    )
     diffs = manifest().matches(other)
-    assert diffs == ["dataset.seed: 0 != 7", "variant.compression: 'lz4' != 'none'", "partitions: 3 != 2",
-                     "schema_fingerprint: abc123 != zzz"]
+    assert diffs == [
+        "dataset.seed: 0 != 7",
+        "variant.compression: 'lz4' != 'none'",
+        "partitions: 3 != 2",
+        "schema_fingerprint: abc123 != zzz",
+    ]
 
 
 def test_matches_accepts_a_requested_identity() -> None:
-    request = DataIdentity(dataset=DATASET, variant=DataVariant(records_per_message=4), partitions=3,
-                           schema_fingerprint="abc123")
+    request = DataIdentity(
+        dataset=DATASET, variant=DataVariant(records_per_message=4), partitions=3, schema_fingerprint="abc123"
+    )
     assert manifest().matches(request) == ["variant.records_per_message: 1 != 4"]
 
 
@@ -85,7 +108,13 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
     assert path == manifest_path(tmp_path / "kbit", m.topic)
     assert Manifest.load(path) == m
     assert json.loads(path.read_text())["partitions"][1] == {
-        "partition": 1, "first_offset": 5, "last_offset": 7, "num_messages": 3, "num_records": 3, "value_bytes": 300}
+        "partition": 1,
+        "first_offset": 5,
+        "last_offset": 7,
+        "num_messages": 3,
+        "num_records": 3,
+        "value_bytes": 300,
+    }
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
 
 
@@ -100,8 +129,9 @@ def test_load_names_missing_and_corrupt_files(tmp_path: Path) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 5), st.integers(0, 40), st.integers(1, 4), st.randoms(use_true_random=False))
-def test_ledger_turns_out_of_order_deliveries_into_exact_partitions(partitions: int, messages: int, per_message: int,
-                                                                    rng) -> None:
+def test_ledger_turns_out_of_order_deliveries_into_exact_partitions(
+    partitions: int, messages: int, per_message: int, rng
+) -> None:
     """Message m goes to partition m % P at the next offset there; reports may arrive in any order (client threads)."""
     reports = []
     next_offset = [0] * partitions

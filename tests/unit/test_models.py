@@ -67,11 +67,14 @@ def test_user_model_by_import_path(monkeypatch: pytest.MonkeyPatch) -> None:
         build_model(ModelConfig(name="kbit_test_user_models:tiny", kwargs={"depth": 3}), (1, 4, 4), 3)
 
 
-@pytest.mark.parametrize("name, message", [
-    ("transformer", "neither mlp/cnn/resnet nor 'package.module:factory'"),
-    ("no_such_package_kbit.models:build", "cannot import 'no_such_package_kbit.models'"),
-    ("kbit_core.train.models:missing", "has no callable 'missing'"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("transformer", "neither mlp/cnn/resnet nor 'package.module:factory'"),
+        ("no_such_package_kbit.models:build", "cannot import 'no_such_package_kbit.models'"),
+        ("kbit_core.train.models:missing", "has no callable 'missing'"),
+    ],
+)
 def test_unknown_models_raise_config_error(name: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build_model(ModelConfig(name=name), (1, 28, 28), 10)

@@ -16,8 +16,9 @@ def test_linear_scaling_rule_multiplies_by_world_size_and_accumulation() -> None
     assert effective_lr(OptimConfig(lr=0.01), world_size=4, grad_accum_steps=2) == 0.01
 
 
-@pytest.mark.parametrize("name, cls", [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW),
-                                       ("sgd", torch.optim.SGD)])
+@pytest.mark.parametrize(
+    "name, cls", [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW), ("sgd", torch.optim.SGD)]
+)
 def test_optimizer_by_name(name: str, cls: type) -> None:
     opt = build_optimizer([torch.nn.Parameter(torch.zeros(2))], OptimConfig(name=name, weight_decay=0.1), lr=0.5)
     assert type(opt) is cls and opt.param_groups[0]["lr"] == 0.5 and opt.param_groups[0]["weight_decay"] == 0.1

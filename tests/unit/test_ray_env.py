@@ -65,10 +65,17 @@ def test_joining_without_any_token_names_the_setting_and_creates_none(tmp_path: 
 
 def test_a_users_own_token_variable_is_used_for_their_cluster(tmp_path: Path) -> None:
     # the user's environment is read as the process found it, so this runs in a process of its own
-    code = ("from pathlib import Path; from kbit_core import ray_env; "
-            "print(ray_env.join_token_file('ray://10.1.2.3:10001', None, Path('/nonexistent/auth_token')))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "RAY_AUTH_TOKEN_PATH": str(tmp_path / "users-token")})
+    code = (
+        "from pathlib import Path; from kbit_core import ray_env; "
+        "print(ray_env.join_token_file('ray://10.1.2.3:10001', None, Path('/nonexistent/auth_token')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "RAY_AUTH_TOKEN_PATH": str(tmp_path / "users-token")},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "None"
 
@@ -76,15 +83,17 @@ def test_a_users_own_token_variable_is_used_for_their_cluster(tmp_path: Path) ->
 def test_activate_turns_token_mode_on_in_a_ray_imported_before(tmp_path: Path) -> None:
     # Ray read RAY_AUTH_MODE=disabled at its import; kbit's environment must still win afterwards
     token = ray_env.create_token(tmp_path / "auth_token")
-    code = ("import ray\n"
-            "from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, get_authentication_mode\n"
-            "assert get_authentication_mode() != AuthenticationMode.TOKEN\n"
-            "from pathlib import Path\n"
-            "from kbit_core import ray_env\n"
-            f"ray_env.activate(ray_env.ray_env(Path({str(token)!r}), loopback=True))\n"
-            "import ray._private.ray_constants as constants\n"
-            "print(get_authentication_mode() == AuthenticationMode.TOKEN, constants.ENABLE_RAY_CLUSTER,\n"
-            "      AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=False))\n")
+    code = (
+        "import ray\n"
+        "from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, get_authentication_mode\n"
+        "assert get_authentication_mode() != AuthenticationMode.TOKEN\n"
+        "from pathlib import Path\n"
+        "from kbit_core import ray_env\n"
+        f"ray_env.activate(ray_env.ray_env(Path({str(token)!r}), loopback=True))\n"
+        "import ray._private.ray_constants as constants\n"
+        "print(get_authentication_mode() == AuthenticationMode.TOKEN, constants.ENABLE_RAY_CLUSTER,\n"
+        "      AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=False))\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {"RAY_AUTH_MODE": "disabled"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

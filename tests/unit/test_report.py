@@ -19,8 +19,14 @@ CONFIGS = ("avro_list_lz4.confluent", "json_list_none.confluent")
 START_UNIX_S = 1_790_000_000.0  # when the synthetic benchmark's first iteration began
 
 
-def synthetic_rows(iterations: int = 4, warmup: int = 1, world_size: int = 2, seed: int = 0,
-                   configs: tuple[str, ...] = CONFIGS, slowdown: dict[str, float] | None = None) -> list[dict]:
+def synthetic_rows(
+    iterations: int = 4,
+    warmup: int = 1,
+    world_size: int = 2,
+    seed: int = 0,
+    configs: tuple[str, ...] = CONFIGS,
+    slowdown: dict[str, float] | None = None,
+) -> list[dict]:
     """Raw rows as the runner records them; configuration i is about i+1 times as slow as the first (json
     about twice avro), warm-ups 10× slower, ``slowdown`` multiplies named configurations. Every iteration
     also draws one noise factor all its ranks share (the broker and the CPU they share), as on a real machine."""
@@ -32,26 +38,60 @@ def synthetic_rows(iterations: int = 4, warmup: int = 1, world_size: int = 2, se
             name = configs[ci]
             fmt, layout, comp = name.split(".")[0].split("_")
             for rank in range(world_size):
-                stages = (rng.uniform(0.05, 0.1, size=5) * (ci + 1) * (10 if it < 0 else 1) * shared
-                          * (slowdown or {}).get(name, 1.0))
-                rows.append(asdict(Sample(
-                    iteration=it, warmup=it < 0, config=name, format=fmt, layout=layout, compression=comp,
-                    records_per_message=1, client="confluent", decoder="fast", batch_size=64, world_size=world_size, rank=rank,
-                    order_position=pos, connect_s=stages[0], fetch_s=stages[1], decode_s=stages[2],
-                    collate_s=stages[3], other_s=stages[4], load_s=float(stages.sum()), records=500,
-                    bytes=500 * 3200, skipped_messages=int(it == 2 and rank == 1), gap_offsets=0, padded_messages=0,
-                    padded_records=int(it == 2 and rank == 1), dropped_messages=1, kafka_clients=2,
-                    train_epoch_s=float("nan"), train_samples_per_s=float("nan"),
-                    started_unix_s=START_UNIX_S + 60 * it + 5 * pos,
-                    finished_unix_s=START_UNIX_S + 60 * it + 5 * pos + float(stages.sum()), is_slowest_rank=False)))
+                stages = (
+                    rng.uniform(0.05, 0.1, size=5)
+                    * (ci + 1)
+                    * (10 if it < 0 else 1)
+                    * shared
+                    * (slowdown or {}).get(name, 1.0)
+                )
+                rows.append(
+                    asdict(
+                        Sample(
+                            iteration=it,
+                            warmup=it < 0,
+                            config=name,
+                            format=fmt,
+                            layout=layout,
+                            compression=comp,
+                            records_per_message=1,
+                            client="confluent",
+                            decoder="fast",
+                            batch_size=64,
+                            world_size=world_size,
+                            rank=rank,
+                            order_position=pos,
+                            connect_s=stages[0],
+                            fetch_s=stages[1],
+                            decode_s=stages[2],
+                            collate_s=stages[3],
+                            other_s=stages[4],
+                            load_s=float(stages.sum()),
+                            records=500,
+                            bytes=500 * 3200,
+                            skipped_messages=int(it == 2 and rank == 1),
+                            gap_offsets=0,
+                            padded_messages=0,
+                            padded_records=int(it == 2 and rank == 1),
+                            dropped_messages=1,
+                            kafka_clients=2,
+                            train_epoch_s=float("nan"),
+                            train_samples_per_s=float("nan"),
+                            started_unix_s=START_UNIX_S + 60 * it + 5 * pos,
+                            finished_unix_s=START_UNIX_S + 60 * it + 5 * pos + float(stages.sum()),
+                            is_slowest_rank=False,
+                        )
+                    )
+                )
     return rows
 
 
 @pytest.fixture
 def report(tmp_path: Path) -> tuple[ReportFiles, list[dict]]:
     rows = synthetic_rows()
-    files = write_report(timings_frame(rows), {"iterations": 4, "warmup": 1, "world_size": 2}, tmp_path,
-                         bootstrap_resamples=200, seed=0)
+    files = write_report(
+        timings_frame(rows), {"iterations": 4, "warmup": 1, "world_size": 2}, tmp_path, bootstrap_resamples=200, seed=0
+    )
     return files, rows
 
 
@@ -79,8 +119,14 @@ def test_stats_json_matches_the_raw_rows(report: tuple[ReportFiles, list[dict]])
         assert doc["makespan"]["statistical_analysis"][name]["count"] == 4  # one unit per iteration
         assert doc["throughput"][name]["bytes_per_record"] == 3200.0
         assert doc["configurations"][name]["format"] == name.split("_")[0]
-        assert doc["counters"][name] == {"skipped_messages": 1, "gap_offsets": 0, "padded_messages": 0,
-                                         "padded_records": 1, "dropped_messages": 1, "kafka_clients": 2}
+        assert doc["counters"][name] == {
+            "skipped_messages": 1,
+            "gap_offsets": 0,
+            "padded_messages": 0,
+            "padded_records": 1,
+            "dropped_messages": 1,
+            "kafka_clients": 2,
+        }
         assert set(doc["stages"][name]) == {"connect_s", "fetch_s", "decode_s", "collate_s", "other_s"}
     for metric in ("makespan", "rank_mean"):
         ranking = doc["comparison"][metric]["ranking"]
@@ -103,8 +149,10 @@ def test_summary_lists_the_fastest_first_in_narrow_tables(report: tuple[ReportFi
     assert text.count("\n# ") == 0 and text.startswith("# kbit benchmark")  # one heading
     # MLflow's artifact viewer cuts wide tables: no table has more than seven columns.
     assert max(line.count("|") for line in text.splitlines() if line.startswith("|")) <= 8
-    assert "| skipped messages | gap offsets | padded messages | padded records | dropped messages | kafka clients |" \
+    assert (
+        "| skipped messages | gap offsets | padded messages | padded records | dropped messages | kafka clients |"
         in files.summary_md.read_text()
+    )
 
 
 def test_rebuild_from_the_csv_reproduces_the_stats(report: tuple[ReportFiles, list[dict]]) -> None:
@@ -150,22 +198,32 @@ def test_missing_csv_column_is_named(tmp_path: Path) -> None:
 
 # The configuration names and per-iteration orders the reports are keyed by come from the runner's matrix.
 
+
 def test_matrix_names_are_stable_and_sweeps_extend_them() -> None:
     from kbit_core.config import KbitConfig
     from kbit_core.jobs.benchmark import matrix
 
-    plain = KbitConfig.from_dict({"bench": {"variants": [{"format": "avro"}], "clients": ["confluent", "kafka-python"]}})
+    plain = KbitConfig.from_dict(
+        {"bench": {"variants": [{"format": "avro"}], "clients": ["confluent", "kafka-python"]}}
+    )
     assert [c.name for c in matrix(plain)] == ["avro_list_lz4.confluent", "avro_list_lz4.kafka-python"]
-    swept = KbitConfig.from_dict({"bench": {"variants": [{"format": "raw", "layout": "bytes"}],
-                                            "batch_sizes": [32, 64], "world_sizes": [1, 2]}})
+    swept = KbitConfig.from_dict(
+        {"bench": {"variants": [{"format": "raw", "layout": "bytes"}], "batch_sizes": [32, 64], "world_sizes": [1, 2]}}
+    )
     cells = matrix(swept)
-    assert [c.name for c in cells] == ["raw_bytes_lz4.confluent.b32.w1", "raw_bytes_lz4.confluent.b64.w1",
-                                       "raw_bytes_lz4.confluent.b32.w2", "raw_bytes_lz4.confluent.b64.w2"]
+    assert [c.name for c in cells] == [
+        "raw_bytes_lz4.confluent.b32.w1",
+        "raw_bytes_lz4.confluent.b64.w1",
+        "raw_bytes_lz4.confluent.b32.w2",
+        "raw_bytes_lz4.confluent.b64.w2",
+    ]
     assert [(c.batch_size, c.world_size) for c in cells] == [(32, 1), (64, 1), (32, 2), (64, 2)]
     assert len(matrix(KbitConfig())) == 18  # the default matrix
     both = KbitConfig.from_dict({"bench": {"variants": [{"format": "avro"}], "decoders": ["fast", "stock"]}})
-    assert [(c.name, c.decoder) for c in matrix(both)] == [("avro_list_lz4.confluent.fast", "fast"),
-                                                           ("avro_list_lz4.confluent.stock", "stock")]
+    assert [(c.name, c.decoder) for c in matrix(both)] == [
+        ("avro_list_lz4.confluent.fast", "fast"),
+        ("avro_list_lz4.confluent.stock", "stock"),
+    ]
 
 
 def test_matrix_refuses_duplicates() -> None:

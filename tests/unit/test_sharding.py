@@ -40,6 +40,7 @@ rates_st = st.sampled_from(RATE_SETS)
 
 # --- splits ---------------------------------------------------------------------------------------
 
+
 @given(partitions_st, rates_st, st.integers(1, 9))
 def test_every_offset_lands_in_exactly_one_split(partitions, rates, world_size):
     p = plan(partitions, rates, world_size)
@@ -84,6 +85,7 @@ def test_split_counts_largest_remainder(n, rates, expected):
 
 # --- ranks ----------------------------------------------------------------------------------------
 
+
 @settings(max_examples=150)
 @given(partitions_st, rates_st, st.integers(1, 9), st.integers(0, 5), st.integers(0, 3))
 def test_drop_gives_equal_disjoint_rank_shards(partitions, rates, world_size, epoch, seed):
@@ -119,7 +121,7 @@ def test_pad_covers_every_message_and_repeats_only_own_or_earliest(partitions, r
             real = offs[: len(offs) - s.padded]
             owned.update(real)
             # padding repeats the rank's own messages, or the split's earliest when it owns none
-            assert set(offs[len(real):]) <= (set(real) or set(split_offsets[: s.padded]))
+            assert set(offs[len(real) :]) <= (set(real) or set(split_offsets[: s.padded]))
         assert set(owned) == set(split_offsets) and max(owned.values()) == 1
         assert sum(s.padded for s in shards) == p.report()[name]["padded"] < world_size * max(counts)
 
@@ -173,6 +175,7 @@ def test_num_records_counts_records_per_message():
 
 # --- block shuffle --------------------------------------------------------------------------------
 
+
 def _shard(n: int, rank: int = 0) -> RankShard:
     return RankShard("train", rank, (OffsetRange(0, 0, n // 2), OffsetRange(3, 100, 100 + n - n // 2)), n, 0, 0)
 
@@ -209,6 +212,7 @@ def test_unshuffled_order_is_sequential_and_identity():
 
 
 # --- bad input ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),

@@ -15,7 +15,8 @@ def test_grid_is_every_combination_once() -> None:
     trials = expand_space(SPACE)
     assert len(trials) == 6
     assert {(t["train.optim.lr"], t["train.global_batch_size"]) for t in trials} == {
-        (lr, bs) for lr in SPACE["train.optim.lr"] for bs in SPACE["train.global_batch_size"]}
+        (lr, bs) for lr in SPACE["train.optim.lr"] for bs in SPACE["train.global_batch_size"]
+    }
 
 
 def test_sampled_trials_are_distinct_grid_points_and_reproducible() -> None:
@@ -26,11 +27,14 @@ def test_sampled_trials_are_distinct_grid_points_and_reproducible() -> None:
     assert expand_space(SPACE, num_trials=100) == expand_space(SPACE)
 
 
-@pytest.mark.parametrize("space, num_trials, match", [
-    ({}, None, "at least one value"),
-    ({"train.optim.lr": []}, None, "at least one value"),
-    (SPACE, 0, "num_trials must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "space, num_trials, match",
+    [
+        ({}, None, "at least one value"),
+        ({"train.optim.lr": []}, None, "at least one value"),
+        (SPACE, 0, "num_trials must be at least 1"),
+    ],
+)
 def test_bad_space_is_a_config_error(space: dict, num_trials: int | None, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         expand_space(space, num_trials)
@@ -38,13 +42,17 @@ def test_bad_space_is_a_config_error(space: dict, num_trials: int | None, match:
 
 def test_nest_builds_override_dicts() -> None:
     assert nest_dotted({"train.optim.lr": 0.1, "train.epochs": 2, "profile": "x"}) == {
-        "train": {"optim": {"lr": 0.1}, "epochs": 2}, "profile": "x"}
+        "train": {"optim": {"lr": 0.1}, "epochs": 2},
+        "profile": "x",
+    }
 
 
 def test_best_trial_by_max_and_min() -> None:
-    results = [{"trial": 0, "params": {}, "metrics": {"acc": 0.5, "loss": 0.9}},
-               {"trial": 1, "params": {}, "metrics": {"acc": 0.8, "loss": 0.4}},
-               {"trial": 2, "params": {}, "metrics": {"acc": 0.7, "loss": 0.3}}]
+    results = [
+        {"trial": 0, "params": {}, "metrics": {"acc": 0.5, "loss": 0.9}},
+        {"trial": 1, "params": {}, "metrics": {"acc": 0.8, "loss": 0.4}},
+        {"trial": 2, "params": {}, "metrics": {"acc": 0.7, "loss": 0.3}},
+    ]
     assert best_trial(results, "acc", "max")["trial"] == 1
     assert best_trial(results, "loss", "min")["trial"] == 2
 
@@ -57,15 +65,19 @@ def test_a_metric_missing_from_a_trial_is_an_error() -> None:
 
 @pytest.mark.parametrize("mode", ["max", "min"])
 def test_a_diverged_trial_is_never_the_best(mode: str) -> None:
-    results = [{"trial": 0, "params": {}, "metrics": {"loss": float("nan")}},
-               {"trial": 1, "params": {}, "metrics": {"loss": 0.4}},
-               {"trial": 2, "params": {}, "metrics": {"loss": float("inf") if mode == "min" else float("-inf")}},
-               {"trial": 3, "params": {}, "metrics": {"loss": 0.3}}]
+    results = [
+        {"trial": 0, "params": {}, "metrics": {"loss": float("nan")}},
+        {"trial": 1, "params": {}, "metrics": {"loss": 0.4}},
+        {"trial": 2, "params": {}, "metrics": {"loss": float("inf") if mode == "min" else float("-inf")}},
+        {"trial": 3, "params": {}, "metrics": {"loss": 0.3}},
+    ]
     assert best_trial(results, "loss", mode)["trial"] == (1 if mode == "max" else 3)
 
 
 def test_every_trial_diverged_is_an_error() -> None:
-    results = [{"trial": 0, "params": {}, "metrics": {"loss": float("nan")}},
-               {"trial": 1, "params": {}, "metrics": {"loss": float("inf")}}]
+    results = [
+        {"trial": 0, "params": {}, "metrics": {"loss": float("nan")}},
+        {"trial": 1, "params": {}, "metrics": {"loss": float("inf")}},
+    ]
     with pytest.raises(TrainingDivergedError, match="'loss' is NaN or infinite in every trial"):
         best_trial(results, "loss", "min")

@@ -15,8 +15,10 @@ def render(table: Table) -> str:
 
 
 def test_data_counts_get_one_row_per_split_and_stay_out_of_the_metrics_table() -> None:
-    data = {"train": {"skipped_messages": 0, "padded_records": 0, "dropped_tail_records_per_epoch": 16},
-            "val": {"skipped_messages": 1, "padded_records": 1, "dropped_tail_records_per_epoch": 0}}
+    data = {
+        "train": {"skipped_messages": 0, "padded_records": 0, "dropped_tail_records_per_epoch": 16},
+        "val": {"skipped_messages": 1, "padded_records": 1, "dropped_tail_records_per_epoch": 0},
+    }
     rows = [line.split("│")[1:-1] for line in render(data_table(data)).splitlines() if line.startswith("│")]
     assert [[cell.strip() for cell in row] for row in rows] == [["train", "0", "0", "16"], ["val", "1", "1", "0"]]
     assert "skipped messages" in render(data_table(data))

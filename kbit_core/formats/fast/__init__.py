@@ -59,11 +59,16 @@ def select_codec(codec: Codec, decoder: str = "fast") -> Codec:
     try:
         fast = fast_class(codec.layout, codec.image_shape, codec.records_per_message, num_classes=codec.num_classes)
     except UnsupportedSchema as exc:
-        log.warning("%s decodes with the stock library: the fast decoder does not recognise its schema (%s)",
-                    codec.name, exc)
+        log.warning(
+            "%s decodes with the stock library: the fast decoder does not recognise its schema (%s)", codec.name, exc
+        )
         return codec
     if fast.schema_fingerprint() != codec.schema_fingerprint():
-        log.warning("%s decodes with the stock library: the fast decoder's schema fingerprint %s differs from %s",
-                    codec.name, fast.schema_fingerprint()[:16], codec.schema_fingerprint()[:16])
+        log.warning(
+            "%s decodes with the stock library: the fast decoder's schema fingerprint %s differs from %s",
+            codec.name,
+            fast.schema_fingerprint()[:16],
+            codec.schema_fingerprint()[:16],
+        )
         return codec
     return fast

@@ -53,11 +53,19 @@ def compile_plan(schema: dict[str, Any], layout: str) -> tuple[tuple[int, str | 
                 steps.append((FLOAT if ftype == "float" else DOUBLE, name))
             elif isinstance(ftype, dict) and ftype.get("type") == "record" and name is None:
                 add(ftype, where)
-            elif isinstance(ftype, dict) and ftype.get("type") == "array" and ftype["items"] == "float" \
-                    and name in (None, "data"):
+            elif (
+                isinstance(ftype, dict)
+                and ftype.get("type") == "array"
+                and ftype["items"] == "float"
+                and name in (None, "data")
+            ):
                 steps.append((FLOAT_ARRAY, name))
-            elif isinstance(ftype, dict) and ftype.get("type") == "array" and ftype["items"] in ("int", "long") \
-                    and name in (None, "shape"):
+            elif (
+                isinstance(ftype, dict)
+                and ftype.get("type") == "array"
+                and ftype["items"] in ("int", "long")
+                and name in (None, "shape")
+            ):
                 steps.append((INT_ARRAY, name))
             else:
                 raise UnsupportedSchema(f"field {'.'.join(where)} of type {ftype!r} is not handled by the fast path")
@@ -152,33 +160,41 @@ def record_walker(steps: Sequence[tuple[int, str | None]], layout: str, shape: S
             lines.append(f"    pos += {FIXED_SIZES[kind]}")
         elif kind in (STRING, BYTES):
             lines.append(_VARINT.format(target="length"))
-            lines.append("    end = pos + length\n    if length < 0 or end > len(buf):\n"
-                         "        raise Defer('string or bytes past the value')")
+            lines.append(
+                "    end = pos + length\n    if length < 0 or end > len(buf):\n"
+                "        raise Defer('string or bytes past the value')"
+            )
             if kind == STRING:
                 lines.append("    str(view[pos:end], 'utf-8')  # fastavro refuses invalid UTF-8 too")
             elif name == "data":
-                lines.append(f"    if length != {size}:\n        raise Defer('pixel byte count')\n"
-                             "    pieces.append(view[pos:end])")
+                lines.append(
+                    f"    if length != {size}:\n        raise Defer('pixel byte count')\n"
+                    "    pieces.append(view[pos:end])"
+                )
             lines.append("    pos = end")
         elif kind == FLOAT_ARRAY and name == "data":
             stop = len(head) + 4 * size
-            lines.append(f"    if buf[pos:pos + {len(head)}] == {head!r} and buf[pos + {stop}] == 0:\n"
-                         f"        pieces.append(view[pos + {len(head)}:pos + {stop}])\n"
-                         f"        pos += {stop + 1}\n"
-                         "    else:\n"
-                         "        blocks, pos = read_blocks(buf, pos, 4)\n"
-                         f"        if sum(count for _, count in blocks) != {size}:\n"
-                         "            raise Defer('pixel count')\n"
-                         "        pieces.extend(view[start:start + 4 * count] for start, count in blocks)")
+            lines.append(
+                f"    if buf[pos:pos + {len(head)}] == {head!r} and buf[pos + {stop}] == 0:\n"
+                f"        pieces.append(view[pos + {len(head)}:pos + {stop}])\n"
+                f"        pos += {stop + 1}\n"
+                "    else:\n"
+                "        blocks, pos = read_blocks(buf, pos, 4)\n"
+                f"        if sum(count for _, count in blocks) != {size}:\n"
+                "            raise Defer('pixel count')\n"
+                "        pieces.extend(view[start:start + 4 * count] for start, count in blocks)"
+            )
         elif kind == FLOAT_ARRAY:
             lines.append("    _, pos = read_blocks(buf, pos, 4)")
         elif name == "shape":
-            lines.append(f"    if buf[pos:pos + {len(shape_bytes)}] == {shape_bytes!r}:\n"
-                         f"        pos += {len(shape_bytes)}\n"
-                         "    else:\n"
-                         "        numbers, pos = read_ints(buf, pos)\n"
-                         f"        if numbers != {list(shape)!r}:\n"
-                         "            raise Defer('shape')")
+            lines.append(
+                f"    if buf[pos:pos + {len(shape_bytes)}] == {shape_bytes!r}:\n"
+                f"        pos += {len(shape_bytes)}\n"
+                "    else:\n"
+                "        numbers, pos = read_ints(buf, pos)\n"
+                f"        if numbers != {list(shape)!r}:\n"
+                "            raise Defer('shape')"
+            )
         else:
             lines.append("    _, pos = read_ints(buf, pos)")
     lines.append("    if pos > len(buf):\n        raise Defer('the record runs past the value')\n    return pos")
@@ -219,8 +235,9 @@ class Template(NamedTuple):
 class AvroWalker:
     """Walks schemaless Avro values along a compiled plan and gathers one batch's columns."""
 
-    def __init__(self, steps: tuple[tuple[int, str | None], ...], layout: str, shape: tuple[int, ...],
-                 records_per_message: int) -> None:
+    def __init__(
+        self, steps: tuple[tuple[int, str | None], ...], layout: str, shape: tuple[int, ...], records_per_message: int
+    ) -> None:
         self.steps, self.layout, self.size, self.rpm = steps, layout, int(np.prod(shape)), records_per_message
         self._record = record_walker(steps, layout, shape)
         self._templates: dict[int, Template] = {}  # by value length
@@ -251,8 +268,9 @@ class AvroWalker:
             template = self._template(rows[0].tobytes())
             if (rows[:, template.fixed] != template.fixed_bytes).any():
                 raise Defer("a value differs from the first outside its index, label and pixels")
-        numbers = {name: zigzag_column(rows[:, start:stop]) for name, (start, stop) in template.spans.items()
-                   if name != "data"}
+        numbers = {
+            name: zigzag_column(rows[:, start:stop]) for name, (start, stop) in template.spans.items() if name != "data"
+        }
         start, stop = template.spans["data"]
         data = rows[:, start:stop]
         pixels = data if self.layout == "bytes" else data.view("<f4").astype(np.float32)
@@ -336,8 +354,9 @@ class FastAvroCodec(FastPath, AvroCodec):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         image_schema = self._image_schema()
-        self._walker = AvroWalker(compile_plan(image_schema, self.layout), self.layout, self.image_shape,
-                                  self.records_per_message)
+        self._walker = AvroWalker(
+            compile_plan(image_schema, self.layout), self.layout, self.image_shape, self.records_per_message
+        )
 
     def _image_schema(self) -> dict[str, Any]:
         if self.records_per_message == 1:
@@ -363,7 +382,7 @@ class Envelope(NamedTuple):
 
     def matches(self, rows: np.ndarray) -> bool:
         """Whether every row (an envelope of this one's length) equals it outside the ``Data`` string."""
-        return not ((rows[:, :self.start] != self.head).any() or (rows[:, self.stop:] != self.tail).any())
+        return not ((rows[:, : self.start] != self.head).any() or (rows[:, self.stop :] != self.tail).any())
 
 
 class FastMongoDBAvroCodec(FastAvroCodec, MongoDBAvroCodec):
@@ -391,8 +410,9 @@ class FastMongoDBAvroCodec(FastAvroCodec, MongoDBAvroCodec):
                 # a payload a byte longer or shorter (an index varint one byte wider) may fill the same base64
                 # length with other padding: each padding is one payload length, read as one matrix
                 width = payloads.shape[1]
-                return by_key(padding, lambda pad, at: self._walker.by_template(payloads[at, :width - pad]),
-                              len(values))
+                return by_key(
+                    padding, lambda pad, at: self._walker.by_template(payloads[at, : width - pad]), len(values)
+                )
             except Defer:
                 pass  # an envelope or a payload differs from the first beyond what varies: decode each one
         indices, labels, pixels = self._walker.columns([self._avro_payload(v) for v in values])
@@ -404,7 +424,7 @@ class FastMongoDBAvroCodec(FastAvroCodec, MongoDBAvroCodec):
         self._avro_payload(value)
         start = value.find(b'"Data":"') + len(b'"Data":"')
         stop = value.find(b'"', start)
-        probe = (b"B" if value[start:start + 1] == b"A" else b"A") * (stop - start)
+        probe = (b"B" if value[start : start + 1] == b"A" else b"A") * (stop - start)
         try:
             found = orjson.loads(value[:start] + probe + value[stop:])["binary_data"]["Data"]
         except (ValueError, LookupError, TypeError) as exc:

@@ -92,9 +92,11 @@ def by_length(values: Sequence[bytes], decode_group: Callable[[list[bytes]], Col
     """``by_key`` over the values' lengths: ``decode_group`` gets values of one length (for a template decoder,
     one byte matrix), at most ``GROUP_BYTES`` of them."""
     lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
-    return by_key(lengths, lambda _, at: decode_group(
-        list(values[at]) if isinstance(at, slice) else [values[i] for i in at.tolist()]),  # type: ignore[index]
-        max(1, GROUP_BYTES // max(1, int(lengths.max()))))
+    return by_key(
+        lengths,
+        lambda _, at: decode_group(list(values[at]) if isinstance(at, slice) else [values[i] for i in at.tolist()]),  # type: ignore[index]
+        max(1, GROUP_BYTES // max(1, int(lengths.max()))),
+    )
 
 
 class FastPath:
@@ -110,8 +112,10 @@ class FastPath:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
         if self.layout not in self.fast_layouts:  # type: ignore[attr-defined]
-            raise UnsupportedSchema(f"the fast {self.format} decoder reads the {'/'.join(self.fast_layouts)} "  # type: ignore[attr-defined]
-                                    f"layout only")
+            raise UnsupportedSchema(
+                f"the fast {self.format} decoder reads the {'/'.join(self.fast_layouts)} "  # type: ignore[attr-defined]
+                f"layout only"
+            )
         self.shape_list = list(self.image_shape)  # type: ignore[attr-defined]
 
     def _decode(self, values: Sequence[bytes]) -> DecodedBatch:

@@ -40,7 +40,7 @@ def leaves(doc: bytes, pos: int = 0, path: tuple[str, ...] = ()) -> list[Leaf]:
     end, pos, out = pos + size - 1, pos + 4, []
     while pos < end:
         kind, key_end = doc[pos], doc.index(0, pos + 1)
-        key, pos = doc[pos + 1:key_end].decode(), key_end + 1
+        key, pos = doc[pos + 1 : key_end].decode(), key_end + 1
         if kind in DOCUMENT_TYPES:
             out += leaves(doc, pos, (*path, key))
             pos += struct.unpack_from("<i", doc, pos)[0]
@@ -80,8 +80,13 @@ def strided_columns(buffer: bytes, row_size: int, runs: Sequence[Run], dtype: st
     """Write the ``dtype`` values at the runs' offsets of each row of ``buffer`` into ``out`` (rows, offsets),
     converted to ``out``'s type, one strided (unaligned) view per run."""
     for run in runs:
-        out[:, run.columns] = np.ndarray((len(out), run.columns.stop - run.columns.start), dtype=dtype,
-                                         buffer=buffer, offset=run.offset, strides=(row_size, run.stride))
+        out[:, run.columns] = np.ndarray(
+            (len(out), run.columns.stop - run.columns.start),
+            dtype=dtype,
+            buffer=buffer,
+            offset=run.offset,
+            strides=(row_size, run.stride),
+        )
 
 
 class FastBsonCodec(FastPath, BsonCodec):
@@ -89,16 +94,20 @@ class FastBsonCodec(FastPath, BsonCodec):
         super().__init__(*args, **kwargs)
         rpm, shape = self.records_per_message, self.image_shape
         zeros = np.zeros((rpm, *shape), dtype=np.uint8)
-        self._template = np.frombuffer(self.encode(np.zeros(rpm, np.int64), zeros, np.zeros(rpm, np.int64))[0],
-                                       dtype=np.uint8)
+        self._template = np.frombuffer(
+            self.encode(np.zeros(rpm, np.int64), zeros, np.zeros(rpm, np.int64))[0], dtype=np.uint8
+        )
         found = leaves(self._template.tobytes())
         pixel_type = BINARY if self.layout == "bytes" else 0x01
         prefix = ("samples",) if rpm > 1 else ()
         self._index, self._label, self._pixels = [], [], []
         for record in range(rpm):
             path = (*prefix, str(record)) if rpm > 1 else ()
-            named = {leaf.path[len(path):]: leaf for leaf in found if leaf.path[:len(path)] == path}
-            if named.get(("index",), Leaf((), 0, 0, 0)).type != 0x12 or named.get(("label",), Leaf((), 0, 0, 0)).type != 0x10:
+            named = {leaf.path[len(path) :]: leaf for leaf in found if leaf.path[: len(path)] == path}
+            if (
+                named.get(("index",), Leaf((), 0, 0, 0)).type != 0x12
+                or named.get(("label",), Leaf((), 0, 0, 0)).type != 0x10
+            ):
                 raise UnsupportedSchema("the template's index is not int64 or its label not int32")
             self._index.append(named[("index",)].offset)
             self._label.append(named[("label",)].offset)
@@ -114,7 +123,7 @@ class FastBsonCodec(FastPath, BsonCodec):
         variable = np.zeros(len(self._template), dtype=bool)
         for offsets, width in ((self._index, 8), (self._label, 4), *((o, pixel_width) for o in self._pixels)):
             for o in np.atleast_1d(offsets):
-                variable[o:o + width] = True
+                variable[o : o + width] = True
         # 0xFF over the bytes every value must share with the template, 0 over its index, label and pixels
         self._fixed = np.where(variable, 0, 0xFF).astype(np.uint8)
         self._index_runs, self._label_runs = strided_runs(self._index), strided_runs(self._label)
@@ -139,7 +148,7 @@ class FastBsonCodec(FastPath, BsonCodec):
             strided_columns(buffer, length, self._label_runs, "<i4", labels[part])
             if self.layout == "bytes":
                 for record, at in enumerate(self._pixels):
-                    pixels[part, record] = rows[:, at:at + size]
+                    pixels[part, record] = rows[:, at : at + size]
             else:
                 for record, runs in enumerate(self._pixel_runs):
                     strided_columns(buffer, length, runs, "<f8", pixels[part, record])

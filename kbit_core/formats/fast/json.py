@@ -67,19 +67,29 @@ class FastJsonCodec(FastPath, JsonCodec):
     def _init_template(self) -> None:
         """Cut the text of one record (index and label 0, zero pixels) into its fixed parts."""
         size = self.record_size
-        text = JsonCodec("bytes", self.image_shape)._encode_group(np.zeros(1), np.zeros(1),
-                                                                  np.zeros((1, size), np.uint8))
+        text = JsonCodec("bytes", self.image_shape)._encode_group(
+            np.zeros(1), np.zeros(1), np.zeros((1, size), np.uint8)
+        )
         pixels = base64.b64encode(bytes(size))
         data, label, index = (text.find(key) + len(key) for key in (b'"data":"', b'"label":', b'"index":'))
-        if not (text[data:data + len(pixels)] == pixels and text[label:label + 1] == text[index:index + 1] == b"0"
-                and data + len(pixels) < label < index):
+        if not (
+            text[data : data + len(pixels)] == pixels
+            and text[label : label + 1] == text[index : index + 1] == b"0"
+            and data + len(pixels) < label < index
+        ):
             raise UnsupportedSchema("the encoder's text is not data, label, index in this order")
         self._text = np.frombuffer(text, dtype=np.uint8)
         self._data, self._data_end, self._label, self._index = data, data + len(pixels), label, index
         self._padding = -size % 3  # "=" characters that end the base64 string
         # the text every record shares: all but the base64 characters and the one-digit label and index
-        self._fixed_text = np.concatenate([self._text[:data], self._text[data + len(pixels):label],
-                                           self._text[label + 1:index], self._text[index + 1:]])
+        self._fixed_text = np.concatenate(
+            [
+                self._text[:data],
+                self._text[data + len(pixels) : label],
+                self._text[label + 1 : index],
+                self._text[index + 1 :],
+            ]
+        )
         self._layouts: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, list[int], np.ndarray]] = {}
 
     def _fast_columns(self, values: Sequence[bytes]) -> Columns:
@@ -111,13 +121,14 @@ class FastJsonCodec(FastPath, JsonCodec):
         for first in range(0, len(values), step):
             pieces: list[Any] = []
             done = len(indices)
-            for value in values[first:first + step]:
+            for value in values[first : first + step]:
                 take(parser, value, indices, labels, pieces)
-            pixels[done:len(indices)] = np.frombuffer(b"".join(pieces), dtype=np.float64).reshape(-1, size)
-        return np.array(indices, dtype=np.int64), np.array(labels, dtype=np.int64), pixels[:len(indices)]
+            pixels[done : len(indices)] = np.frombuffer(b"".join(pieces), dtype=np.float64).reshape(-1, size)
+        return np.array(indices, dtype=np.int64), np.array(labels, dtype=np.int64), pixels[: len(indices)]
 
-    def _take_one(self, parser: simdjson.Parser, value: bytes, indices: list[int], labels: list[int],
-                  pieces: list[Any]) -> None:
+    def _take_one(
+        self, parser: simdjson.Parser, value: bytes, indices: list[int], labels: list[int], pieces: list[Any]
+    ) -> None:
         """:meth:`_take` for a value of one record, without its search for more (measured: 8.4 against 9.3 µs a
         784-float record, of which simdjson's parse is 5.9)."""
         close = value.rfind(b'],"label":')
@@ -131,8 +142,9 @@ class FastJsonCodec(FastPath, JsonCodec):
         labels.append(int(tail[1]))
         indices.append(int(tail[2]))
 
-    def _take(self, parser: simdjson.Parser, value: bytes, indices: list[int], labels: list[int],
-              pieces: list[Any]) -> None:
+    def _take(
+        self, parser: simdjson.Parser, value: bytes, indices: list[int], labels: list[int], pieces: list[Any]
+    ) -> None:
         """Append one value's records, found from the value's end backwards: a record ends at the last
         ``],"label":`` and its tail text; a grouped value's record starts at the last ``{`` before that, and the
         records are ``[`` + records joined by ``,`` + ``]``. With no ``[`` inside a record's float array but its
@@ -148,13 +160,17 @@ class FastJsonCodec(FastPath, JsonCodec):
             close = value.rfind(b'],"label":', 0, end)
             tail = self._list_tail.fullmatch(value, close, end) if close >= 0 else None
             start = value.rfind(b"{", 0, close) if grouped else 0
-            if tail is None or start < 0 or not value.startswith(b'{"data":[', start) \
-                    or value.find(b"[", start + 9, close) >= 0:
+            if (
+                tail is None
+                or start < 0
+                or not value.startswith(b'{"data":[', start)
+                or value.find(b"[", start + 9, close) >= 0
+            ):
                 raise Defer("a record's text is not kbit's (or its array nests one, which as_buffer would flatten)")
             tails.append(tail)
             if start == grouped:
                 break
-            if not grouped or value[start - 1:start] != b"," or len(tails) == self.records_per_message:
+            if not grouped or value[start - 1 : start] != b"," or len(tails) == self.records_per_message:
                 raise Defer("not records_per_message samples or fewer, joined by commas")
             end = start - 1
         doc = parser.parse(value)
@@ -188,7 +204,7 @@ class FastJsonCodec(FastPath, JsonCodec):
         rows = byte_matrix(records)
         if rows.shape[1] < len(self._text):
             raise Defer("shorter than a record with one-digit label and index")
-        window = rows[:, self._label:self._label + MAX_DIGITS + 1]
+        window = rows[:, self._label : self._label + MAX_DIGITS + 1]
         widths = np.argmax((window < ZERO) | (window > NINE), axis=1)
         indices, labels = np.empty(len(rows), dtype=np.int64), np.empty(len(rows), dtype=np.int64)
         for width, at in key_groups(widths):
@@ -200,10 +216,9 @@ class FastJsonCodec(FastPath, JsonCodec):
             if (digits > 9).any() or (digits[:, leading] == 0).any():
                 raise Defer("a number is not decimal digits without a leading zero")
             labels[at], indices[at] = (digits.astype(np.int64) @ powers).T
-        return indices, labels, self._base64(rows[:, self._data:self._data_end])
+        return indices, labels, self._base64(rows[:, self._data : self._data_end])
 
-    def _template_columns(self, length: int,
-                          label_width: int) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray]:
+    def _template_columns(self, length: int, label_width: int) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray]:
         """For records of ``length`` bytes whose label has ``label_width`` digits: the columns of the fixed text,
         those of the label's and the index's digits, which of those must not be a leading zero, and the powers
         of ten that turn the digits into (label, index)."""
@@ -214,8 +229,8 @@ class FastJsonCodec(FastPath, JsonCodec):
             if not (1 <= label_width <= MAX_DIGITS and 1 <= index_width <= MAX_DIGITS):
                 raise Defer("a label or index of no digit or more than 18")
             index_at = index + label_width - 1  # the template's label is the one digit "0"
-            fixed = np.r_[0:data, data_end:label, label + label_width:index_at, index_at + index_width:length]
-            digits = np.r_[label:label + label_width, index_at:index_at + index_width]
+            fixed = np.r_[0:data, data_end:label, label + label_width : index_at, index_at + index_width : length]
+            digits = np.r_[label : label + label_width, index_at : index_at + index_width]
             leading = [0] * (label_width > 1) + [label_width] * (index_width > 1)
             powers = np.zeros((label_width + index_width, 2), dtype=np.int64)
             powers[:label_width, 0] = 10 ** np.arange(label_width - 1, -1, -1)
@@ -240,4 +255,4 @@ class FastJsonCodec(FastPath, JsonCodec):
             text[:, -pad:] = ord("A")
         decoded = pybase64.b64decode(text.data, validate=True)
         rows = np.frombuffer(decoded, dtype=np.uint8).reshape(len(chars), chars.shape[1] // 4 * 3)
-        return rows[:, :self.record_size]
+        return rows[:, : self.record_size]

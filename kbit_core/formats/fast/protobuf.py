@@ -33,7 +33,7 @@ def signed(value: int, bits: int) -> int:
 def varint_column(rows: np.ndarray, start: int, width: int) -> np.ndarray:
     """The unsigned varints that fill columns ``start:start + width`` of every row (their continuation bits
     already checked), as uint64; width <= 9, so they fit in 63 bits."""
-    groups = rows[:, start:start + width].astype(np.uint64) & np.uint64(0x7F)
+    groups = rows[:, start : start + width].astype(np.uint64) & np.uint64(0x7F)
     return (groups << (np.uint64(7) * np.arange(width, dtype=np.uint64))).sum(axis=1, dtype=np.uint64)
 
 
@@ -63,7 +63,7 @@ class FastProtobufCodec(FastPath, ProtobufCodec):
         pos, samples = 0, []
         while value[pos] == TAG_SAMPLES:
             length, pos = read_varint(value, pos + 1, 10)
-            samples.append(value[pos:pos + length])
+            samples.append(value[pos : pos + length])
             pos += length
         if value[pos] != TAG_COUNT:
             raise Defer(f"tag {value[pos]:#x} in a SampleBatch")
@@ -82,10 +82,10 @@ class FastProtobufCodec(FastPath, ProtobufCodec):
         head = rows.shape[1] - len(tail)
         if not 0 <= head <= MAX_HEADER:
             raise Defer("a sample's length leaves no room for the fields the tail lacks")
-        if (rows[:, head:head + at] != tail[:at]).any() or (rows[:, head + at + size:] != tail[at + size:]).any():
+        if (rows[:, head : head + at] != tail[:at]).any() or (rows[:, head + at + size :] != tail[at + size :]).any():
             raise Defer("the pixels' tag or length, or the shape field, differs from the template")
         indices, labels = self._index_and_label(rows[:, :head])
-        return indices, labels, rows[:, head + at:head + at + size]
+        return indices, labels, rows[:, head + at : head + at + size]
 
     @staticmethod
     def _index_and_label(head: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -112,8 +112,9 @@ class FastProtobufCodec(FastPath, ProtobufCodec):
                 raise Defer("a field other than index and label before the pixels")
         return indices, labels
 
-    def _sample(self, buf: bytes, pos: int, end: int, indices: list[int], labels: list[int],
-                pieces: list[bytes]) -> None:
+    def _sample(
+        self, buf: bytes, pos: int, end: int, indices: list[int], labels: list[int], pieces: list[bytes]
+    ) -> None:
         index = label = 0  # proto3 leaves zero-valued scalars out
         data = shape = None
         seen = 0
@@ -131,7 +132,7 @@ class FastProtobufCodec(FastPath, ProtobufCodec):
             elif tag == TAG_DATA or tag == TAG_SHAPE:
                 length, pos = read_varint(buf, pos + 1, 10)
                 if tag == TAG_DATA:
-                    data = buf[pos:pos + length]
+                    data = buf[pos : pos + length]
                 else:
                     shape = self._packed_ints(buf, pos, pos + length)
                 pos += length
