@@ -152,7 +152,7 @@ class Trainer:
         """Collective: gather each rank's RNG state and data position, then let the engine write the checkpoint."""
         ranks = self._gather_ranks()
         path = self.engine.save_checkpoint(
-            self.checkpointer, ckpt.checkpoint_name(self._step()), self._checkpoint_meta(ranks)
+            self.checkpointer, ckpt.checkpoint_name(self._progress_step()), self._checkpoint_meta(ranks)
         )
         self.last_checkpoint = str(path) if path is not None else None
 
@@ -160,7 +160,7 @@ class Trainer:
         """Collective: each rank's RNG state and data position, on rank 0 (None elsewhere)."""
         return gather_to_main({"rng": ckpt.rng_state(self.env.device), **self._data_position()}, self.env)
 
-    def _step(self) -> int:
+    def _progress_step(self) -> int:
         return self.state.step
 
     def _data_position(self) -> dict[str, Any]:

@@ -96,7 +96,7 @@ class StreamTrainer(Trainer):
 
     # Trainer's save/resume, with the stream's progress and every partition's position as the data position.
 
-    def _step(self) -> int:
+    def _progress_step(self) -> int:
         return self.stream.step
 
     def _data_position(self) -> dict[str, Any]:
