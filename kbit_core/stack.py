@@ -90,7 +90,7 @@ def ray_head(cfg: KbitConfig) -> Service:
     process group stops the whole node.
     """
     launch = cfg.launch
-    token = ray_env.create_token(ray_env.own_token_file(cfg.run_dir))
+    token = ray_env.own_token_file(cfg.run_dir)
     dashboard = (
         ["--include-dashboard=true", "--dashboard-host=127.0.0.1"]
         if launch.ray_include_dashboard
@@ -122,6 +122,7 @@ def ray_head(cfg: KbitConfig) -> Service:
         url=f"127.0.0.1:{launch.ray_head_port}",
         port_setting="launch.ray_head_port, launch.ray_client_server_port",
         error_type=StackError,
+        prepare=lambda: ray_env.create_token(token),
     )
 
 

@@ -143,7 +143,7 @@ class _Processes:
         ]
         head_node, *worker_nodes = self.topology.nodes
         self.ray_head_address = f"{head_node.address}:{options.ray_head_port}"
-        self.ray_env: dict[str, str] = ray_cluster.bed_env(Path(bed_dir).resolve()) if options.ray else {}
+        self.ray_token = ray_env.own_token_file(Path(bed_dir).resolve())
         # the head first, then a worker per further node
         self.ray_nodes: list[Service] = (
             [
@@ -155,7 +155,7 @@ class _Processes:
                     options.worker_cores,
                     options.ray_object_store_mb,
                     marker,
-                    self.ray_env,
+                    self.ray_token,
                 ),
                 *[
                     ray_cluster.worker_service(
@@ -165,7 +165,7 @@ class _Processes:
                         options.worker_cores,
                         options.ray_object_store_mb,
                         marker,
-                        self.ray_env,
+                        self.ray_token,
                     )
                     for node in worker_nodes
                 ],
@@ -204,8 +204,6 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
         )
     if current.state is not None or current.bridge or current.namespaces or _marked_pids():
         down(bed_dir)
-    if options.ray:
-        ray_env.create_token(ray_env.own_token_file(bed_dir))
     procs = _Processes(bed_dir, options)
     topo = procs.topology
     try:
@@ -250,7 +248,7 @@ def _start_ray(procs: _Processes, timeout_s: float) -> None:
     with ThreadPoolExecutor(max(len(ray_workers), 1)) as pool:
         list(pool.map(lambda w: w.start(timeout_s=timeout_s), ray_workers))
     ray_cluster.wait_for_nodes(
-        procs.ray_head_address, procs.ray_env, [n.address for n in procs.topology.nodes], timeout_s, procs.ray_nodes
+        procs.ray_head_address, procs.ray_token, [n.address for n in procs.topology.nodes], timeout_s, procs.ray_nodes
     )
 
 
@@ -303,7 +301,7 @@ def status(bed_dir: Path) -> BedStatus:
     workers = alive_workers(state.driver.address, options.master_webui_port) if result.bridge else {}
     result.alive_workers = sorted(workers)
     if procs.ray_nodes and result.bridge:
-        result.ray_nodes = ray_cluster.alive_nodes(procs.ray_head_address, procs.ray_env)
+        result.ray_nodes = ray_cluster.alive_nodes(procs.ray_head_address, procs.ray_token)
     result.up = (
         result.bridge
         and all(p.alive for p in result.processes)
