@@ -28,6 +28,9 @@ check_java() {
   [ "${v:-0}" -ge 17 ] 2>/dev/null || die "Java 17 or newer is required, found Java ${v:-unknown} ($(command -v java))"
 }
 
+# Apache Kafka's pinned jars (deployments/kafka/pom.xml) into $VENV/kafka/libs; idempotent, see the script.
+install_kafka() { KBIT_VENV=$VENV bash scripts/install_kafka.sh; }
+
 install_torch() {
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     "$VENV/bin/pip" install -q "torch==2.13.0"            # CUDA build from PyPI
@@ -67,6 +70,7 @@ case "${1:-}" in
   test)
     install test,ray
     check_java
+    install_kafka || echo "kbit: tests that need Apache Kafka will be skipped" >&2
     # Everything temporary (torchelastic, TorchDistributor, pytest) lands in one per-run dir.
     TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/kbit-test.XXXXXX"); export TMPDIR
     trap 'rm -rf "$TMPDIR"' EXIT
@@ -79,6 +83,7 @@ case "${1:-}" in
     ;;
   install)
     install test,ray
+    install_kafka
     ;;
   *)
     echo "usage: scripts/run.sh main|test|install [args]" >&2; exit 2 ;;
