@@ -116,6 +116,25 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
     b.stop()
 
 
+@pytest.fixture(scope="session")
+def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Apache Kafka broker (single KRaft node, data on disk) for the whole session. Skipped when Java or its jars
+    are missing (`scripts/run.sh install` puts them in .venv/kafka), except under CI or KBIT_REQUIRE_APACHE_KAFKA=1."""
+    from kbit_core.errors import BrokerError
+    from kbit_core.kafka.apache_broker import ApacheKafkaBroker, java_binary, kafka_libs
+
+    try:
+        kafka_libs(), java_binary()
+    except BrokerError as exc:
+        if os.environ.get("CI") or os.environ.get("KBIT_REQUIRE_APACHE_KAFKA") == "1":
+            raise
+        pytest.skip(str(exc))
+    b = ApacheKafkaBroker(tmp_path_factory.mktemp("apache-kafka"), port=free_port(), controller_port=free_port())
+    b.start()
+    yield b
+    b.stop()
+
+
 @pytest.fixture
 def make_config(broker: EmbeddedBroker, tmp_path: Path) -> Callable[..., KbitConfig]:
     """Build a KbitConfig on the session broker with a per-test workdir and MLflow store.
