@@ -98,6 +98,13 @@ def metadata_brokers(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -
     return struct.unpack(">i", resp[8:12])[0]
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def _read_exactly(conn: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:
@@ -140,6 +147,7 @@ class ApacheKafkaBroker:
                                error_type=BrokerError)
         self.pid_path = self.service.pid_path
         self.log_path = self.service.log_path
+        self._log_start: dict[Path, int] = {}
 
     @property
     def bootstrap(self) -> str:
@@ -153,6 +161,7 @@ class ApacheKafkaBroker:
         """Start the broker unless ours already runs (formatting its log directory the first time); wait until it
         answers a metadata request listing itself. BrokerError with the log's tail when it does not."""
         deadline = time.monotonic() + timeout_s
+        self._log_start = {path: _size(path) for path in (self.server_log_path, self.log_path)}
         if self.service.pid() is None:
             libs, java = kafka_libs(), java_binary()
             self._write_config()
@@ -165,8 +174,12 @@ class ApacheKafkaBroker:
                                  "-cp", f"{libs}/*", "kafka.Kafka", str(self.properties_path)]
         try:
             self.service.start(max(1.0, deadline - time.monotonic()))
-        except BrokerError as exc:  # its message ends with stdout's tail (warnings only); the full log says more
-            raise BrokerError(f"{exc}\n{self.server_log_path}:\n{self.log_tail()}") from None
+        except BrokerError as exc:  # Service's message ends with stdout's tail; the server log says why
+            reason = self.fatal_error()
+            if reason is None:
+                raise
+            raise BrokerError(f"the Apache Kafka broker at {self.bootstrap} did not start: {reason}\n"
+                              f"last lines of {self.server_log_path}:\n{self.log_tail()}") from None
         self._wait_serving(deadline)
         return self.status()
 
@@ -185,12 +198,34 @@ class ApacheKafkaBroker:
     def version(self) -> str:
         return f"apache-kafka {kafka_version()}"
 
-    def log_tail(self, lines: int = 30) -> str:
-        """The server log's last lines (everything at INFO and above; the process's own output is in log_path)."""
+    def _log_lines(self, path: Path) -> list[str] | None:
+        """``path``'s lines written since the latest start() (all of them before one, or after a rotation)."""
         try:
-            return "\n".join(self.server_log_path.read_text(errors="replace").splitlines()[-lines:])
+            with open(path, "rb") as f:
+                start = self._log_start.get(path, 0)
+                f.seek(start if start <= path.stat().st_size else 0)
+                return f.read().decode(errors="replace").splitlines()
         except OSError:
+            return None
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The server log's last lines since the latest start, without Java stack frames (everything at INFO and
+        above is there; the process's own output is in log_path)."""
+        text = self._log_lines(self.server_log_path)
+        if text is None:
             return self.service.log_tail(lines)
+        return "\n".join([line for line in text if not line.startswith("\tat ")][-lines:])
+
+    def fatal_error(self) -> str | None:
+        """The exception of the broker's last 'Exiting Kafka due to fatal exception' since the latest start."""
+        for path in (self.server_log_path, self.log_path):
+            lines = self._log_lines(path)
+            if lines is None:
+                continue
+            for i in range(len(lines) - 1, -1, -1):
+                if "fatal exception" in lines[i] or "Exiting Kafka" in lines[i]:
+                    return lines[i + 1].strip() if i + 1 < len(lines) else lines[i]
+        return None
 
     def cluster_id(self) -> str:
         """This broker's cluster id, made once and kept (the log directory is formatted with it)."""
@@ -254,8 +289,9 @@ class ApacheKafkaBroker:
         except (OSError, subprocess.SubprocessError) as exc:
             raise BrokerError(f"formatting the Apache Kafka log directory {self.data_dir} failed: {exc}") from None
         if done.returncode != 0:
-            raise BrokerError(f"formatting the Apache Kafka log directory {self.data_dir} failed "
-                              f"(exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+            out = [line for line in (done.stdout + done.stderr).splitlines() if not line.startswith("\tat ")]
+            raise BrokerError(f"the Apache Kafka broker at {self.bootstrap} did not start: formatting its log "
+                              f"directory {self.data_dir} failed (exit {done.returncode}):\n" + "\n".join(out[-20:]))
 
     def _wait_serving(self, deadline: float) -> None:
         last = "no answer yet"

@@ -304,3 +304,23 @@ def test_config_selects_apache_kafka_as_the_embedded_broker(tmp_path, make_confi
         assert admin.check_topic(cfg.kafka, manifest).holds_manifest
     assert not broker.status().running
     assert (broker.data_dir / "meta.properties").is_file()  # the data stays on disk under the run dir
+
+
+def test_a_broker_that_cannot_start_names_the_reason(apache_kafka: ApacheKafkaBroker, tmp_path) -> None:
+    from kbit_core.errors import BrokerError
+    from tests.conftest import free_port
+
+    class Misconfigured(ApacheKafkaBroker):
+        def properties(self) -> dict[str, str]:
+            return {**super().properties(), "num.io.threads": "many"}
+
+    broker = Misconfigured(tmp_path, port=free_port(), controller_port=free_port())
+    with pytest.raises(BrokerError, match="(?s)did not start: .*ConfigException: Invalid value many for "
+                                          "configuration num.io.threads") as failed:
+        broker.start(timeout_s=60)  # caught by the log directory's format, before the broker's own start
+    assert "\tat " not in str(failed.value)  # no Java stack frames
+    assert not broker.status().running and not broker.pid_path.exists()
+    # the client port of a running broker is refused, naming the setting
+    taken = ApacheKafkaBroker(tmp_path / "other", port=apache_kafka.port, controller_port=free_port())
+    with pytest.raises(BrokerError, match="already taken.*kafka.embedded.port"):
+        taken.start()
