@@ -98,9 +98,10 @@ def cpu_model() -> str:
 
 
 def broker_identity(cfg: KbitConfig) -> dict[str, str]:
-    """The broker's kind and version: the embedded Tansu's own version, or the external cluster's address."""
+    """The broker's kind and version: the embedded broker's (Tansu's or Apache Kafka's), or the external cluster's
+    address."""
     if cfg.kafka.uses_embedded and cfg.kafka.embedded.broker == "apache-kafka":
-        return {"kind": "embedded apache-kafka", "version": apache_kafka_version()}
+        return {"kind": "embedded", "version": apache_kafka_version()}
     if cfg.kafka.uses_embedded:
         return {"kind": "embedded", "version": tansu_version()}
     return {"kind": "external kafka", "version": f"at {cfg.kafka.resolved_bootstrap()} ({cfg.kafka.security_protocol})"}

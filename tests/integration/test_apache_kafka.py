@@ -296,7 +296,7 @@ def test_config_selects_apache_kafka_as_the_embedded_broker(tmp_path, make_confi
     assert cfg.kafka.uses_embedded and cfg.kafka.resolved_bootstrap() == f"127.0.0.1:{port}"
     broker = local_broker(cfg.run_dir, cfg.kafka.embedded)
     assert isinstance(broker, ApacheKafkaBroker) and broker.controller_port == controller_port
-    assert broker_identity(cfg) == {"kind": "embedded apache-kafka", "version": f"apache-kafka {kafka_version()}"}
+    assert broker_identity(cfg) == {"kind": "embedded", "version": f"apache-kafka {kafka_version()}"}
     with embedded_broker(cfg):
         assert broker.status().running
         manifest = produce_dataset(cfg, DataVariant(format="raw", layout="bytes", compression="snappy"),
