@@ -109,7 +109,16 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    """One Tansu broker for the whole session (memory-only: tests delete their topics)."""
+    """One Tansu broker for the whole session (memory-only: tests delete their topics). KBIT_TEST_BROKER=apache-kafka
+    makes it an Apache Kafka broker instead (a trial until the suite is parametrized over both)."""
+    if os.environ.get("KBIT_TEST_BROKER") == "apache-kafka":
+        from kbit_core.kafka.apache_broker import ApacheKafkaBroker
+
+        b: Any = ApacheKafkaBroker(tmp_path_factory.mktemp("broker"), port=free_port(), controller_port=free_port())
+        b.start()
+        yield b
+        b.stop()
+        return
     b = EmbeddedBroker(tmp_path_factory.mktemp("broker"), port=free_port())
     b.start()
     yield b
@@ -144,9 +153,12 @@ def make_config(broker: EmbeddedBroker, tmp_path: Path) -> Callable[..., KbitCon
     """
 
     def _make(overrides: dict[str, Any] | None = None, **dotted: Any) -> KbitConfig:
+        embedded: dict[str, Any] = {"port": broker.port}
+        if getattr(broker, "kind", None) == "apache-kafka":
+            embedded.update(broker="apache-kafka", controller_port=broker.controller_port)
         data: dict[str, Any] = {
             "workdir": str(tmp_path / "kbit"),
-            "kafka": {"embedded": {"port": broker.port}},
+            "kafka": {"embedded": embedded},
             "tracking": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
         }
         data = deep_merge(data, overrides or {})

@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from kbit_core.config import DataVariant, KafkaConfig, KbitConfig, ProduceConfig, ReaderConfig
 from kbit_core.data.reader import RangeReader
+from kbit_core.errors import OffsetRangeError
 from kbit_core.formats import get_codec
 from kbit_core.kafka import admin
 from kbit_core.kafka.apache_broker import ApacheKafkaBroker, kafka_version
@@ -304,6 +305,8 @@ def test_config_selects_apache_kafka_as_the_embedded_broker(tmp_path, make_confi
         assert admin.check_topic(cfg.kafka, manifest).holds_manifest
     assert not broker.status().running
     assert (broker.data_dir / "meta.properties").is_file()  # the data stays on disk under the run dir
+    broker.wipe()
+    assert not broker.data_dir.exists() and not broker.cluster_id_path.exists()
 
 
 def test_a_broker_that_cannot_start_names_the_reason(apache_kafka: ApacheKafkaBroker, tmp_path) -> None:
@@ -324,3 +327,31 @@ def test_a_broker_that_cannot_start_names_the_reason(apache_kafka: ApacheKafkaBr
     taken = ApacheKafkaBroker(tmp_path / "other", port=apache_kafka.port, controller_port=free_port())
     with pytest.raises(BrokerError, match="already taken.*kafka.embedded.port"):
         taken.start()
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_probe_past_the_log_end_leaves_no_error_behind(kcfg: KafkaConfig, topic: str, client: str) -> None:
+    """Apache Kafka answers a bounds probe past the log end as out of range (Tansu answers it with the bounds). On a
+    consumer that probed before, the probe is answered at once from the cached watermarks, and librdkafka delivers
+    the broker's out-of-range answer later, after the probe was unassigned: reads must not take it for their own
+    (without the check in ConfluentConsumer.poll: 16-18 of 20 such sequences raised OffsetRangeError)."""
+    admin.create_topic(kcfg, topic, 2)
+    delivered = produce(kcfg, topic, 2, 600)
+    for _ in range(5):
+        with make_consumer(kcfg, ReaderConfig(), client) as consumer:  # type: ignore[arg-type]
+            assert consumer.offset_bounds(topic, {0: 300, 1: 120}) == {0: (0, 300), 1: (0, 300)}
+            assert consumer.offset_bounds(topic, {1: 350}) == {1: (0, 300)}
+            assert consumer.poll(10, 0.1) == []
+            consumer.assign(topic, {1: 290})
+            got: list[RawRecord] = []
+            deadline = time.monotonic() + 10
+            while len(got) < 10 and time.monotonic() < deadline:
+                got += consumer.poll(100, 0.2)
+        assert got == expected_records(delivered, {0: (0, 0), 1: (290, 300)})
+        # a read that really starts past the log end is still an error
+        with make_consumer(kcfg, ReaderConfig(), client) as consumer:  # type: ignore[arg-type]
+            consumer.assign(topic, {1: 320})
+            with pytest.raises(OffsetRangeError, match="out of range"):
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    consumer.poll(100, 0.2)
