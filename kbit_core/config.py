@@ -349,6 +349,10 @@ class LaunchConfig(Section):
     ray_address: str | None = Field(None, description="Ray cluster to join: 'host:port' of a head, 'ray://host:port' "
                                     "(Ray Client) or 'auto'; unset = the head `kbit stack up --ray` started on "
                                     "127.0.0.1:ray_head_port, else a Ray runtime private to this process.")
+    ray_auth_token_file: Path | None = Field(None, description="File holding the token of the Ray cluster at "
+                                             "launch.ray_address; unset: RAY_AUTH_TOKEN(_PATH) from the environment, "
+                                             "else the token kbit keeps for the workdir's own heads "
+                                             "(<workdir>/ray/auth_token).")
     ray_head_port: int = Field(6390, ge=1, le=65535, description="GCS port of the local head `kbit stack up --ray` "
                                "starts (bound to 127.0.0.1).")
     ray_object_store_mb: int = Field(1024, ge=80, description="Object store of a Ray runtime kbit starts itself "

@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from kbit_core import ray_env
 from kbit_core.config import KbitConfig
 from kbit_core.kafka.broker import local_broker
 from kbit_core.service import Service, ServiceError, ServiceStatus, http_ok
@@ -54,9 +55,8 @@ def ray_head(cfg: KbitConfig) -> Service:
     ``ray start --block`` stays in the foreground as the parent of the GCS server and raylet, so stopping its
     process group stops the whole node.
     """
-    from kbit_core.launch.ray_train import LOCAL_RAY_ENV, RAY_CLIENT_SERVER_ENV
-
     launch = cfg.launch
+    token = ray_env.create_token(ray_env.own_token_file(cfg.run_dir))
     dashboard = ["--include-dashboard=true", "--dashboard-host=127.0.0.1"] if launch.ray_include_dashboard else [
         "--include-dashboard=false"]
     return Service(
@@ -65,7 +65,7 @@ def ray_head(cfg: KbitConfig) -> Service:
          f"--port={launch.ray_head_port}", f"--num-cpus={os.cpu_count() or 1}",
          f"--object-store-memory={launch.ray_object_store_mb * 2**20}", "--disable-usage-stats",
          f"--ray-client-server-port={launch.ray_client_server_port}", *dashboard],
-        marker="ray.scripts.scripts", env={**LOCAL_RAY_ENV, **RAY_CLIENT_SERVER_ENV}, host="127.0.0.1",
+        marker="ray.scripts.scripts", env={**ray_env.ray_env(token, loopback=True), **ray_env.HEAD_ENV}, host="127.0.0.1",
         port=launch.ray_head_port, ready_ports=(launch.ray_client_server_port,),
         url=f"127.0.0.1:{launch.ray_head_port}", port_setting="launch.ray_head_port, launch.ray_client_server_port",
         error_type=StackError,

@@ -32,13 +32,18 @@ check_java() {
 install_kafka() { KBIT_VENV=$VENV bash scripts/install_kafka.sh; }
 
 install_torch() {
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    "$VENV/bin/pip" install -q "torch==2.13.0"            # CUDA build from PyPI
-  elif ! "$VENV/bin/pip" install -q "torch==2.13.0+cpu" 2>/dev/null; then
-    # No local wheel source carries the CPU build: take it from PyTorch's CPU index (never CUDA).
-    "$VENV/bin/pip" install -q "torch==2.13.0+cpu" --index-url https://download.pytorch.org/whl/cpu
+  # torch 2.13.0 and no other version. The CPU build (+cpu) comes from whatever wheel source the machine offers
+  # (a find-links folder, KBIT_TORCH_INDEX); otherwise PyPI's torch==2.13.0, which is the CUDA build: it runs on
+  # CPU as well, and DeepSpeed is told its accelerator is the CPU (DS_ACCELERATOR) wherever no GPU is found.
+  local extra=()
+  [ -n "${KBIT_TORCH_INDEX:-}" ] && extra=(--extra-index-url "$KBIT_TORCH_INDEX")
+  if ! gpu_present && "$VENV/bin/pip" install -q "${extra[@]}" "torch==2.13.0+cpu" 2>/dev/null; then
+    return 0
   fi
+  "$VENV/bin/pip" install -q "${extra[@]}" "torch==2.13.0"
 }
+
+gpu_present() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
 install() {
   local extras=$1 digest

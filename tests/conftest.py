@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -17,6 +18,16 @@ from typing import Any
 
 import pytest
 
+# Nothing a machine collected in its home (Ray's token, Prefect's profiles, caches) may make a test pass or fail:
+# the suite runs with an empty home and XDG directories of its own, set before any test module is imported.
+# (Test modules import this file again as tests.conftest: the variable keeps that second import on the same home.)
+TEST_HOME = Path(os.environ.get("KBIT_TEST_HOME") or tempfile.mkdtemp(prefix="kbit-test-home-"))
+os.environ["KBIT_TEST_HOME"] = str(TEST_HOME)
+for _variable, _subdir in {"HOME": ".", "XDG_CONFIG_HOME": ".config", "XDG_CACHE_HOME": ".cache",
+                           "XDG_DATA_HOME": ".local/share", "XDG_STATE_HOME": ".local/state"}.items():
+    os.environ[_variable] = str(TEST_HOME / _subdir)
+
+from kbit_core import ray_env  # noqa: E402  (after the home is set)
 from kbit_core.config import KbitConfig, deep_merge
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.service import Service
@@ -96,6 +107,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         faulthandler.dump_traceback(all_threads=True)
         os._exit(status or 1)
 
+    shutil.rmtree(TEST_HOME, ignore_errors=True)
     watchdog = threading.Timer(EXIT_WATCHDOG_S, exit_if_still_alive)
     watchdog.daemon = True
     watchdog.start()
@@ -261,12 +273,17 @@ def ray_head_service(ray_head_config: KbitConfig) -> Iterator[Service]:
     head.stop()
 
 
+def ray_head_settings(head: Service) -> dict[str, Any]:
+    """``launch`` settings that run ranks on the session's Ray head, with the head's token."""
+    return {"engine": "ray", "ray_head_port": head.port,
+            "ray_auth_token_file": str(ray_env.own_token_file(head.run_dir))}
+
+
 @pytest.fixture
 def make_ray_config(make_config: Callable[..., KbitConfig], ray_head_service: Service) -> Callable[..., KbitConfig]:
     """``make_config`` with ``launch.engine=ray`` on the session's Ray head."""
 
     def _make(overrides: dict[str, Any] | None = None, **dotted: Any) -> KbitConfig:
-        return make_config(overrides, **dotted).override({"launch": {"engine": "ray",
-                                                                     "ray_head_port": ray_head_service.port}})
+        return make_config(overrides, **dotted).override({"launch": ray_head_settings(ray_head_service)})
 
     return _make

@@ -50,8 +50,9 @@ def _report(st: BedStatus, as_json: bool) -> None:
     out.print(f"Spark master: {s.master_url} (UI {s.master_webui})\n"
               f"Kafka bootstrap: {s.broker_bootstrap} ({s.security_protocol}); CA {s.ssl_cafile}"
               + (f"; client cert {s.ssl_certfile}, key {s.ssl_keyfile}" if s.ssl_certfile else "")
-              + (f"\nRay: {s.ray_address} (Ray Client, RAY_AUTH_MODE=token); nodes alive: "
-                 f"{', '.join(st.ray_nodes) or 'none'}" if s.ray_address else "\nRay: not installed, not started")
+              + (f"\nRay: {s.ray_address} (Ray Client; token {s.ray_overrides()['launch.ray_auth_token_file']}); "
+                 f"nodes alive: {', '.join(st.ray_nodes) or 'none'}" if s.ray_address
+                 else "\nRay: not installed, not started")
               + f"\nstate file: {s.bed_dir / 'state.json'}")
 
 

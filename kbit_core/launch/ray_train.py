@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from kbit_core import wire
+from kbit_core import ray_env, wire
 from kbit_core.config import KbitConfig, is_loopback
 from kbit_core.errors import ConfigError, DistributedError
 from kbit_core.launch.distributor import RankDiedError, RankEntry, WorkerFailedError
@@ -39,17 +39,6 @@ log = logging.getLogger(__name__)
 
 RESULT_FILE = "result.json"
 
-# Ray resolves a 127.0.0.1 node address to the machine's own address and then listens on every interface;
-# with "cluster mode" off it keeps the loopback address for the node, its gRPC servers and the rendezvous
-# (MASTER_ADDR). Token authentication is asked for explicitly: a driver joining a head does not turn it on itself
-# (the token lives in ~/.ray/auth_token, created by the first head or runtime that needs it).
-# Starting a worker group imports torch in every worker; on a busy 2-core machine that outlasts Ray's 60 s.
-LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0",
-                 "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "300"}
-# The Ray Client server forks a server per client from a process busy with gRPC threads; with gRPC's fork handlers
-# on, the child often aborts ("Check failed: next_worker->state == KICKED", ray-project/ray#63202): here 5 of the
-# first 6 connections after a head started, none of 15 with the handlers off. The child only execs, so needs none.
-RAY_CLIENT_SERVER_ENV = {"GRPC_ENABLE_FORK_SUPPORT": "false"}
 _ACTOR_FIELD = re.compile(r"^\s*(pid|ip):\s*(\S+)", re.MULTILINE)
 
 
@@ -71,22 +60,27 @@ def head_address(cfg: KbitConfig) -> str:
 def ensure_ray(cfg: KbitConfig) -> None:
     """Connect this process to Ray once: ``launch.ray_address``, else the local head, else a private runtime.
 
-    The private runtime (and a loopback head) keep every Ray socket on 127.0.0.1 (:data:`LOCAL_RAY_ENV`).
+    Every connection authenticates with a token (:mod:`kbit_core.ray_env`): a private runtime uses the one kbit keeps
+    for the workdir (created on first use), a head is joined with its own. The private runtime (and a loopback head)
+    keep every Ray socket on 127.0.0.1.
     """
+    already = sys.modules.get("ray")
+    if already is not None and already.is_initialized():
+        return
     launch = cfg.launch
     address = launch.ray_address
     if address is None and port_open("127.0.0.1", launch.ray_head_port):
         address = head_address(cfg)
     if address is not None and address.startswith("ray://"):
         _check_client_server(address)
-    if address is None or _is_local(address):
-        _keep_loopback()
+    own_token = ray_env.own_token_file(cfg.run_dir)
+    token = (ray_env.create_token(own_token) if address is None
+             else ray_env.join_token_file(address, launch.ray_auth_token_file, own_token))
+    ray_env.activate(ray_env.ray_env(token, loopback=address is None or _is_local(address)))
     try:
         import ray
     except ImportError:
         raise ConfigError("launch.engine=ray needs Ray: pip install 'kbit[ray]'") from None
-    if ray.is_initialized():
-        return
     if address is not None:
         log.info("joining the Ray cluster at %s", address)
         ray.init(address=address, log_to_driver=True)
@@ -107,14 +101,6 @@ def _check_client_server(address: str) -> None:
             f"launch.ray_address={address}: nothing accepts connections at {host}:{port}; a head serves Ray Client "
             f"only when started with `ray start --head --ray-client-server-port={port}` (kbit's own head: "
             f"launch.ray_client_server_port={port} with `kbit stack up --ray`)")
-
-
-def _keep_loopback() -> None:
-    os.environ.update(LOCAL_RAY_ENV)
-    constants = sys.modules.get("ray._private.ray_constants")
-    if constants is not None:
-        # Ray reads the variable once, at import; an import before this point needs the constant set too.
-        constants.ENABLE_RAY_CLUSTER = False
 
 
 def _is_local(address: str) -> bool:

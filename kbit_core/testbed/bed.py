@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from kbit_core import ray_env
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.service import Service, pid_alive
 from kbit_core.testbed import network, ray_cluster
@@ -94,11 +95,11 @@ class BedState(BaseModel):
         return over
 
     def ray_overrides(self) -> dict[str, str]:
-        """Dotted kbit config overrides that run the ranks on the bed's Ray nodes (the driver needs
-        ``RAY_AUTH_MODE=token`` in its environment: the bed's Ray asks for the token)."""
+        """Dotted kbit config overrides that run the ranks on the bed's Ray nodes, with the bed's Ray token."""
         if self.ray_address is None:
             raise TestbedError("this test bed runs no Ray (the `ray` extra was not installed when it came up)")
-        return {"launch.engine": "ray", "launch.ray_address": self.ray_address}
+        return {"launch.engine": "ray", "launch.ray_address": self.ray_address,
+                "launch.ray_auth_token_file": str(ray_env.own_token_file(self.bed_dir))}
 
 
 @dataclass(frozen=True)
@@ -185,12 +186,15 @@ class _Processes:
         head_node, *worker_nodes = self.topology.nodes
         self.ray_head_address = f"{head_node.address}:{options.ray_head_port}"
         self.ray_nodes: list[Service] = []  # the head first, then a worker per further node
+        self.ray_env: dict[str, str] = {}
         if options.ray:
+            self.ray_env = ray_cluster.bed_env(Path(bed_dir).resolve())
             self.ray_nodes = [
                 ray_cluster.head_service(run_dir, head_node, options.ray_head_port, options.ray_client_port,
-                                         options.worker_cores, options.ray_object_store_mb, marker),
+                                         options.worker_cores, options.ray_object_store_mb, marker, self.ray_env),
                 *[ray_cluster.worker_service(run_dir, node, self.ray_head_address, options.worker_cores,
-                                             options.ray_object_store_mb, marker) for node in worker_nodes]]
+                                             options.ray_object_store_mb, marker, self.ray_env)
+                  for node in worker_nodes]]
 
     def all(self) -> list[tuple[Service, Host]]:
         driver = self.topology.driver
@@ -215,6 +219,8 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
                            "with `kbit cluster down` first")
     if current.state is not None or current.bridge or current.namespaces or _marked_pids():
         down(bed_dir)
+    if options.ray:
+        ray_env.create_token(ray_env.own_token_file(bed_dir))
     procs = _Processes(bed_dir, options)
     topo = procs.topology
     try:
@@ -232,7 +238,7 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
             ray_head.start(timeout_s=timeout_s)
             with ThreadPoolExecutor(max(len(ray_workers), 1)) as pool:
                 list(pool.map(lambda w: w.start(timeout_s=timeout_s), ray_workers))
-            ray_cluster.wait_for_nodes(procs.ray_head_address, [n.address for n in topo.nodes], timeout_s,
+            ray_cluster.wait_for_nodes(procs.ray_head_address, procs.ray_env, [n.address for n in topo.nodes], timeout_s,
                                        procs.ray_nodes)
         state = BedState(
             bed_dir=bed_dir, subnet=str(topo.subnet),
@@ -293,7 +299,7 @@ def status(bed_dir: Path) -> BedStatus:
     workers = alive_workers(state.driver.address, options.master_webui_port) if result.bridge else {}
     result.alive_workers = sorted(workers)
     if procs.ray_nodes and result.bridge:
-        result.ray_nodes = ray_cluster.alive_nodes(procs.ray_head_address)
+        result.ray_nodes = ray_cluster.alive_nodes(procs.ray_head_address, procs.ray_env)
     result.up = (result.bridge and all(p.alive for p in result.processes)
                  and {n.address for n in state.nodes} <= set(workers)
                  and (not procs.ray_nodes or {n.address for n in state.nodes} <= set(result.ray_nodes)))

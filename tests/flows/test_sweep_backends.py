@@ -13,6 +13,7 @@ from flows.sweep import sweep
 from kbit_core.config import deep_merge
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.service import Service
+from tests.conftest import ray_head_settings
 from tests.flows.helpers import delete_topics, flow_overrides
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.ray, pytest.mark.slow]
@@ -34,7 +35,7 @@ def test_prefect_and_ray_tune_sweeps_pick_the_same_best_trial(broker: EmbeddedBr
                                                                tmp_path: Path) -> None:
     overrides = flow_overrides(broker, tmp_path, TRAINING)
     on_ray = deep_merge(overrides, {"sweep": {"backend": "ray-tune"},
-                                    "launch": {"engine": "ray", "ray_head_port": ray_head_service.port}})
+                                    "launch": ray_head_settings(ray_head_service)})
 
     by_prefect = sweep(profile="train", overrides=overrides, space=SPACE, return_state=True).result()
     by_tune = sweep(profile="train", overrides=on_ray, space=SPACE, return_state=True).result()

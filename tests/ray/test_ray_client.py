@@ -16,6 +16,7 @@ import pytest
 from kbit_core.config import KbitConfig, is_loopback
 from kbit_core.errors import ConfigError
 from kbit_core.launch import launch
+from kbit_core.ray_env import own_token_file
 from kbit_core.service import Service
 from kbit_core.stack import StackError, ray_head
 from tests.conftest import REPO, free_port
@@ -31,7 +32,7 @@ def test_training_through_ray_client_runs_its_ranks_on_the_head(broker, ray_head
     client_address = f"ray://127.0.0.1:{ray_head_config.launch.ray_client_server_port}"
     sets = {"workdir": tmp_path / "kbit", "kafka.embedded.port": broker.port, "produce.topic": topic_name,
             "launch.ray_address": client_address, "dataset.num_records": 2000, "train.epochs": 1,
-            "tracking.enabled": "false"}
+            "tracking.enabled": "false", "launch.ray_auth_token_file": own_token_file(ray_head_config.run_dir)}
     # A process of its own: this one may already be a driver of the head, and a process joins one cluster once.
     done = subprocess.run([str(Path(sys.executable).parent / "kbit"), "train", "--config",
                            str(REPO / "deployments" / "train-ray.yaml"), "--json",

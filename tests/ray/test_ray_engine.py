@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -15,12 +16,13 @@ import pytest
 import torch
 
 from kbit_core.config import is_loopback
+from kbit_core.ray_env import own_token_file
 from kbit_core.kafka.producer import produce_dataset
 from kbit_core.launch import launch
 from kbit_core.launch.distributor import RankDiedError, WorkerFailedError
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.api import train
-from tests.conftest import REPO, SMALL_TRAINING
+from tests.conftest import REPO, SMALL_TRAINING, TEST_HOME
 from tests.ray.engine_entries import rank_sample_indices
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
@@ -45,7 +47,8 @@ def test_the_ray_head_listens_on_loopback_only(ray_head_service):
 @pytest.mark.slow
 def test_train_ray_profile_reaches_90_percent_through_the_cli(broker, ray_head_service, tmp_path, topic_name):
     sets = {"workdir": tmp_path / "kbit", "kafka.embedded.port": broker.port, "produce.topic": topic_name,
-            "launch.ray_head_port": ray_head_service.port, "tracking.enabled": "false"}
+            "launch.ray_head_port": ray_head_service.port, "tracking.enabled": "false",
+            "launch.ray_auth_token_file": own_token_file(ray_head_service.run_dir)}
     done = subprocess.run([str(Path(sys.executable).parent / "kbit"), "train", "--config",
                            str(REPO / "deployments" / "train-ray.yaml"), "--json",
                            *[arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]],
@@ -115,3 +118,28 @@ def test_a_rank_that_raises_under_ray_is_named_with_its_exception(make_ray_confi
     error = info.value
     assert (error.rank, error.exception_type) == ("rank1", "RuntimeError")
     assert "injected fault at step 3" in str(error) and not isinstance(error, RankDiedError)
+
+
+def test_ray_state_is_kbits_own_token_not_the_home_directory(make_ray_config, ray_head_service, topic_name):
+    from kbit_core.launch.ray_train import ensure_ray
+
+    ensure_ray(make_ray_config(produce__topic=topic_name))  # this process joins the session head (once)
+
+    token = own_token_file(ray_head_service.run_dir)
+    assert oct(token.stat().st_mode & 0o777) == "0o600"
+    assert os.environ["RAY_AUTH_TOKEN_PATH"] == str(token) and os.environ["RAY_AUTH_MODE"] == "token"
+    assert Path.home() == TEST_HOME and not (Path.home() / ".ray").exists()
+
+
+def test_joining_a_head_without_its_token_is_refused_naming_the_setting(broker, ray_head_service, tmp_path):
+    sets = {"workdir": tmp_path / "kbit", "kafka.embedded.port": broker.port, "launch.engine": "ray",
+            "launch.ray_head_port": ray_head_service.port, "tracking.enabled": "false"}
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
+    done = subprocess.run([str(Path(sys.executable).parent / "kbit"), "train", "--config",
+                           str(REPO / "deployments" / "train-ray.yaml"),
+                           *[arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]],
+                          capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    assert done.returncode != 0
+    assert f"Ray cluster at 127.0.0.1:{ray_head_service.port} asks for its token" in done.stderr, done.stderr[-3000:]
+    assert "launch.ray_auth_token_file" in done.stderr
+    assert not own_token_file(tmp_path / "kbit").exists(), "joining never creates a token"

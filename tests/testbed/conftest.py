@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from kbit_core import ray_env
 from kbit_core import testbed as bed
 from kbit_core.testbed import BedState
 
@@ -30,9 +31,7 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BedState]:
     with pytest.MonkeyPatch.context() as patch:
         # As in a driver that already ran a local Ray runtime (the Ray tests run first in the suite): its environment
         # turns Ray's multi-node mode off, which the bed's Ray nodes must not inherit.
-        from kbit_core.launch.ray_train import LOCAL_RAY_ENV
-
-        for name, value in LOCAL_RAY_ENV.items():
+        for name, value in ray_env.ray_env(None, loopback=True).items():
             patch.setenv(name, value)
         state = bed.up(bed_dir)
     yield state
