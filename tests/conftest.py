@@ -119,19 +119,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    """One Tansu broker for the whole session (memory-only: tests delete their topics). KBIT_TEST_BROKER=apache-kafka
-    makes it an Apache Kafka broker instead (a trial until the suite is parametrized over both)."""
-    if os.environ.get("KBIT_TEST_BROKER") == "apache-kafka":
-        from kbit_core.kafka.apache_broker import ApacheKafkaBroker
+# The suite's broker: Apache Kafka (the default local broker), or Tansu with KBIT_TEST_BROKER=tansu.
+BROKERS = ("apache-kafka", "tansu")
 
-        b: Any = ApacheKafkaBroker(tmp_path_factory.mktemp("broker"), port=free_port(), controller_port=free_port())
-        b.start()
-        yield b
-        b.stop()
-        return
-    b = EmbeddedBroker(tmp_path_factory.mktemp("broker"), port=free_port())
+
+def suite_broker_kind() -> str:
+    kind = os.environ.get("KBIT_TEST_BROKER") or "apache-kafka"
+    if kind not in BROKERS:
+        raise pytest.UsageError(f"KBIT_TEST_BROKER={kind!r}: expected one of {', '.join(BROKERS)}")
+    return kind
+
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests marked ``both_brokers`` that use ``broker`` run once on each broker (ids ``apache-kafka``/``tansu``)."""
+    if "broker" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_brokers"):
+        metafunc.parametrize("broker", BROKERS, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def broker(request: pytest.FixtureRequest) -> Any:
+    """The session's broker: Apache Kafka unless KBIT_TEST_BROKER=tansu; tests marked ``both_brokers`` get each of
+    the two in turn. Both are session-wide (tests delete their topics)."""
+    kind = getattr(request, "param", None) or suite_broker_kind()
+    return request.getfixturevalue("apache_kafka" if kind == "apache-kafka" else "tansu")
+
+
+@pytest.fixture(scope="session")
+def tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """One Tansu broker for the whole session (memory only). Tests of Tansu-only behaviour use it directly."""
+    b = EmbeddedBroker(tmp_path_factory.mktemp("tansu"), port=free_port())
     b.start()
     yield b
     b.stop()
@@ -156,6 +173,13 @@ def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     b.stop()
 
 
+def embedded_settings(broker: Any) -> dict[str, Any]:
+    """``kafka.embedded`` for a running test broker: its port and kind (and Apache Kafka's controller port)."""
+    if getattr(broker, "kind", None) == "apache-kafka":
+        return {"port": broker.port, "broker": "apache-kafka", "controller_port": broker.controller_port}
+    return {"port": broker.port, "broker": "tansu"}
+
+
 @pytest.fixture
 def make_config(broker: EmbeddedBroker, tmp_path: Path) -> Callable[..., KbitConfig]:
     """Build a KbitConfig on the session broker with a per-test workdir and MLflow store.
@@ -165,9 +189,7 @@ def make_config(broker: EmbeddedBroker, tmp_path: Path) -> Callable[..., KbitCon
     """
 
     def _make(overrides: dict[str, Any] | None = None, **dotted: Any) -> KbitConfig:
-        embedded: dict[str, Any] = {"port": broker.port}
-        if getattr(broker, "kind", None) == "apache-kafka":
-            embedded.update(broker="apache-kafka", controller_port=broker.controller_port)
+        embedded = embedded_settings(broker)
         data: dict[str, Any] = {
             "workdir": str(tmp_path / "kbit"),
             "kafka": {"embedded": embedded},

@@ -16,7 +16,7 @@ from kbit_core.sharding import OffsetRange
 from tests.conftest import free_port
 from tests.integration.dataplane_fixtures import RAW, Produce, extended, inject, source_truth
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.both_brokers]
 
 def drain(loader) -> list:
     return [b.indices.tolist() for b in loader.iter_indexed()]
@@ -124,7 +124,7 @@ def test_broker_stopped_mid_read_times_out_naming_the_position(tmp_path, make_co
     own = EmbeddedBroker(tmp_path / "own-broker", port=free_port())
     own.start()
     try:
-        cfg = make_config(kafka__embedded__port=own.port, dataset__num_records=400, produce__partitions=1,
+        cfg = make_config(kafka__embedded__port=own.port, kafka__embedded__broker="tansu", dataset__num_records=400, produce__partitions=1,
                           reader__deadline_s=2.0, reader__poll_timeout_s=0.2, reader__prefetch_batches=1,
                           shard__split_rates=[1.0], shard__block_records=4, train__global_batch_size=2)
         from kbit_core.kafka.producer import produce_dataset

@@ -21,7 +21,7 @@ from kbit_core.kafka.manifest import Manifest, manifest_path
 from kbit_core.kafka.producer import BACKENDS, DeliveryLedger, ensure_topics, make_producer, produce_dataset
 from tests.conftest import free_port
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.both_brokers]
 
 
 @pytest.fixture
@@ -197,7 +197,7 @@ def test_embedded_broker_restart_reproduces_the_lost_topic(make_config: Callable
     own = EmbeddedBroker(tmp_path / "own-broker", port=free_port())
     own.start()
     try:
-        cfg = make_config(kafka__embedded__port=own.port, dataset__num_records=9)
+        cfg = make_config(kafka__embedded__port=own.port, kafka__embedded__broker="tansu", dataset__num_records=9)
         first = produce_dataset(cfg, progress=False)
         own.stop()
         own.start()

@@ -172,7 +172,7 @@ def test_the_cli_flag_runs_the_live_producer(tmp_path: Path, own_broker: Embedde
 
     cfg = stream_config(tmp_path, own_broker)
     args = ["produce", "--stream", "--rate", "500", "--records", "25", "--topic", cfg.stream.topic, "--json",
-            "--set", f"workdir={cfg.workdir}", "--set", f"kafka.embedded.port={own_broker.port}",
+            "--set", f"workdir={cfg.workdir}", "--set", f"kafka.embedded.port={own_broker.port}", "--set", "kafka.embedded.broker=tansu",
             "--set", "produce.variant.format=raw", "--set", "produce.variant.layout=bytes"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
