@@ -132,8 +132,10 @@ def suite_broker_kind() -> str:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Tests marked ``both_brokers`` that use ``broker`` run once on each broker (ids ``apache-kafka``/``tansu``)."""
-    if "broker" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_brokers"):
+    """Tests marked ``both_brokers`` that use ``broker`` run once on each broker (ids ``apache-kafka``/``tansu``),
+    except those marked ``own_broker`` (they start the broker they test)."""
+    marked = metafunc.definition.get_closest_marker
+    if "broker" in metafunc.fixturenames and marked("both_brokers") and not marked("own_broker"):
         metafunc.parametrize("broker", BROKERS, indirect=True, scope="session")
 
 

@@ -119,6 +119,7 @@ def test_offsets_past_the_end_fail_fast(produce_topic: Produce, client):
     assert time.monotonic() - started < 10, "checked up front, not after the read deadline"
 
 
+@pytest.mark.own_broker
 @pytest.mark.parametrize("client", ["confluent", "kafka-python"])
 def test_broker_stopped_mid_read_times_out_naming_the_position(tmp_path, make_config, client):
     own = EmbeddedBroker(tmp_path / "own-broker", port=free_port())
