@@ -57,6 +57,11 @@ class KafkaConfig(Section):
         None, description="host:port[,host:port] of a real cluster; unset means the embedded broker."
     )
     embedded: EmbeddedBrokerConfig = EmbeddedBrokerConfig()
+    broker_kind: Literal["apache-kafka", "tansu"] = Field(
+        "apache-kafka", description="What the cluster at bootstrap_servers is: apache-kafka (any real Kafka) or tansu "
+                                    "(kbit then works around Tansu: exact end offsets from fetch probes). The "
+                                    "embedded broker's kind is kafka.embedded.broker."
+    )
     client: ClientName = Field("confluent", description="Consumer/producer backend used for reading.")
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
@@ -74,6 +79,11 @@ class KafkaConfig(Section):
     @property
     def uses_embedded(self) -> bool:
         return self.bootstrap_servers is None
+
+    @property
+    def tansu(self) -> bool:
+        """Whether the broker is Tansu, whose workarounds then apply (kafka.embedded.broker or kafka.broker_kind)."""
+        return (self.embedded.broker if self.uses_embedded else self.broker_kind) == "tansu"
 
     def resolved_bootstrap(self) -> str:
         if self.bootstrap_servers:

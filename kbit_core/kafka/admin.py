@@ -196,10 +196,13 @@ def earliest_offsets(kcfg: KafkaConfig, topic: str, partitions: Iterable[int] | 
 
 
 def exact_end_offsets(kcfg: KafkaConfig, topic: str, partitions: Iterable[int] | None = None) -> dict[int, int]:
-    """partition -> log-end offset (exclusive), taken from the high watermark of a real Fetch response."""
+    """partition -> log-end offset (exclusive): ListOffsets(LATEST), or on Tansu (``kcfg.tansu``), whose answer may
+    be short, the high watermark of a real Fetch response."""
     parts = _checked_partitions(kcfg, topic, partitions if partitions is not None else topic_partitions(kcfg, topic))
     consumer = _offset_consumer(kcfg)
     try:
+        if not kcfg.tansu:
+            return {p: high for p, (_, high) in list_offsets(consumer, kcfg, topic, parts).items()}
         # just below the approximate end: the response comes at once with the last batch, not after a fetch wait
         probes = {p: max(low, high - 1) for p, (low, high) in list_offsets(consumer, kcfg, topic, parts).items()}
         return {p: end for p, (_, end) in fetch_bounds(consumer, kcfg, topic, probes).items()}

@@ -88,7 +88,8 @@ class BedState(BaseModel):
 
     def kafka_overrides(self) -> dict[str, str]:
         """Dotted kbit config overrides that point the Kafka clients at the bed's TLS broker."""
-        over = {"kafka.bootstrap_servers": self.broker_bootstrap, "kafka.security_protocol": self.security_protocol,
+        over = {"kafka.bootstrap_servers": self.broker_bootstrap, "kafka.broker_kind": "tansu",  # behind the TLS front
+                "kafka.security_protocol": self.security_protocol,
                 "kafka.ssl_cafile": str(self.ssl_cafile)}
         if self.ssl_certfile and self.ssl_keyfile:
             over |= {"kafka.ssl_certfile": str(self.ssl_certfile), "kafka.ssl_keyfile": str(self.ssl_keyfile)}
