@@ -29,7 +29,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """The whole local stack on free ports in a temporary run directory, deployed, and stopped afterwards."""
     cfg = KbitConfig.from_dict({
         "workdir": str(tmp_path_factory.mktemp("e2e") / "kbit"),
-        "kafka": {"embedded": {"port": free_port()}},
+        "kafka": {"embedded": {"port": free_port(), "controller_port": free_port()}},
         "stack": {"prefect_port": free_port(), "mlflow_port": free_port(), "work_pool": "kbit-e2e"},
     })
     s = LocalStack(cfg)
@@ -42,7 +42,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
 
 def run_deployment(stack: LocalStack, name: str, overrides: dict[str, Any]) -> subprocess.CompletedProcess[str]:
     """`prefect deployment run NAME --watch` with the overrides that keep the run inside the test's stack."""
-    inside = {"workdir": str(stack.run_dir), "kafka": {"embedded": {"port": stack.cfg.kafka.embedded.port}},
+    inside = {"workdir": str(stack.run_dir), "kafka": {"embedded": stack.cfg.kafka.embedded.model_dump()},
               "tracking": {"experiment": EXPERIMENT}}
     params = {"overrides": {**inside, **overrides}}
     return subprocess.run(

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.prefect
 def stack_config(workdir: Path) -> KbitConfig:
     return KbitConfig.from_dict({
         "workdir": str(workdir),
-        "kafka": {"embedded": {"port": free_port()}},
+        "kafka": {"embedded": {"port": free_port(), "controller_port": free_port()}},
         "stack": {"prefect_port": free_port(), "mlflow_port": free_port(), "work_pool": "kbit-test-pool"},
     })
 
@@ -59,7 +59,7 @@ def test_port_taken_by_another_process_is_a_clear_error(stack: LocalStack) -> No
 def test_stale_pid_file_of_an_unrelated_process_is_neither_ours_nor_killed(stack: LocalStack) -> None:
     unrelated = subprocess.Popen(["sleep", "30"])
     try:
-        stack.run_dir.mkdir(parents=True)
+        stack.run_dir.mkdir(parents=True, exist_ok=True)  # LocalStack() already made it (the Ray head's token)
         stack.mlflow_server.pid_path.write_text(str(unrelated.pid))
         assert stack.mlflow_server.status().running is False
         assert stack.mlflow_server.stop() is False
