@@ -119,7 +119,9 @@ def _partitions_in(cluster: Any, kcfg: KafkaConfig, topic: str) -> list[int]:
 
 
 def create_topic(kcfg: KafkaConfig, topic: str, partitions: int, replication_factor: int = 1) -> None:
-    """Create ``topic``; TopicError when it already exists (callers decide whether to delete it first)."""
+    """Create ``topic`` and wait until the broker's metadata lists all its partitions (Apache Kafka answers
+    CreateTopics once the controller committed it, and its broker's metadata can follow a moment later); TopicError
+    when it already exists (callers decide whether to delete it first)."""
     admin = _admin(kcfg)
     _metadata(admin, kcfg)
     future = admin.create_topics([NewTopic(topic, partitions, replication_factor)],
@@ -131,6 +133,12 @@ def create_topic(kcfg: KafkaConfig, topic: str, partitions: int, replication_fac
         if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
             raise TopicError(f"topic {topic!r} already exists on the {describe_broker(kcfg)}") from None
         raise TopicError(f"cannot create topic {topic!r} ({partitions} partitions): {err.str()}") from None
+    deadline = time.monotonic() + kcfg.request_timeout_s
+    while len(getattr(_metadata(admin, kcfg).topics.get(topic), "partitions", None) or {}) < partitions:
+        if time.monotonic() > deadline:
+            raise TopicError(f"topic {topic!r} is not listed with its {partitions} partition(s) "
+                             f"{kcfg.request_timeout_s:g}s after its creation on the {describe_broker(kcfg)}")
+        time.sleep(0.05)
     log.info("created topic %s with %d partition(s)", topic, partitions)
 
 
