@@ -10,6 +10,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,6 +93,7 @@ class Service:
     url: str | None = None
     port_setting: str = "its port setting"
     error_type: type[KbitError] = ServiceError
+    prepare: Callable[[], object] | None = None  # called before each start, e.g. to create a file the service reads
 
     @property
     def pid_path(self) -> Path:
@@ -132,6 +134,8 @@ class Service:
                 f"stop it or choose another port ({self.port_setting})"
             )
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.prepare is not None:
+            self.prepare()
         with open(self.log_path, "ab") as logf:
             proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env={**os.environ, **self.env}, start_new_session=True)

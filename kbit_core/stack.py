@@ -56,7 +56,7 @@ def ray_head(cfg: KbitConfig) -> Service:
     process group stops the whole node.
     """
     launch = cfg.launch
-    token = ray_env.create_token(ray_env.own_token_file(cfg.run_dir))
+    token = ray_env.own_token_file(cfg.run_dir)
     dashboard = ["--include-dashboard=true", "--dashboard-host=127.0.0.1"] if launch.ray_include_dashboard else [
         "--include-dashboard=false"]
     return Service(
@@ -68,7 +68,7 @@ def ray_head(cfg: KbitConfig) -> Service:
         marker="ray.scripts.scripts", env={**ray_env.ray_env(token, loopback=True), **ray_env.HEAD_ENV}, host="127.0.0.1",
         port=launch.ray_head_port, ready_ports=(launch.ray_client_server_port,),
         url=f"127.0.0.1:{launch.ray_head_port}", port_setting="launch.ray_head_port, launch.ray_client_server_port",
-        error_type=StackError,
+        error_type=StackError, prepare=lambda: ray_env.create_token(token),
     )
 
 

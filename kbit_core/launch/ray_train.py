@@ -64,15 +64,15 @@ def ensure_ray(cfg: KbitConfig) -> None:
     for the workdir (created on first use), a head is joined with its own. The private runtime (and a loopback head)
     keep every Ray socket on 127.0.0.1.
     """
-    already = sys.modules.get("ray")
-    if already is not None and already.is_initialized():
-        return
     launch = cfg.launch
     address = launch.ray_address
     if address is None and port_open("127.0.0.1", launch.ray_head_port):
         address = head_address(cfg)
     if address is not None and address.startswith("ray://"):
         _check_client_server(address)
+    already = sys.modules.get("ray")
+    if already is not None and already.is_initialized():
+        return  # a process joins one cluster once, with the environment it joined with
     own_token = ray_env.own_token_file(cfg.run_dir)
     token = (ray_env.create_token(own_token) if address is None
              else ray_env.join_token_file(address, launch.ray_auth_token_file, own_token))

@@ -187,14 +187,13 @@ class _Processes:
         head_node, *worker_nodes = self.topology.nodes
         self.ray_head_address = f"{head_node.address}:{options.ray_head_port}"
         self.ray_nodes: list[Service] = []  # the head first, then a worker per further node
-        self.ray_env: dict[str, str] = {}
+        self.ray_token = ray_env.own_token_file(Path(bed_dir).resolve())
         if options.ray:
-            self.ray_env = ray_cluster.bed_env(Path(bed_dir).resolve())
             self.ray_nodes = [
                 ray_cluster.head_service(run_dir, head_node, options.ray_head_port, options.ray_client_port,
-                                         options.worker_cores, options.ray_object_store_mb, marker, self.ray_env),
+                                         options.worker_cores, options.ray_object_store_mb, marker, self.ray_token),
                 *[ray_cluster.worker_service(run_dir, node, self.ray_head_address, options.worker_cores,
-                                             options.ray_object_store_mb, marker, self.ray_env)
+                                             options.ray_object_store_mb, marker, self.ray_token)
                   for node in worker_nodes]]
 
     def all(self) -> list[tuple[Service, Host]]:
@@ -220,8 +219,6 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
                            "with `kbit cluster down` first")
     if current.state is not None or current.bridge or current.namespaces or _marked_pids():
         down(bed_dir)
-    if options.ray:
-        ray_env.create_token(ray_env.own_token_file(bed_dir))
     procs = _Processes(bed_dir, options)
     topo = procs.topology
     try:
@@ -239,8 +236,8 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
             ray_head.start(timeout_s=timeout_s)
             with ThreadPoolExecutor(max(len(ray_workers), 1)) as pool:
                 list(pool.map(lambda w: w.start(timeout_s=timeout_s), ray_workers))
-            ray_cluster.wait_for_nodes(procs.ray_head_address, procs.ray_env, [n.address for n in topo.nodes], timeout_s,
-                                       procs.ray_nodes)
+            ray_cluster.wait_for_nodes(procs.ray_head_address, procs.ray_token, [n.address for n in topo.nodes],
+                                       timeout_s, procs.ray_nodes)
         state = BedState(
             bed_dir=bed_dir, subnet=str(topo.subnet),
             driver=BedHost(name=topo.driver.name, address=topo.driver.address, netns=None),
@@ -300,7 +297,7 @@ def status(bed_dir: Path) -> BedStatus:
     workers = alive_workers(state.driver.address, options.master_webui_port) if result.bridge else {}
     result.alive_workers = sorted(workers)
     if procs.ray_nodes and result.bridge:
-        result.ray_nodes = ray_cluster.alive_nodes(procs.ray_head_address, procs.ray_env)
+        result.ray_nodes = ray_cluster.alive_nodes(procs.ray_head_address, procs.ray_token)
     result.up = (result.bridge and all(p.alive for p in result.processes)
                  and {n.address for n in state.nodes} <= set(workers)
                  and (not procs.ray_nodes or {n.address for n in state.nodes} <= set(result.ray_nodes)))
