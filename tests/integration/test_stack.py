@@ -59,7 +59,7 @@ def test_port_taken_by_another_process_is_a_clear_error(stack: LocalStack) -> No
 def test_stale_pid_file_of_an_unrelated_process_is_neither_ours_nor_killed(stack: LocalStack) -> None:
     unrelated = subprocess.Popen(["sleep", "30"])
     try:
-        stack.run_dir.mkdir(parents=True, exist_ok=True)  # LocalStack() already made it (the Ray head's token)
+        stack.run_dir.mkdir(parents=True)
         stack.mlflow_server.pid_path.write_text(str(unrelated.pid))
         assert stack.mlflow_server.status().running is False
         assert stack.mlflow_server.stop() is False
