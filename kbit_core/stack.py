@@ -16,7 +16,7 @@ from typing import Any
 
 from kbit_core import ray_env
 from kbit_core.config import KbitConfig
-from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.kafka.broker import local_broker
 from kbit_core.service import Service, ServiceError, ServiceStatus, http_ok
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ class LocalStack:
         # A profile tracking to a shared http(s) server needs no local one; sqlite profiles still get it.
         self.remote_mlflow = remote_uri.startswith(("http://", "https://")) and remote_uri.rstrip("/") != local_mlflow
         self.mlflow_url = remote_uri.rstrip("/") if self.remote_mlflow else local_mlflow
-        self.broker = EmbeddedBroker(self.run_dir, cfg.kafka.embedded.host, cfg.kafka.embedded.port)
+        self.broker = local_broker(self.run_dir, cfg.kafka.embedded)
         self.prefect_server = Service(
             "prefect-server",
             self.run_dir,

@@ -28,6 +28,9 @@ check_java() {
   [ "${v:-0}" -ge 17 ] 2>/dev/null || die "Java 17 or newer is required, found Java ${v:-unknown} ($(command -v java))"
 }
 
+# Apache Kafka's pinned jars (deployments/kafka/pom.xml) into $VENV/kafka/libs; idempotent, see the script.
+install_kafka() { KBIT_VENV=$VENV bash scripts/install_kafka.sh; }
+
 install_torch() {
   # torch 2.13.0 and no other version. The CPU build (+cpu) comes from whatever wheel source the machine offers
   # (a find-links folder, KBIT_TORCH_INDEX); otherwise PyPI's torch==2.13.0, which is the CUDA build: it runs on
@@ -67,11 +70,22 @@ case "${1:-}" in
   main)
     install test,ray
     check_java
+    # Apache Kafka is the default local broker (kafka.embedded.broker): without its jars the stack cannot start.
+    install_kafka || die "installing Apache Kafka (the default broker) failed: see $VENV/kafka/install.log"
     exec bash scripts/main_job.sh "${@:2}"
     ;;
   test)
     install test,ray
     check_java
+    # The suite's broker is Apache Kafka. In CI (or with KBIT_REQUIRE_APACHE_KAFKA=1) a failed install fails the run;
+    # elsewhere the suite falls back to Tansu, and the tests that need Apache Kafka skip.
+    if ! install_kafka; then
+      if [ -n "${CI:-}" ] || [ "${KBIT_REQUIRE_APACHE_KAFKA:-}" = 1 ]; then
+        die "installing Apache Kafka failed (CI needs it: every broker-facing test runs on it): see $VENV/kafka/install.log"
+      fi
+      echo "kbit: Apache Kafka is not installed: the suite runs on Tansu (KBIT_TEST_BROKER=tansu) and the tests that need Apache Kafka skip" >&2
+      export KBIT_TEST_BROKER=tansu
+    fi
     # Everything temporary (torchelastic, TorchDistributor, pytest) lands in one per-run dir.
     TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/kbit-test.XXXXXX"); export TMPDIR
     trap 'rm -rf "$TMPDIR"' EXIT
@@ -89,6 +103,7 @@ case "${1:-}" in
     ;;
   install)
     install test,ray
+    install_kafka
     ;;
   *)
     echo "usage: scripts/run.sh main|test|install [args]" >&2; exit 2 ;;

@@ -11,7 +11,7 @@ from prefect import get_run_logger, task
 from prefect.context import TaskRunContext
 
 from kbit_core.config import DataVariant, KbitConfig
-from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.kafka.broker import local_broker
 from kbit_core.produce import ensure_topics
 from tasks.policy import BACKOFF_S, is_transient, show_progress
 
@@ -19,17 +19,18 @@ from tasks.policy import BACKOFF_S, is_transient, show_progress
 def topic_identity_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
     """Cache key: what the topics hold and which broker holds them; None (no caching) when recreating.
 
-    The embedded broker keeps data in memory, so its PID (from the run directory's PID file) is part of
-    the key: after a restart the topics are gone and the key changes. A stale hit costs no correctness:
-    training and the benchmark check their topics against the manifests again before reading.
+    Tansu (``kafka.embedded.broker: tansu``) keeps data in memory, so its PID (from the run directory's PID file)
+    is part of the key: after a restart the topics are gone and the key changes. Apache Kafka keeps its topics on
+    disk across restarts, so its PID is not. A stale hit costs no correctness: training and the benchmark check
+    their topics against the manifests again before reading.
     """
     cfg: KbitConfig = parameters["cfg"]
     if cfg.produce.recreate:
         return None
     variants: list[DataVariant] = parameters["variants"] or [cfg.produce.variant]
     broker_pid = None
-    if cfg.kafka.uses_embedded:
-        broker_pid = EmbeddedBroker(cfg.run_dir, cfg.kafka.embedded.host, cfg.kafka.embedded.port).status().pid
+    if cfg.kafka.uses_embedded and cfg.kafka.embedded.broker == "tansu":
+        broker_pid = local_broker(cfg.run_dir, cfg.kafka.embedded).status().pid
     identity = {
         "bootstrap": cfg.kafka.resolved_bootstrap(),
         "broker_pid": broker_pid,

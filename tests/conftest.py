@@ -125,13 +125,66 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The suite's broker: Apache Kafka (the default local broker), or Tansu with KBIT_TEST_BROKER=tansu.
+BROKERS = ("apache-kafka", "tansu")
+
+
+def suite_broker_kind() -> str:
+    kind = os.environ.get("KBIT_TEST_BROKER") or "apache-kafka"
+    if kind not in BROKERS:
+        raise pytest.UsageError(f"KBIT_TEST_BROKER={kind!r}: expected one of {', '.join(BROKERS)}")
+    return kind
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests marked ``both_brokers`` that use ``broker`` run once on each broker (ids ``apache-kafka``/``tansu``),
+    except those marked ``own_broker`` (they start the broker they test)."""
+    marked = metafunc.definition.get_closest_marker
+    if "broker" in metafunc.fixturenames and marked("both_brokers") and not marked("own_broker"):
+        metafunc.parametrize("broker", BROKERS, indirect=True, scope="session")
+
+
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    """One Tansu broker for the whole session (memory-only: tests delete their topics)."""
-    b = EmbeddedBroker(tmp_path_factory.mktemp("broker"), port=free_port())
+def broker(request: pytest.FixtureRequest) -> Any:
+    """The session's broker: Apache Kafka unless KBIT_TEST_BROKER=tansu; tests marked ``both_brokers`` get each of
+    the two in turn. Both are session-wide (tests delete their topics)."""
+    kind = getattr(request, "param", None) or suite_broker_kind()
+    return request.getfixturevalue("apache_kafka" if kind == "apache-kafka" else "tansu")
+
+
+@pytest.fixture(scope="session")
+def tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """One Tansu broker for the whole session (memory only). Tests of Tansu-only behaviour use it directly."""
+    b = EmbeddedBroker(tmp_path_factory.mktemp("tansu"), port=free_port())
     b.start()
     yield b
     b.stop()
+
+
+@pytest.fixture(scope="session")
+def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Apache Kafka broker (single KRaft node, data on disk) for the whole session. Skipped when Java or its jars
+    are missing (`scripts/run.sh install` puts them in .venv/kafka), except under CI or KBIT_REQUIRE_APACHE_KAFKA=1."""
+    from kbit_core.errors import BrokerError
+    from kbit_core.kafka.apache_broker import ApacheKafkaBroker, java_binary, kafka_libs
+
+    try:
+        kafka_libs(), java_binary()
+    except BrokerError as exc:
+        if os.environ.get("CI") or os.environ.get("KBIT_REQUIRE_APACHE_KAFKA") == "1":
+            raise
+        pytest.skip(str(exc))
+    b = ApacheKafkaBroker(tmp_path_factory.mktemp("apache-kafka"), port=free_port(), controller_port=free_port())
+    b.start()
+    yield b
+    b.stop()
+
+
+def embedded_settings(broker: Any) -> dict[str, Any]:
+    """``kafka.embedded`` for a running test broker: its port and kind (and Apache Kafka's controller port)."""
+    if getattr(broker, "kind", None) == "apache-kafka":
+        return {"port": broker.port, "broker": "apache-kafka", "controller_port": broker.controller_port}
+    return {"port": broker.port, "broker": "tansu"}
 
 
 @pytest.fixture
@@ -143,9 +196,10 @@ def make_config(broker: EmbeddedBroker, tmp_path: Path) -> Callable[..., KbitCon
     """
 
     def _make(overrides: dict[str, Any] | None = None, **dotted: Any) -> KbitConfig:
+        embedded = embedded_settings(broker)
         data: dict[str, Any] = {
             "workdir": str(tmp_path / "kbit"),
-            "kafka": {"embedded": {"port": broker.port}},
+            "kafka": {"embedded": embedded},
             "tracking": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
         }
         data = deep_merge(data, overrides or {})

@@ -120,7 +120,9 @@ def _partitions_in(cluster: Any, kcfg: KafkaConfig, topic: str) -> list[int]:
 
 
 def create_topic(kcfg: KafkaConfig, topic: str, partitions: int, replication_factor: int = 1) -> None:
-    """Create ``topic``; TopicError when it already exists (callers decide whether to delete it first)."""
+    """Create ``topic`` and wait until the broker's metadata lists all its partitions (Apache Kafka answers
+    CreateTopics once the controller committed it, and its broker's metadata can follow a moment later); TopicError
+    when it already exists (callers decide whether to delete it first)."""
     admin = _admin(kcfg)
     _metadata(admin, kcfg)
     future = admin.create_topics(
@@ -133,6 +135,14 @@ def create_topic(kcfg: KafkaConfig, topic: str, partitions: int, replication_fac
         if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
             raise TopicError(f"topic {topic!r} already exists on the {describe_broker(kcfg)}") from None
         raise TopicError(f"cannot create topic {topic!r} ({partitions} partitions): {err.str()}") from None
+    deadline = time.monotonic() + kcfg.request_timeout_s
+    while len(getattr(_metadata(admin, kcfg).topics.get(topic), "partitions", None) or {}) < partitions:
+        if time.monotonic() > deadline:
+            raise TopicError(
+                f"topic {topic!r} is not listed with its {partitions} partition(s) "
+                f"{kcfg.request_timeout_s:g}s after its creation on the {describe_broker(kcfg)}"
+            )
+        time.sleep(0.05)
     log.info("created topic %s with %d partition(s)", topic, partitions)
 
 
@@ -200,10 +210,13 @@ def earliest_offsets(kcfg: KafkaConfig, topic: str, partitions: Iterable[int] | 
 
 
 def exact_end_offsets(kcfg: KafkaConfig, topic: str, partitions: Iterable[int] | None = None) -> dict[int, int]:
-    """partition -> log-end offset (exclusive), taken from the high watermark of a real Fetch response."""
+    """partition -> log-end offset (exclusive): ListOffsets(LATEST), or on Tansu (``kcfg.tansu``), whose answer may
+    be short, the high watermark of a real Fetch response."""
     parts = _checked_partitions(kcfg, topic, partitions if partitions is not None else topic_partitions(kcfg, topic))
     consumer = _offset_consumer(kcfg)
     try:
+        if not kcfg.tansu:
+            return {p: high for p, (_, high) in list_offsets(consumer, kcfg, topic, parts).items()}
         # just below the approximate end: the response comes at once with the last batch, not after a fetch wait
         probes = {p: max(low, high - 1) for p, (low, high) in list_offsets(consumer, kcfg, topic, parts).items()}
         return {p: end for p, (_, end) in fetch_bounds(consumer, kcfg, topic, probes).items()}

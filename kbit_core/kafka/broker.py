@@ -15,11 +15,12 @@ from kbit_core.errors import BrokerError
 from kbit_core.service import Service, port_open
 
 if TYPE_CHECKING:
-    from kbit_core.config import KbitConfig
+    from kbit_core.config import EmbeddedBrokerConfig, KbitConfig
+    from kbit_core.kafka.apache_broker import ApacheKafkaBroker
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BrokerStatus", "EmbeddedBroker", "embedded_broker", "port_open", "tansu_binary"]
+__all__ = ["BrokerStatus", "EmbeddedBroker", "embedded_broker", "local_broker", "port_open", "tansu_binary"]
 
 
 def tansu_binary() -> Path:
@@ -109,18 +110,28 @@ class EmbeddedBroker:
         return self.service.stop(timeout_s)
 
 
+def local_broker(run_dir: Path, embedded: EmbeddedBrokerConfig) -> EmbeddedBroker | ApacheKafkaBroker:
+    """The local broker ``kafka.embedded`` chooses (``broker``: tansu or apache-kafka), its files in ``run_dir``."""
+    if embedded.broker == "apache-kafka":
+        from kbit_core.kafka.apache_broker import ApacheKafkaBroker
+
+        return ApacheKafkaBroker(run_dir, embedded.host, embedded.port, controller_port=embedded.controller_port)
+    return EmbeddedBroker(run_dir, embedded.host, embedded.port)
+
+
 @contextlib.contextmanager
 def embedded_broker(cfg: KbitConfig) -> Iterator[None]:
     """Run the embedded broker for the duration of the block unless a broker already listens there.
 
-    A broker started here is stopped afterwards (it keeps topics in memory only, so they go with it).
+    A broker started here is stopped afterwards (Tansu keeps topics in memory only, so they go with it; Apache
+    Kafka keeps them on disk under the run dir).
     """
     host, port = cfg.kafka.embedded.host, cfg.kafka.embedded.port
     if not cfg.kafka.uses_embedded or port_open(host, port):
         yield
         return
-    broker = EmbeddedBroker(cfg.run_dir, host, port)
-    log.info("starting the embedded broker on %s for this run", broker.bootstrap)
+    broker = local_broker(cfg.run_dir, cfg.kafka.embedded)
+    log.info("starting the embedded %s broker on %s for this run", cfg.kafka.embedded.broker, broker.bootstrap)
     broker.start()
     try:
         yield

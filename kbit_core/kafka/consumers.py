@@ -107,6 +107,7 @@ class ConfluentConsumer(ConsumerBackend):
     def __init__(self, kafka_cfg: KafkaConfig, reader_cfg: ReaderConfig) -> None:
         self.kafka_cfg = kafka_cfg
         self._last_error: str | None = None
+        self._starts: dict[int, int] = {}  # the current assignment's start offsets
         opts: dict[str, Any] = {
             **client_options(kafka_cfg),
             **EAGER_CONNECT,
@@ -142,6 +143,7 @@ class ConfluentConsumer(ConsumerBackend):
 
     def assign(self, topic: str, starts: dict[int, int]) -> None:
         self.topic = topic
+        self._starts = dict(starts)
         self._consumer.assign([confluent_kafka.TopicPartition(topic, p, o) for p, o in starts.items()])
 
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
@@ -155,6 +157,14 @@ class ConfluentConsumer(ConsumerBackend):
             if code == confluent_kafka.KafkaError._PARTITION_EOF:
                 continue
             if code in OUT_OF_RANGE:
+                if self._stale(msg.partition(), msg.offset()):
+                    log.debug(
+                        "dropped a stale out-of-range error: %s (partition %s, offset %s)",
+                        err.str(),
+                        msg.partition(),
+                        msg.offset(),
+                    )
+                    continue
                 raise OffsetRangeError(f"offset out of range: {err.str()}", offset=msg.offset(), **where)
             if code in UNKNOWN_PARTITION:
                 raise OffsetRangeError(f"unknown topic or partition: {err.str()}", **where)
@@ -166,11 +176,21 @@ class ConfluentConsumer(ConsumerBackend):
         (tp,) = self._consumer.position([confluent_kafka.TopicPartition(self.topic, partition)])
         return tp.offset if tp.offset >= 0 else None  # librdkafka's OFFSET_INVALID is negative
 
+    def _stale(self, partition: int, offset: int) -> bool:
+        """An out-of-range error that is not about this consumer's current fetch: librdkafka 2.16 delivers the
+        out-of-range answer to a bounds probe past the log end (Apache Kafka; Tansu answers with the bounds) even
+        after the probe was unassigned, when cached watermarks had already answered the probe."""
+        if partition not in self._starts:
+            return True
+        current = self.position(partition)
+        return offset != (current if current is not None else self._starts[partition])
+
     def offset_bounds(
         self, topic: str, probes: Mapping[int, int], meanwhile: Callable[[], object] | None = None
     ) -> dict[int, tuple[int, int]]:
         """See :func:`kbit_core.kafka.admin.fetch_bounds` (``meanwhile`` overlaps its round trips)."""
         self.topic = topic
+        self._starts = {}  # the probe leaves no assignment behind
         return fetch_bounds(self._consumer, self.kafka_cfg, topic, probes, meanwhile, lambda: self.last_error)
 
     def close(self) -> None:

@@ -61,6 +61,7 @@ class BedState(BaseModel):
         """Dotted kbit config overrides that point the Kafka clients at the bed's TLS broker."""
         over = {
             "kafka.bootstrap_servers": self.broker_bootstrap,
+            "kafka.broker_kind": "tansu",  # Tansu behind the TLS front
             "kafka.security_protocol": self.security_protocol,
             "kafka.ssl_cafile": str(self.ssl_cafile),
         }

@@ -14,6 +14,7 @@ import psutil
 from kbit_core.bench.identity import run_identity
 from kbit_core.config import KbitConfig
 from kbit_core.errors import BrokerError
+from kbit_core.kafka.apache_broker import kafka_version
 from kbit_core.kafka.broker import tansu_binary
 
 TRACKED_PACKAGES = (
@@ -91,10 +92,21 @@ def cpu_model() -> str:
 
 
 def broker_identity(cfg: KbitConfig) -> dict[str, str]:
-    """The broker's kind and version: the embedded Tansu's own version, or the external cluster's address."""
+    """The broker's kind and version: the embedded broker's (Tansu's or Apache Kafka's), or the external cluster's
+    address."""
+    if cfg.kafka.uses_embedded and cfg.kafka.embedded.broker == "apache-kafka":
+        return {"kind": "embedded", "version": apache_kafka_version()}
     if cfg.kafka.uses_embedded:
         return {"kind": "embedded", "version": tansu_version()}
     return {"kind": "external kafka", "version": f"at {cfg.kafka.resolved_bootstrap()} ({cfg.kafka.security_protocol})"}
+
+
+def apache_kafka_version() -> str:
+    """'apache-kafka 4.4.0' from the installed jars ('apache-kafka (version unknown)' when they are missing)."""
+    try:
+        return f"apache-kafka {kafka_version()}"
+    except BrokerError:
+        return "apache-kafka (version unknown)"
 
 
 def tansu_version() -> str:

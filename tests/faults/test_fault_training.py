@@ -25,6 +25,7 @@ def test_broker_gone_mid_epoch_is_a_clear_error(
             {**SMALL_TRAINING, "dataset": {"num_records": 8000}},
             produce__topic=topic_name,
             kafka__embedded__port=own.port,
+            kafka__embedded__broker="tansu",
             reader__deadline_s=3.0,
             train__model={
                 "name": "fault_models:stop_broker",

@@ -14,6 +14,7 @@ from prefect.states import State
 from kbit_core.config import KafkaConfig, deep_merge
 from kbit_core.kafka import admin
 from kbit_core.kafka.broker import EmbeddedBroker
+from tests.conftest import embedded_settings
 
 
 def flow_overrides(broker: EmbeddedBroker, tmp_path: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -22,7 +23,7 @@ def flow_overrides(broker: EmbeddedBroker, tmp_path: Path, extra: dict[str, Any]
     base = {
         "workdir": str(tmp_path / "kbit"),
         "produce": {"topic_prefix": topic_prefix(tmp_path)},
-        "kafka": {"embedded": {"port": broker.port}},
+        "kafka": {"embedded": embedded_settings(broker)},
         "tracking": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
         "dataset": {"num_records": 240},
         "bench": {"variants": [{"format": "avro", "layout": "list", "compression": "lz4"}]},

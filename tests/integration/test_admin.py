@@ -14,7 +14,7 @@ from kbit_core.kafka import admin
 from kbit_core.kafka.manifest import DatasetInfo, Manifest, PartitionManifest
 from tests.conftest import free_port
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.both_brokers]
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from kbit_core.sharding import OffsetRange
 from tests.conftest import free_port
 from tests.integration.dataplane_fixtures import RAW, Produce, extended, inject, source_truth
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.both_brokers]
 
 
 def drain(loader) -> list:
@@ -130,6 +130,7 @@ def test_offsets_past_the_end_fail_fast(produce_topic: Produce, client):
     assert time.monotonic() - started < 10, "checked up front, not after the read deadline"
 
 
+@pytest.mark.own_broker
 @pytest.mark.parametrize("client", ["confluent", "kafka-python"])
 def test_broker_stopped_mid_read_times_out_naming_the_position(tmp_path, make_config, client):
     own = EmbeddedBroker(tmp_path / "own-broker", port=free_port())
@@ -137,6 +138,7 @@ def test_broker_stopped_mid_read_times_out_naming_the_position(tmp_path, make_co
     try:
         cfg = make_config(
             kafka__embedded__port=own.port,
+            kafka__embedded__broker="tansu",
             dataset__num_records=400,
             produce__partitions=1,
             reader__deadline_s=2.0,

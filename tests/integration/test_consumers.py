@@ -13,8 +13,9 @@ from kbit_core.errors import ConfigError, TopicError
 from kbit_core.kafka import admin
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.kafka.consumers import ConfluentConsumer, KafkaPythonConsumer, RawRecord, make_consumer
+from tests.conftest import embedded_settings
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.both_brokers]
 
 CLIENTS = ["confluent", "kafka-python"]
 PER_PARTITION = 300
@@ -31,7 +32,7 @@ def produce_values(bootstrap: str, topic: str, partitions: int, per_partition: i
 
 @pytest.fixture(scope="module")
 def topic(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    kcfg = KbitConfig.from_dict({"kafka": {"embedded": {"port": broker.port}}}).kafka
+    kcfg = KbitConfig.from_dict({"kafka": {"embedded": embedded_settings(broker)}}).kafka
     name = f"test-consumers-{time.monotonic_ns() % 10**8}"
     admin.create_topic(kcfg, name, 2)
     produce_values(broker.bootstrap, name, 2, PER_PARTITION)

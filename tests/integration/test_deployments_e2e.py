@@ -30,7 +30,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     cfg = KbitConfig.from_dict(
         {
             "workdir": str(tmp_path_factory.mktemp("e2e") / "kbit"),
-            "kafka": {"embedded": {"port": free_port()}},
+            "kafka": {"embedded": {"port": free_port(), "controller_port": free_port()}},
             "stack": {"prefect_port": free_port(), "mlflow_port": free_port(), "work_pool": "kbit-e2e"},
         }
     )
@@ -46,7 +46,7 @@ def run_deployment(stack: LocalStack, name: str, overrides: dict[str, Any]) -> s
     """`prefect deployment run NAME --watch` with the overrides that keep the run inside the test's stack."""
     inside = {
         "workdir": str(stack.run_dir),
-        "kafka": {"embedded": {"port": stack.cfg.kafka.embedded.port}},
+        "kafka": {"embedded": stack.cfg.kafka.embedded.model_dump()},
         "tracking": {"experiment": EXPERIMENT},
     }
     params = {"overrides": {**inside, **overrides}}

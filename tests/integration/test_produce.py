@@ -11,18 +11,21 @@ import numpy as np
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from kbit_core import produce
 from kbit_core.config import DataVariant, KafkaConfig, KbitConfig
 from kbit_core.datasets import open_source
 from kbit_core.errors import BrokerError, ManifestMismatchError
 from kbit_core.formats import get_codec
 from kbit_core.kafka import admin
+from kbit_core.kafka.apache_broker import ApacheKafkaBroker
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.kafka.manifest import Manifest, manifest_path
 from kbit_core.kafka.producers import BACKENDS, DeliveryLedger, make_producer
 from kbit_core.produce import ensure_topics, produce_dataset
+from tasks.produce import topic_identity_key
 from tests.conftest import free_port
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.both_brokers]
 
 
 @pytest.fixture
@@ -196,6 +199,7 @@ def test_broker_down_raises_quickly_naming_it(make_config: Callable[..., KbitCon
     assert time.monotonic() - started < 10
 
 
+@pytest.mark.own_broker
 def test_embedded_broker_restart_reproduces_the_lost_topic(
     make_config: Callable[..., KbitConfig], tmp_path: Path
 ) -> None:
@@ -203,7 +207,7 @@ def test_embedded_broker_restart_reproduces_the_lost_topic(
     own = EmbeddedBroker(tmp_path / "own-broker", port=free_port())
     own.start()
     try:
-        cfg = make_config(kafka__embedded__port=own.port, dataset__num_records=9)
+        cfg = make_config(kafka__embedded__port=own.port, kafka__embedded__broker="tansu", dataset__num_records=9)
         first = produce_dataset(cfg, progress=False)
         own.stop()
         own.start()
@@ -211,5 +215,39 @@ def test_embedded_broker_restart_reproduces_the_lost_topic(
         again = produce_dataset(cfg, progress=False)
         assert again.created_at > first.created_at and again.ranges() == first.ranges()
         assert admin.check_topic(cfg.kafka, again).holds_manifest
+    finally:
+        own.stop()
+
+
+@pytest.mark.own_broker
+def test_apache_kafka_keeps_the_topic_across_a_restart_and_it_is_not_produced_again(
+    make_config: Callable[..., KbitConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, apache_kafka: object
+) -> None:
+    """Apache Kafka keeps its data on disk: after a restart (disk kept) the topic and its offsets are still there,
+    a second produce of the same dataset reuses the manifest instead of producing again, and the flow's topic
+    cache key (no broker PID on Apache Kafka) does not change."""
+    own = ApacheKafkaBroker(tmp_path / "own-broker", port=free_port(), controller_port=free_port())
+    own.start()
+    try:
+        cfg = make_config(
+            kafka={"embedded": {"port": own.port, "broker": "apache-kafka", "controller_port": own.controller_port}},
+            dataset__num_records=9,
+            produce__partitions=2,
+        )
+        first = produce_dataset(cfg, progress=False)
+        key = topic_identity_key(None, {"cfg": cfg, "variants": None})  # type: ignore[arg-type]
+        own.stop()
+        own.start()
+        assert admin.topic_exists(cfg.kafka, first.topic)
+        assert admin.exact_end_offsets(cfg.kafka, first.topic) == {p: r[1] for p, r in first.ranges().items()}
+
+        def produced_again(*args: object, **kwargs: object) -> None:
+            raise AssertionError("the topic was produced again after a restart that kept it")
+
+        monkeypatch.setattr(produce, "_produce", produced_again)
+        again = produce_dataset(cfg, progress=False)
+        assert again.created_at == first.created_at and again.ranges() == first.ranges()
+        assert admin.check_topic(cfg.kafka, again).holds_manifest
+        assert topic_identity_key(None, {"cfg": cfg, "variants": None}) == key  # type: ignore[arg-type]
     finally:
         own.stop()

@@ -18,7 +18,7 @@ from kbit_core.formats import get_codec
 from kbit_core.sharding import OffsetRange
 from tests.integration.dataplane_fixtures import Produce
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.both_brokers]
 
 RAW = {"format": "raw", "layout": "bytes", "compression": "lz4"}
 

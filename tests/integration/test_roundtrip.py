@@ -12,7 +12,7 @@ from kbit_core.data.split_loaders import make_split_loader
 from kbit_core.sharding import OffsetRange
 from tests.integration.dataplane_fixtures import Produce, source_truth
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.both_brokers]
 
 NUM_RECORDS = 30
 VARIANTS = [(fmt, layout) for fmt in FORMATS for layout in ("list", "bytes") if not (fmt == "raw" and layout == "list")]

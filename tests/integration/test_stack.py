@@ -26,7 +26,7 @@ def stack_config(workdir: Path) -> KbitConfig:
     return KbitConfig.from_dict(
         {
             "workdir": str(workdir),
-            "kafka": {"embedded": {"port": free_port()}},
+            "kafka": {"embedded": {"port": free_port(), "controller_port": free_port()}},
             "stack": {"prefect_port": free_port(), "mlflow_port": free_port(), "work_pool": "kbit-test-pool"},
         }
     )

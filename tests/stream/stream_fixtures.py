@@ -10,14 +10,14 @@ from typing import Any
 
 from kbit_core.config import KbitConfig, deep_merge
 from kbit_core.kafka.broker import EmbeddedBroker, port_open
-from tests.conftest import free_port
+from tests.conftest import embedded_settings, free_port
 
 
 def stream_config(tmp_path: Path, broker: EmbeddedBroker, overrides: dict[str, Any] | None = None) -> KbitConfig:
     """A 3-partition raw stream of 50 cycled records on ``broker``, tracking off; ``overrides`` nested."""
     base = {
         "workdir": str(tmp_path / "kbit"),
-        "kafka": {"embedded": {"port": broker.port}},
+        "kafka": {"embedded": embedded_settings(broker)},
         "dataset": {"num_records": 50},
         "tracking": {"enabled": False},
         "produce": {"partitions": 3, "variant": {"format": "raw", "layout": "bytes", "compression": "lz4"}},

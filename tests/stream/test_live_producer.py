@@ -20,7 +20,7 @@ from kbit_core.kafka.manifest import PartitionManifest
 from kbit_core.kafka.producers import BACKENDS, DeliveryLedger, make_producer
 from kbit_core.stream.live_producer import LiveProducer
 from kbit_core.stream.stream_log import StreamLog
-from tests.conftest import Background
+from tests.conftest import Background, embedded_settings
 from tests.stream.stream_fixtures import crash_and_restart, freeze, stream_config
 
 pytestmark = pytest.mark.kafka
@@ -47,8 +47,9 @@ def read_all(cfg: KbitConfig, topic: str) -> list[tuple[int, int, int, int]]:
     return sorted(out)
 
 
-def test_appends_at_the_rate_and_the_manifest_matches_the_broker(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
-    cfg = stream_config(tmp_path, own_broker)
+@pytest.mark.both_brokers
+def test_appends_at_the_rate_and_the_manifest_matches_the_broker(tmp_path: Path, broker: EmbeddedBroker) -> None:
+    cfg = stream_config(tmp_path, broker)
     before_ms = int(time.time() * 1000)
     run = LiveProducer(cfg).run(rate=400, records=120)
     assert (run.produced, run.next_index, run.refilled) == (120, 120, 0)
@@ -62,8 +63,9 @@ def test_appends_at_the_rate_and_the_manifest_matches_the_broker(tmp_path: Path,
     assert log.end_offsets() == {0: 40, 1: 40, 2: 40}
 
 
-def test_a_restarted_producer_continues_the_sequence(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
-    cfg = stream_config(tmp_path, own_broker)
+@pytest.mark.both_brokers
+def test_a_restarted_producer_continues_the_sequence(tmp_path: Path, broker: EmbeddedBroker) -> None:
+    cfg = stream_config(tmp_path, broker)
     LiveProducer(cfg).run(rate=5000, records=31)
     run = LiveProducer(cfg).run(rate=5000, records=61)
     assert (run.produced, run.next_index, run.refilled) == (30, 61, 0)
@@ -152,18 +154,20 @@ def test_sends_in_flight_at_a_broker_crash_fail_with_a_broker_error(
     backend.close()
 
 
-def test_another_stream_config_does_not_continue_the_manifest(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
-    cfg = stream_config(tmp_path, own_broker)
+@pytest.mark.both_brokers
+def test_another_stream_config_does_not_continue_the_manifest(tmp_path: Path, broker: EmbeddedBroker) -> None:
+    cfg = stream_config(tmp_path, broker)
     LiveProducer(cfg).run(rate=5000, records=3)
     changed = cfg.override({"produce.variant.format": "json"})
     with pytest.raises(ManifestMismatchError, match="variant"):
         LiveProducer(changed)
 
 
-def test_records_the_manifest_does_not_know_are_refused(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
+@pytest.mark.both_brokers
+def test_records_the_manifest_does_not_know_are_refused(tmp_path: Path, broker: EmbeddedBroker) -> None:
     from confluent_kafka import Producer
 
-    cfg = stream_config(tmp_path, own_broker)
+    cfg = stream_config(tmp_path, broker)
     run = LiveProducer(cfg).run(rate=5000, records=6)
     stranger = Producer({"bootstrap.servers": cfg.kafka.resolved_bootstrap()})
     stranger.produce(run.topic, value=b"x", key=b"99", partition=1)
@@ -172,12 +176,13 @@ def test_records_the_manifest_does_not_know_are_refused(tmp_path: Path, own_brok
         LiveProducer(cfg).run(rate=5000, records=9)
 
 
-def test_the_cli_flag_runs_the_live_producer(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
+@pytest.mark.both_brokers
+def test_the_cli_flag_runs_the_live_producer(tmp_path: Path, broker: EmbeddedBroker) -> None:
     from typer.testing import CliRunner
 
     from kbit_core.cli import app
 
-    cfg = stream_config(tmp_path, own_broker)
+    cfg = stream_config(tmp_path, broker)
     args = [
         "produce",
         "--stream",
@@ -190,8 +195,7 @@ def test_the_cli_flag_runs_the_live_producer(tmp_path: Path, own_broker: Embedde
         "--json",
         "--set",
         f"workdir={cfg.workdir}",
-        "--set",
-        f"kafka.embedded.port={own_broker.port}",
+        *(f"--set=kafka.embedded.{k}={v}" for k, v in embedded_settings(broker).items()),
         "--set",
         "produce.variant.format=raw",
         "--set",

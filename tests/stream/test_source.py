@@ -28,8 +28,9 @@ def make_source(cfg: KbitConfig, partitions: tuple[int, ...]) -> StreamSource:
     return StreamSource(cfg, codec, cfg.stream.topic_for(cfg.dataset, cfg.produce), partitions, cfg.produce.partitions)
 
 
-def test_records_come_in_stream_index_order_and_positions_follow(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
-    cfg = stream_config(tmp_path, own_broker)
+@pytest.mark.both_brokers
+def test_records_come_in_stream_index_order_and_positions_follow(tmp_path: Path, broker: EmbeddedBroker) -> None:
+    cfg = stream_config(tmp_path, broker)
     LiveProducer(cfg).run(rate=5000, records=30)
     source = make_source(cfg, (0, 2))  # rank 0 of 2 over 3 partitions
     source.start_fresh()
@@ -44,8 +45,9 @@ def test_records_come_in_stream_index_order_and_positions_follow(tmp_path: Path,
     source.close()
 
 
-def test_a_checkpoint_position_continues_exactly_there(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
-    cfg = stream_config(tmp_path, own_broker)
+@pytest.mark.both_brokers
+def test_a_checkpoint_position_continues_exactly_there(tmp_path: Path, broker: EmbeddedBroker) -> None:
+    cfg = stream_config(tmp_path, broker)
     LiveProducer(cfg).run(rate=5000, records=30)
     source = make_source(cfg, (1,))
     source.load_positions([0, 3, 0], [None, 10, None], [[], [[1, 7]], []])
@@ -55,8 +57,9 @@ def test_a_checkpoint_position_continues_exactly_there(tmp_path: Path, own_broke
     source.close()
 
 
-def test_a_timestamp_start_skips_what_was_produced_before(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
-    cfg = stream_config(tmp_path, own_broker)
+@pytest.mark.both_brokers
+def test_a_timestamp_start_skips_what_was_produced_before(tmp_path: Path, broker: EmbeddedBroker) -> None:
+    cfg = stream_config(tmp_path, broker)
     LiveProducer(cfg).run(rate=5000, records=30)
     time.sleep(0.05)
     start_ms = int(time.time() * 1000)
@@ -69,8 +72,9 @@ def test_a_timestamp_start_skips_what_was_produced_before(tmp_path: Path, own_br
     source.close()
 
 
-def test_a_record_out_of_sequence_is_an_error_naming_where(tmp_path: Path, own_broker: EmbeddedBroker) -> None:
-    cfg = stream_config(tmp_path, own_broker)
+@pytest.mark.both_brokers
+def test_a_record_out_of_sequence_is_an_error_naming_where(tmp_path: Path, broker: EmbeddedBroker) -> None:
+    cfg = stream_config(tmp_path, broker)
     LiveProducer(cfg).run(rate=5000, records=6)
     stranger = Producer({"bootstrap.servers": cfg.kafka.resolved_bootstrap()})
     stranger.produce(cfg.stream.topic, value=b"x", key=b"3", partition=0)  # index 3 is partition 0's already

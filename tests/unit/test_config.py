@@ -235,3 +235,14 @@ def test_the_rank_hand_off_round_trips_the_config_with_paths_made_absolute(
     rank_cfg = KbitConfig.from_json(hand_off)
     assert rank_cfg.run_dir == tmp_path / "runs/a" and rank_cfg.kafka.ssl_cafile == tmp_path / "certs/ca.pem"
     assert rank_cfg.train == cfg.train and rank_cfg.profile == "p"
+
+
+def test_the_broker_kind_says_where_tansu_workarounds_apply() -> None:
+    # the local broker is Apache Kafka by default; an external cluster is real Kafka unless kafka.broker_kind says tansu
+    assert KbitConfig.from_dict({}).kafka.embedded.broker == "apache-kafka"
+    assert not KbitConfig.from_dict({}).kafka.tansu
+    assert KbitConfig.from_dict({"kafka": {"embedded": {"broker": "tansu"}}}).kafka.tansu
+    assert not KbitConfig.from_dict(
+        {"kafka": {"bootstrap_servers": "k:9092", "embedded": {"broker": "tansu"}}}
+    ).kafka.tansu
+    assert KbitConfig.from_dict({"kafka": {"bootstrap_servers": "k:9092", "broker_kind": "tansu"}}).kafka.tansu

@@ -1,0 +1,78 @@
+"""scripts/install_kafka.sh without the network: the pom-digest stamp skips Maven, and missing tools are one-line errors."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "install_kafka.sh"
+POM = REPO / "deployments" / "kafka" / "pom.xml"
+
+
+def run(dest: Path, path_dirs: list[Path], **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k != "KAFKA_HOME"}
+    environ.update(PATH=os.pathsep.join(map(str, path_dirs)), **env)
+    return subprocess.run(
+        [shutil.which("bash") or "/bin/bash", str(SCRIPT), str(dest)],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def tools(tmp_path: Path) -> Path:
+    """A PATH directory with the shell tools the script uses and a stand-in `java`, but no `mvn`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("sha256sum", "cut", "cat", "sed", "mkdir", "rm", "mv", "tail", "dirname"):
+        found = shutil.which(name)
+        assert found, name
+        (bin_dir / name).symlink_to(found)
+    (bin_dir / "java").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "java").chmod(0o755)
+    return bin_dir
+
+
+def installed(dest: Path, digest: str) -> None:
+    (dest / "libs").mkdir(parents=True)
+    (dest / "libs" / "kafka_2.13-4.4.0.jar").write_bytes(b"")
+    (dest / ".pom-digest").write_text(digest + "\n")
+
+
+def test_a_matching_stamp_skips_maven(tmp_path: Path, tools: Path) -> None:
+    installed(tmp_path / "kafka", hashlib.sha256(POM.read_bytes()).hexdigest())
+    done = run(tmp_path / "kafka", [tools])
+    assert done.returncode == 0 and done.stderr == ""
+
+
+def test_a_changed_pom_needs_maven_and_says_so(tmp_path: Path, tools: Path) -> None:
+    installed(tmp_path / "kafka", "0" * 64)
+    done = run(tmp_path / "kafka", [tools])
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "kbit: installing Apache Kafka needs Maven 3.6+ (apt-get install maven), or "
+        "KAFKA_HOME set to an unpacked Kafka 4.x"
+    )
+
+
+def test_missing_java_is_named(tmp_path: Path, tools: Path) -> None:
+    (tools / "java").unlink()
+    done = run(tmp_path / "kafka", [tools])
+    assert done.returncode == 2 and "Apache Kafka needs Java 17 or newer" in done.stderr
+
+
+def test_kafka_home_replaces_the_install(tmp_path: Path, tools: Path) -> None:
+    home = tmp_path / "kafka_2.13-4.4.0"
+    assert run(tmp_path / "kafka", [tools], KAFKA_HOME=str(home)).returncode == 2
+    (home / "libs").mkdir(parents=True)
+    (home / "libs" / "kafka_2.13-4.4.0.jar").write_bytes(b"")
+    done = run(tmp_path / "kafka", [tools], KAFKA_HOME=str(home))
+    assert done.returncode == 0 and not (tmp_path / "kafka").exists()
