@@ -16,7 +16,7 @@ from typing import Any
 
 from kbit_core import ray_env
 from kbit_core.config import KbitConfig
-from kbit_core.kafka.broker import local_broker
+from kbit_core.kafka.local import local_broker
 from kbit_core.service import Service, ServiceError, ServiceStatus, http_ok
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from prefect import get_run_logger, task
 from prefect.context import TaskRunContext
 
 from kbit_core.config import DataVariant, KbitConfig
-from kbit_core.kafka.broker import local_broker
+from kbit_core.kafka.local import local_broker
 from kbit_core.produce import ensure_topics
 from tasks.policy import BACKOFF_S, is_transient, show_progress
 

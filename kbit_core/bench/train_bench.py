@@ -27,7 +27,7 @@ from rich.table import Table
 
 from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.errors import ConfigError, DistributedError
-from kbit_core.kafka.broker import embedded_broker
+from kbit_core.kafka.local import embedded_broker
 from kbit_core.launch import launch
 from kbit_core.launch.ray_train import ensure_ray
 from kbit_core.launch.spark import get_spark

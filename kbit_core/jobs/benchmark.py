@@ -24,7 +24,7 @@ from kbit_core.bench.report import ReportFiles, load_stats, timings_frame, write
 from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.errors import ConfigError
 from kbit_core.jobs.preflight import check_benchmark
-from kbit_core.kafka.broker import embedded_broker
+from kbit_core.kafka.local import embedded_broker
 from kbit_core.kafka.manifest import manifest_path
 from kbit_core.launch import launch
 from kbit_core.produce import ensure_topics

@@ -11,7 +11,7 @@ from kbit_core.config import KbitConfig
 from kbit_core.jobs.continuous import train_continuous
 from kbit_core.jobs.preflight import check_training
 from kbit_core.jobs.restarts import train_with_restarts
-from kbit_core.kafka.broker import embedded_broker
+from kbit_core.kafka.local import embedded_broker
 from kbit_core.kafka.manifest import manifest_path
 from kbit_core.produce import produce_dataset
 from kbit_core.tracking import Tracker, make_tracker

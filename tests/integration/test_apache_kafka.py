@@ -321,7 +321,7 @@ def test_kbit_produce_dataset_and_range_reader(
 
 def test_config_selects_apache_kafka_as_the_embedded_broker(tmp_path, make_config: Callable[..., KbitConfig]) -> None:
     """``kafka.embedded.broker: apache-kafka`` runs Apache Kafka wherever kbit starts its local broker."""
-    from kbit_core.kafka.broker import embedded_broker, local_broker
+    from kbit_core.kafka.local import embedded_broker, local_broker
     from kbit_core.tracking import broker_identity
     from tests.conftest import free_port
 

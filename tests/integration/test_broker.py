@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kbit_core.errors import BrokerError
-from kbit_core.kafka.broker import EmbeddedBroker, embedded_broker, port_open
+from kbit_core.kafka.broker import EmbeddedBroker, port_open
+from kbit_core.kafka.local import embedded_broker
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.kafka

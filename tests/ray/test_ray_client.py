@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import psutil
 import pytest
@@ -19,9 +16,9 @@ from kbit_core.launch import launch
 from kbit_core.ray_env import own_token_file
 from kbit_core.service import Service
 from kbit_core.stack import StackError, ray_head
-from tests.conftest import REPO, free_port
+from tests.conftest import free_port
 from tests.ray.engine_entries import rank_sample_indices
-from tests.ray.test_ray_engine import listening_sockets
+from tests.ray.test_ray_engine import listening_sockets, train_ray_profile
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
@@ -42,20 +39,7 @@ def test_training_through_ray_client_runs_its_ranks_on_the_head(
         "launch.ray_auth_token_file": own_token_file(ray_head_config.run_dir),
     }
     # A process of its own: this one may already be a driver of the head, and a process joins one cluster once.
-    done = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "kbit"),
-            "train",
-            "--config",
-            str(REPO / "deployments" / "train-ray.yaml"),
-            "--json",
-            *[arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")],
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=REPO,
-    )
+    done = train_ray_profile(sets)
     assert done.returncode == 0, done.stderr[-4000:]
     # Ray took the client path: only Ray Client hands ray.init's arguments to a server
     assert "Passing the following kwargs to ray.init() on the server" in done.stderr

@@ -37,6 +37,28 @@ def listening_sockets(head: psutil.Process) -> list[tuple[str, psutil._common.ad
     ]
 
 
+def train_ray_profile(
+    sets: dict[str, object], *, timeout_s: float = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``kbit train --config deployments/train-ray.yaml --json`` with ``sets`` as ``--set`` overrides, in a process
+    of its own (a process joins one Ray cluster once)."""
+    return subprocess.run(
+        [
+            str(Path(sys.executable).parent / "kbit"),
+            "train",
+            "--config",
+            str(REPO / "deployments" / "train-ray.yaml"),
+            "--json",
+            *[arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=REPO,
+        env=env,
+    )
+
+
 def test_the_ray_head_listens_on_loopback_only(ray_head_service):
     head = psutil.Process(ray_head_service.pid())
     deadline = time.monotonic() + 60
@@ -58,20 +80,7 @@ def test_train_ray_profile_reaches_90_percent_through_the_cli(broker, ray_head_s
         "tracking.enabled": "false",
         "launch.ray_auth_token_file": own_token_file(ray_head_service.run_dir),
     }
-    done = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "kbit"),
-            "train",
-            "--config",
-            str(REPO / "deployments" / "train-ray.yaml"),
-            "--json",
-            *[arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")],
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=REPO,
-    )
+    done = train_ray_profile(sets)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout)
     assert result["test_accuracy"] >= 0.90, result
@@ -176,20 +185,7 @@ def test_joining_a_head_without_its_token_is_refused_naming_the_setting(broker, 
         "tracking.enabled": "false",
     }
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
-    done = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "kbit"),
-            "train",
-            "--config",
-            str(REPO / "deployments" / "train-ray.yaml"),
-            *[arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")],
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env=env,
-    )
+    done = train_ray_profile(sets, timeout_s=300, env=env)
     assert done.returncode != 0
     assert f"Ray cluster at 127.0.0.1:{ray_head_service.port} asks for its token" in done.stderr, done.stderr[-3000:]
     assert "launch.ray_auth_token_file" in done.stderr

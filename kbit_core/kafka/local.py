@@ -1,0 +1,41 @@
+"""The local broker that ``kafka.embedded`` chooses (Tansu or Apache Kafka), and a block that runs it for one command."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from kbit_core.config import EmbeddedBrokerConfig, KbitConfig
+from kbit_core.kafka.apache_broker import ApacheKafkaBroker
+from kbit_core.kafka.broker import EmbeddedBroker, port_open
+
+log = logging.getLogger(__name__)
+
+
+def local_broker(run_dir: Path, embedded: EmbeddedBrokerConfig) -> EmbeddedBroker | ApacheKafkaBroker:
+    """The local broker ``kafka.embedded`` chooses (``broker``: tansu or apache-kafka), its files in ``run_dir``."""
+    if embedded.broker == "apache-kafka":
+        return ApacheKafkaBroker(run_dir, embedded.host, embedded.port, controller_port=embedded.controller_port)
+    return EmbeddedBroker(run_dir, embedded.host, embedded.port)
+
+
+@contextlib.contextmanager
+def embedded_broker(cfg: KbitConfig) -> Iterator[None]:
+    """Run the embedded broker for the duration of the block unless a broker already listens there.
+
+    A broker started here is stopped afterwards (Tansu keeps topics in memory only, so they go with it; Apache
+    Kafka keeps them on disk under the run dir).
+    """
+    host, port = cfg.kafka.embedded.host, cfg.kafka.embedded.port
+    if not cfg.kafka.uses_embedded or port_open(host, port):
+        yield
+        return
+    broker = local_broker(cfg.run_dir, cfg.kafka.embedded)
+    log.info("starting the embedded %s broker on %s for this run", cfg.kafka.embedded.broker, broker.bootstrap)
+    broker.start()
+    try:
+        yield
+    finally:
+        broker.stop()
