@@ -21,7 +21,7 @@ from kbit_core.kafka.producers import BACKENDS, DeliveryLedger, make_producer
 from kbit_core.stream.live_producer import LiveProducer
 from kbit_core.stream.stream_log import StreamLog
 from tests.conftest import Background, embedded_settings
-from tests.stream.stream_fixtures import crash_and_restart, freeze, stream_config
+from tests.stream.stream_fixtures import crash_and_restart, freeze, stream_config, wait_until_in_flight
 
 pytestmark = pytest.mark.kafka
 
@@ -117,7 +117,7 @@ def test_a_running_producer_survives_a_broker_restart(tmp_path: Path, own_broker
     # With records in flight at the crash, the restarted broker answers their retry UNKNOWN_PRODUCER_ID, which
     # is fatal to an idempotent producer: it must be replaced, and the records must not be lost.
     freeze(own_broker)
-    time.sleep(0.5)
+    wait_until_in_flight(own_broker)
     crash_and_restart(own_broker)
     try:
         run = running.result(120)
@@ -145,7 +145,7 @@ def test_sends_in_flight_at_a_broker_crash_fail_with_a_broker_error(
     assert [p.num_messages for p in deliver(5)] == [5]
     freeze(own_broker)
     sending = Background(deliver, 5)
-    time.sleep(0.5)  # the client sends them meanwhile
+    wait_until_in_flight(own_broker)
     crash_and_restart(own_broker)
     # confluent-kafka raises this fatal error inside flush and then calls the next delivery callback with it still
     # raised: before kbit queued the reports, the ledger's lock was left locked and flush hung
