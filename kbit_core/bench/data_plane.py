@@ -87,7 +87,11 @@ class DataPlaneRow:
     loader_records_per_s: float
     decode_ratio: float  # decode / fetch
     stock_decode_ratio: float  # stock decode / fetch
-    loader_ratio: float  # loader / fetch
+    loader_ratio: float  # loader / fetch, at train.global_batch_size
+    loader_ratio_spread: list[float]  # lowest and highest loader / fetch of one round
+    loader_large_batch_records_per_s: float  # the loader at a per-rank batch of LARGE_BATCH
+    loader_large_batch_ratio: float
+    loader_large_batch_ratio_spread: list[float]
     speedup: float  # read+decode, fast over stock
     decode_only_speedup: float  # the decode step alone, fast over stock
     fast_decoder: bool  # whether a fast decoder exists for the variant (else both columns are the stock library)
@@ -105,9 +109,13 @@ def _rate(count: float, seconds: float) -> float:
     return count / seconds if seconds > 0 else float("nan")
 
 
+LARGE_BATCH = 512  # a GPU rank's per-rank batch, where per-batch costs matter least and per-record ones most
+
+
 def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, repeats: int = 3) -> DataPlaneRow:
     """Time fetch, then decode with the fast and with the stock decoder, block by block over the whole topic, then
-    the loader (``reader.decoder`` of ``cfg``), ``repeats`` times after a warm-up; medians. Fetch and both decodes
+    the loader (``reader.decoder`` of ``cfg``) at ``train.global_batch_size`` and at :data:`LARGE_BATCH`, ``repeats``
+    times after a warm-up; medians, and each loader's loader ÷ fetch per round for its spread. Fetch and both decodes
     alternate per block, so load that drifts on a shared machine hits all three."""
     ranges = _whole_topic_blocks(cfg, manifest)
     stock = manifest_codec(manifest, "stock")
@@ -118,28 +126,35 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
     codecs: dict[str, Any] = {"stock": stock}
     if fast is not stock or pool:
         codecs["fast"] = pool or fast
-    fetch_s, decode_s, loader_s = [], {d: [] for d in codecs}, []
+    batches = {"default": cfg, "large": cfg.override({"train.global_batch_size": LARGE_BATCH})}
+    fetch_s, decode_s, loader_s = [], {d: [] for d in codecs}, {b: [] for b in batches}
     with (
-        make_split_loader(cfg, manifest, "train", 0, 1, client=client) as loader,
+        contextlib.ExitStack() as loaders,
         RangeReader(
             cfg.kafka, cfg.reader.model_copy(update={"decode_processes": 0}), manifest.topic, stock, client
         ) as reader,
         pool or contextlib.nullcontext(),
     ):
+        loader = {
+            b: loaders.enter_context(make_split_loader(c, manifest, "train", 0, 1, client=client))
+            for b, c in batches.items()
+        }
         # one untimed pass of each: connections, metadata and offset checks stay outside the timed region; the
         # first block also shows that every timed decoder returns the stock library's batch
         for i, (_, records) in enumerate(reader.read_raw(ranges)):
             if i == 0:
                 _require_same_batches(codecs, [r.value for r in records], manifest.topic)
-        sum(1 for _ in loader)
+        for each in loader.values():
+            sum(1 for _ in each)
         for _ in range(repeats):
             fetched, decoded, fetch_t, decode_t = _timed_pass(reader, ranges, codecs)
             fetch_s.append(fetch_t)
             for name in codecs:
                 decode_s[name].append(decode_t[name])
-            t0 = time.perf_counter()
-            loaded = sum(len(y) for _, y in loader)
-            loader_s.append(time.perf_counter() - t0)
+            for name, each in loader.items():
+                t0 = time.perf_counter()
+                loaded = sum(len(y) for _, y in each)
+                loader_s[name].append(time.perf_counter() - t0)
     if fetched != manifest.num_messages or set(decoded.values()) != {manifest.num_records}:
         raise KbitError(
             f"{manifest.topic}: read {fetched} messages / {decoded} records, the manifest has "
@@ -154,13 +169,18 @@ def _row(
     client: ClientName,
     fetch_s: list[float],
     decode_s: dict[str, list[float]],
-    loader_s: list[float],
+    loader_s: dict[str, list[float]],
     loaded: int,
     fast_decoder: bool,
 ) -> DataPlaneRow:
-    """One variant × client's medians as rates and ratios (decode rates include the fetch they follow)."""
+    """One variant × client's medians as rates and ratios (decode rates include the fetch they follow), and each
+    loader's lowest and highest loader ÷ fetch of one round."""
     n, mb = manifest.num_records, manifest.value_bytes / 1e6
-    f, ld = statistics.median(fetch_s), statistics.median(loader_s)
+    f, ld, large = (statistics.median(t) for t in (fetch_s, loader_s["default"], loader_s["large"]))
+    spread = {
+        name: [round(min(r), 3), round(max(r), 3)]
+        for name, r in ((b, [ft / lt for ft, lt in zip(fetch_s, ts)]) for b, ts in loader_s.items())
+    }
     stock_t = statistics.median(decode_s["stock"])
     fast_t = statistics.median(decode_s["fast"]) if "fast" in decode_s else stock_t
     v = manifest.variant
@@ -181,9 +201,13 @@ def _row(
         decode_mb_per_s=_rate(mb, f + fast_t),
         stock_decode_records_per_s=_rate(n, f + stock_t),
         loader_records_per_s=_rate(loaded, ld),
+        loader_large_batch_records_per_s=_rate(loaded, large),
         decode_ratio=f / (f + fast_t),
         stock_decode_ratio=f / (f + stock_t),
         loader_ratio=f / ld,
+        loader_ratio_spread=spread["default"],
+        loader_large_batch_ratio=f / large,
+        loader_large_batch_ratio_spread=spread["large"],
         speedup=(f + stock_t) / (f + fast_t),
         decode_only_speedup=_rate(stock_t, fast_t),
         fast_decoder=fast_decoder,

@@ -24,6 +24,9 @@ _COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("decode_only_speedup", "decode step fast/stock", lambda v: f"{v:.1f}x"),
     ("loader_records_per_s", "loader rec/s", lambda v: f"{v:,.0f}"),
     ("loader_ratio", "loader/fetch", lambda v: f"{v:.2f}"),
+    ("loader_ratio_spread", "spread", lambda v: f"{v[0]:.2f}-{v[1]:.2f}"),
+    ("loader_large_batch_ratio", "loader/fetch batch 512", lambda v: f"{v:.2f}"),
+    ("loader_large_batch_ratio_spread", "spread 512", lambda v: f"{v[0]:.2f}-{v[1]:.2f}"),
     ("connect_ms", "connect ms", lambda v: f"{v:.1f}"),
 ]
 
