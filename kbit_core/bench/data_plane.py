@@ -128,6 +128,7 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
         codecs["fast"] = pool or fast
     batches = {"default": cfg, "large": cfg.override({"train.global_batch_size": LARGE_BATCH})}
     fetch_s, decode_s, loader_s = [], {d: [] for d in codecs}, {b: [] for b in batches}
+    loaded = dict.fromkeys(batches, 0)  # records one epoch of each loader yields (whole batches of train)
     with (
         contextlib.ExitStack() as loaders,
         RangeReader(
@@ -153,7 +154,7 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
                 decode_s[name].append(decode_t[name])
             for name, each in loader.items():
                 t0 = time.perf_counter()
-                loaded = sum(len(y) for _, y in each)
+                loaded[name] = sum(len(y) for _, y in each)
                 loader_s[name].append(time.perf_counter() - t0)
     if fetched != manifest.num_messages or set(decoded.values()) != {manifest.num_records}:
         raise KbitError(
@@ -170,16 +171,18 @@ def _row(
     fetch_s: list[float],
     decode_s: dict[str, list[float]],
     loader_s: dict[str, list[float]],
-    loaded: int,
+    loaded: dict[str, int],
     fast_decoder: bool,
 ) -> DataPlaneRow:
     """One variant × client's medians as rates and ratios (decode rates include the fetch they follow), and each
     loader's lowest and highest loader ÷ fetch of one round."""
     n, mb = manifest.num_records, manifest.value_bytes / 1e6
     f, ld, large = (statistics.median(t) for t in (fetch_s, loader_s["default"], loader_s["large"]))
+    # loader rate ÷ fetch rate; the loaders yield whole train batches only, a few records short of the topic
+    ratio = {name: loaded[name] / n for name in loaded}
     spread = {
         name: [round(min(r), 3), round(max(r), 3)]
-        for name, r in ((b, [ft / lt for ft, lt in zip(fetch_s, ts)]) for b, ts in loader_s.items())
+        for name, r in ((b, [ratio[b] * ft / lt for ft, lt in zip(fetch_s, ts)]) for b, ts in loader_s.items())
     }
     stock_t = statistics.median(decode_s["stock"])
     fast_t = statistics.median(decode_s["fast"]) if "fast" in decode_s else stock_t
@@ -200,13 +203,13 @@ def _row(
         decode_records_per_s=_rate(n, f + fast_t),
         decode_mb_per_s=_rate(mb, f + fast_t),
         stock_decode_records_per_s=_rate(n, f + stock_t),
-        loader_records_per_s=_rate(loaded, ld),
-        loader_large_batch_records_per_s=_rate(loaded, large),
+        loader_records_per_s=_rate(loaded["default"], ld),
+        loader_large_batch_records_per_s=_rate(loaded["large"], large),
         decode_ratio=f / (f + fast_t),
         stock_decode_ratio=f / (f + stock_t),
-        loader_ratio=f / ld,
+        loader_ratio=ratio["default"] * f / ld,
         loader_ratio_spread=spread["default"],
-        loader_large_batch_ratio=f / large,
+        loader_large_batch_ratio=ratio["large"] * f / large,
         loader_large_batch_ratio_spread=spread["large"],
         speedup=(f + stock_t) / (f + fast_t),
         decode_only_speedup=_rate(stock_t, fast_t),
