@@ -660,6 +660,10 @@ class KbitConfig(Section):
         """
         return KbitConfig.from_dict(deep_merge(self.to_secret_dict(), nest_dotted(changes)))
 
+    def resuming(self, checkpoint: str | Path) -> KbitConfig:
+        """This config, resuming from ``checkpoint``: a checkpoint file, a lineage directory, or ``latest``."""
+        return self.override({"checkpoint.resume": str(checkpoint)})
+
     @model_validator(mode="after")
     def _cross_checks(self) -> KbitConfig:
         if self.deepspeed.enabled and self.train.precision == "fp16" and not self.launch.use_gpu:

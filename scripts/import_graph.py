@@ -1,5 +1,5 @@
 """Measure kbit_core's import graph: cycles, imports that point up the layer map, and imports of kbit's own modules
-made inside functions.
+made inside functions (or only for type checkers, under ``if TYPE_CHECKING:``).
 
 The graph is grimp's (the one import-linter checks), so these numbers and `lint-imports` agree. The layer map is
 read from the "layers" contract in pyproject.toml; ``--layers FILE`` measures against another one (one layer per
@@ -102,28 +102,40 @@ def folder_of(module: str) -> str:
     return ".".join(parts[:2])
 
 
-def function_level_imports() -> list[tuple[str, int, str]]:
-    """(file, line, imported module) for every import of kbit's own modules inside a function."""
-    found = []
+def _kbit_imports(node: ast.AST) -> list[str]:
+    """The kbit modules ``node`` imports, if it is an import ("(relative)" for a relative one)."""
+    if isinstance(node, ast.ImportFrom):
+        names = [node.module or ""] if node.level == 0 else ["(relative)"]
+    elif isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        return []
+    return [n for n in names if n.split(".")[0] in (PACKAGE, "(relative)")]
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def hidden_imports() -> tuple[list[tuple[str, int, str]], list[tuple[str, int, str]]]:
+    """(file, line, imported module) for every import of kbit's own modules inside a function, and for every one
+    under ``if TYPE_CHECKING:`` (a module-level import that only type checkers make: another way round a cycle)."""
+    in_functions, type_only = set(), set()
     for path in sorted((ROOT / PACKAGE).rglob("*.py")):
-        tree = ast.parse(path.read_text())
-        for func in ast.walk(tree):
-            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        file = str(path.relative_to(ROOT))
+        for block in ast.walk(ast.parse(path.read_text())):
+            if isinstance(block, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found = in_functions
+            elif _is_type_checking(block):
+                found = type_only
+            else:
                 continue
-            for node in ast.walk(func):
-                names = (
-                    [node.module or ""]
-                    if isinstance(node, ast.ImportFrom) and node.level == 0
-                    else [a.name for a in node.names]
-                    if isinstance(node, ast.Import)
-                    else ["(relative)"]
-                    if isinstance(node, ast.ImportFrom)
-                    else []
-                )
-                for name in names:
-                    if name.split(".")[0] in (PACKAGE, "(relative)"):
-                        found.append((str(path.relative_to(ROOT)), node.lineno, name))
-    return sorted(set(found))
+            for node in ast.walk(block):
+                found.update((file, node.lineno, name) for name in _kbit_imports(node))
+    return sorted(in_functions), sorted(type_only)
 
 
 def main() -> int:
@@ -155,7 +167,7 @@ def main() -> int:
             low, high = layer_of(module, layers), layer_of(imported, layers)
             if low is not None and high is not None and high > low:
                 upward.append(f"{module} -> {imported}")
-    local = function_level_imports()
+    local, type_only = hidden_imports()
 
     print(f"modules: {len(modules)}, imports between them: {sum(len(v) for v in edges.values())}")
     print(f"cycles between files (strongly connected groups): {len(module_cycles)}")
@@ -171,6 +183,10 @@ def main() -> int:
     print(f"function-level imports of kbit modules: {len(local)}")
     if args.list:
         for file, line, name in local:
+            print(f"  {file}:{line} {name}")
+    print(f"imports of kbit modules under TYPE_CHECKING: {len(type_only)}")
+    if args.list:
+        for file, line, name in type_only:
             print(f"  {file}:{line} {name}")
     return 1 if module_cycles or folder_cycles or upward else 0
 

@@ -8,7 +8,7 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from kbit_core import tracking
-from kbit_core.bench.compare import compare_runs
+from kbit_core.bench.compare import compare_runs, regression_message
 from kbit_core.bench.history import history_markdown
 from kbit_core.bench.report import RANKING_METRIC, load_stats
 from kbit_core.config import KbitConfig
@@ -56,13 +56,9 @@ def compare_with_baseline(baseline_stats: dict[str, Any], current_stats_json: st
 @task(name="check-regressions")
 def fail_on_regressions(comparison: dict[str, Any], baseline_run_id: str) -> None:
     """Raise, naming every regressed configuration, when the comparison found any."""
-    regressed = [d for d in comparison["deltas"] if d["name"] in comparison["regressions"]]
-    if regressed:
-        detail = ", ".join(f"{d['name']} {d['change_pct']:+.1f}% (Holm p={d['p_holm']:.3g})" for d in regressed)
-        raise RegressionError(
-            f"{len(regressed)} configuration(s) regressed against MLflow run {baseline_run_id} "
-            f"beyond {comparison['threshold']:.0%}: {detail}"
-        )
+    message = regression_message(comparison, f"MLflow run {baseline_run_id}")
+    if message:
+        raise RegressionError(message)
 
 
 @task(

@@ -256,3 +256,15 @@ def comparison_rows(deltas: Iterable[Mapping[str, Any]]) -> list[tuple[str, ...]
         )
         for d in deltas
     ]
+
+
+def regression_message(comparison: Mapping[str, Any], baseline: str) -> str | None:
+    """One line naming every configuration whose verdict is a regression in ``comparison`` (as
+    ``RunComparison.to_dict`` gives it) against ``baseline``; None when none regressed."""
+    regressed = [d for d in comparison["deltas"] if d["verdict"] == "regression"]
+    if not regressed:
+        return None
+    detail = ", ".join(f"{d['name']} {d['change_pct']:+.1f}% (Holm p={d['p_holm']:.3g})" for d in regressed)
+    return (
+        f"{len(regressed)} configuration(s) regressed against {baseline} beyond {comparison['threshold']:.0%}: {detail}"
+    )

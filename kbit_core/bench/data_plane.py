@@ -4,29 +4,27 @@ Every rate is measured in the same run against its own ceiling (``fetch``: the r
 without decoding, same topic, same client), so results are ratios that survive a noisy, shared machine.
 ``decode`` adds kbit's fast decoder and ``stock_decode`` the format's own library on the same records (what a format
 costs with kbit, and what it costs without); ``loader`` is the full per-rank path (block shuffle, batching, float32 tensors,
-prefetch thread). Produce throughput comes from the manifest. Streaming memory is measured in fresh
-subprocesses that stream a small and a large topic: peak RSS should not grow with the topic.
+prefetch thread). Produce throughput comes from the manifest. Streaming memory is measured by :mod:`.stream_rss`, the
+tables drawn by :mod:`.data_plane_report`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from rich.progress import Progress
-from rich.table import Table
 
+from kbit_core.bench.bench_topics import bench_config, drop_topic, produce_or_reuse
 from kbit_core.bench.ray_data_peer import compare
+from kbit_core.bench.stream_rss import DEFAULT_RSS_RECORDS, TARGET_RSS_GROWTH_MB, measure_stream_rss
 from kbit_core.config import COMPRESSIONS, FORMATS, ClientName, DataVariant, KbitConfig
 from kbit_core.data.decode_pool import DecodePool
 from kbit_core.data.reader import RangeReader
@@ -34,18 +32,14 @@ from kbit_core.data.split_loaders import make_split_loader, make_split_loaders
 from kbit_core.errors import ConfigError, KbitError
 from kbit_core.formats.fast import select_codec
 from kbit_core.kafka import admin
-from kbit_core.kafka.manifest import Manifest, manifest_codec, manifest_path
-from kbit_core.produce import produce_dataset
+from kbit_core.kafka.manifest import Manifest, manifest_codec
 from kbit_core.sharding import OffsetRange, block_order, plan
 
 # Targets the results are reported against (see docs/data_plane_benchmark.md).
 TARGET_DECODE_RATIO = {"bytes": 0.8, "list": 0.5}  # read+decode vs. the fetch rate of the same topic and client
 TARGET_SPEEDUP = {("avro", "list"): 20.0, ("json", "list"): 5.0}  # fast read+decode over the stock library's
 TARGET_CONFLUENT_RAW_RECORDS_PER_S = 100_000
-TARGET_RSS_GROWTH_MB = 100.0
 TARGET_CONNECT_MS = 5.0
-DEFAULT_RSS_RECORDS = (60_000, 600_000)
-RSS_VARIANT = DataVariant(format="raw", layout="bytes", compression="none")
 
 
 def parse_variant(name: str) -> DataVariant:
@@ -93,22 +87,16 @@ class DataPlaneRow:
     loader_records_per_s: float
     decode_ratio: float  # decode / fetch
     stock_decode_ratio: float  # stock decode / fetch
-    loader_ratio: float  # loader / fetch
+    loader_ratio: float  # loader / fetch, at train.global_batch_size
+    loader_ratio_spread: list[float]  # lowest and highest loader / fetch of one round
+    loader_large_batch_records_per_s: float  # the loader at a per-rank batch of LARGE_BATCH
+    loader_large_batch_ratio: float
+    loader_large_batch_ratio_spread: list[float]
     speedup: float  # read+decode, fast over stock
     decode_only_speedup: float  # the decode step alone, fast over stock
     fast_decoder: bool  # whether a fast decoder exists for the variant (else both columns are the stock library)
     decode_processes: int  # reader.decode_processes: worker processes beside the decoding thread (fast column, loader)
     connect_ms: float  # median connect stage: the consumer and one bounds check of the planned ranges
-
-
-def _bench_config(cfg: KbitConfig, num_records: int | None, mode: str | None = None) -> KbitConfig:
-    """The run's config with the requested size and reader mode, and one split holding every record."""
-    changes: dict[str, object] = {"shard.split_rates": [1.0]}
-    if num_records is not None:
-        changes["dataset.num_records"] = num_records
-    if mode is not None:
-        changes["reader.mode"] = mode
-    return cfg.override(changes)
 
 
 def _whole_topic_blocks(cfg: KbitConfig, manifest: Manifest) -> list[OffsetRange]:
@@ -121,9 +109,13 @@ def _rate(count: float, seconds: float) -> float:
     return count / seconds if seconds > 0 else float("nan")
 
 
+LARGE_BATCH = 512  # a GPU rank's per-rank batch, where per-batch costs matter least and per-record ones most
+
+
 def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, repeats: int = 3) -> DataPlaneRow:
     """Time fetch, then decode with the fast and with the stock decoder, block by block over the whole topic, then
-    the loader (``reader.decoder`` of ``cfg``), ``repeats`` times after a warm-up; medians. Fetch and both decodes
+    the loader (``reader.decoder`` of ``cfg``) at ``train.global_batch_size`` and at :data:`LARGE_BATCH`, ``repeats``
+    times after a warm-up; medians, and each loader's loader ÷ fetch per round for its spread. Fetch and both decodes
     alternate per block, so load that drifts on a shared machine hits all three."""
     ranges = _whole_topic_blocks(cfg, manifest)
     stock = manifest_codec(manifest, "stock")
@@ -134,28 +126,36 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
     codecs: dict[str, Any] = {"stock": stock}
     if fast is not stock or pool:
         codecs["fast"] = pool or fast
-    fetch_s, decode_s, loader_s = [], {d: [] for d in codecs}, []
+    batches = {"default": cfg, "large": cfg.override({"train.global_batch_size": LARGE_BATCH})}
+    fetch_s, decode_s, loader_s = [], {d: [] for d in codecs}, {b: [] for b in batches}
+    loaded = dict.fromkeys(batches, 0)  # records one epoch of each loader yields (whole batches of train)
     with (
-        make_split_loader(cfg, manifest, "train", 0, 1, client=client) as loader,
+        contextlib.ExitStack() as loaders,
         RangeReader(
             cfg.kafka, cfg.reader.model_copy(update={"decode_processes": 0}), manifest.topic, stock, client
         ) as reader,
         pool or contextlib.nullcontext(),
     ):
+        loader = {
+            b: loaders.enter_context(make_split_loader(c, manifest, "train", 0, 1, client=client))
+            for b, c in batches.items()
+        }
         # one untimed pass of each: connections, metadata and offset checks stay outside the timed region; the
         # first block also shows that every timed decoder returns the stock library's batch
         for i, (_, records) in enumerate(reader.read_raw(ranges)):
             if i == 0:
                 _require_same_batches(codecs, [r.value for r in records], manifest.topic)
-        sum(1 for _ in loader)
+        for each in loader.values():
+            sum(1 for _ in each)
         for _ in range(repeats):
             fetched, decoded, fetch_t, decode_t = _timed_pass(reader, ranges, codecs)
             fetch_s.append(fetch_t)
             for name in codecs:
                 decode_s[name].append(decode_t[name])
-            t0 = time.perf_counter()
-            loaded = sum(len(y) for _, y in loader)
-            loader_s.append(time.perf_counter() - t0)
+            for name, each in loader.items():
+                t0 = time.perf_counter()
+                loaded[name] = sum(len(y) for _, y in each)
+                loader_s[name].append(time.perf_counter() - t0)
     if fetched != manifest.num_messages or set(decoded.values()) != {manifest.num_records}:
         raise KbitError(
             f"{manifest.topic}: read {fetched} messages / {decoded} records, the manifest has "
@@ -170,13 +170,20 @@ def _row(
     client: ClientName,
     fetch_s: list[float],
     decode_s: dict[str, list[float]],
-    loader_s: list[float],
-    loaded: int,
+    loader_s: dict[str, list[float]],
+    loaded: dict[str, int],
     fast_decoder: bool,
 ) -> DataPlaneRow:
-    """One variant × client's medians as rates and ratios (decode rates include the fetch they follow)."""
+    """One variant × client's medians as rates and ratios (decode rates include the fetch they follow), and each
+    loader's lowest and highest loader ÷ fetch of one round."""
     n, mb = manifest.num_records, manifest.value_bytes / 1e6
-    f, ld = statistics.median(fetch_s), statistics.median(loader_s)
+    f, ld, large = (statistics.median(t) for t in (fetch_s, loader_s["default"], loader_s["large"]))
+    # loader rate ÷ fetch rate; the loaders yield whole train batches only, a few records short of the topic
+    ratio = {name: loaded[name] / n for name in loaded}
+    spread = {
+        name: [round(min(r), 3), round(max(r), 3)]
+        for name, r in ((b, [ratio[b] * ft / lt for ft, lt in zip(fetch_s, ts)]) for b, ts in loader_s.items())
+    }
     stock_t = statistics.median(decode_s["stock"])
     fast_t = statistics.median(decode_s["fast"]) if "fast" in decode_s else stock_t
     v = manifest.variant
@@ -196,10 +203,14 @@ def _row(
         decode_records_per_s=_rate(n, f + fast_t),
         decode_mb_per_s=_rate(mb, f + fast_t),
         stock_decode_records_per_s=_rate(n, f + stock_t),
-        loader_records_per_s=_rate(loaded, ld),
+        loader_records_per_s=_rate(loaded["default"], ld),
+        loader_large_batch_records_per_s=_rate(loaded["large"], large),
         decode_ratio=f / (f + fast_t),
         stock_decode_ratio=f / (f + stock_t),
-        loader_ratio=f / ld,
+        loader_ratio=ratio["default"] * f / ld,
+        loader_ratio_spread=spread["default"],
+        loader_large_batch_ratio=ratio["large"] * f / large,
+        loader_large_batch_ratio_spread=spread["large"],
         speedup=(f + stock_t) / (f + fast_t),
         decode_only_speedup=_rate(stock_t, fast_t),
         fast_decoder=fast_decoder,
@@ -252,76 +263,6 @@ def _connect_seconds(cfg: KbitConfig, manifest: Manifest, client: ClientName, re
             loaders.connect()
             seconds.append(time.perf_counter() - t0)
     return seconds[1:]
-
-
-def _produce(cfg: KbitConfig, variant: DataVariant, progress: bool) -> tuple[Manifest, bool]:
-    """(manifest, created by this call): an existing matching topic is reused and left in place."""
-    started = datetime.now(UTC)
-    manifest = produce_dataset(cfg, variant, progress=progress)
-    return manifest, manifest.created_at >= started
-
-
-def _drop_topic(cfg: KbitConfig, manifest: Manifest) -> None:
-    admin.delete_topic(cfg.kafka, manifest.topic)
-    manifest_path(cfg.workdir, manifest.topic).unlink(missing_ok=True)
-
-
-# Current RSS sampled after every batch (psutil): ru_maxrss would not do, Linux carries it across exec from
-# the (much larger) benchmark process that spawns the probe.
-RSS_PROBE = """
-import json, sys, time, psutil
-from kbit_core.config import KbitConfig
-from kbit_core.data.split_loaders import make_split_loader
-from kbit_core.kafka.manifest import Manifest
-proc = psutil.Process()
-cfg = KbitConfig.from_dict(json.load(sys.stdin))
-loader = make_split_loader(cfg, Manifest.load(sys.argv[1]), "train", 0, 1)
-batches = iter(loader)
-next(batches)
-base = peak = proc.memory_info().rss
-records, t0 = loader.batch_size, time.perf_counter()
-for _, y in batches:
-    records += len(y)
-    peak = max(peak, proc.memory_info().rss)
-seconds = time.perf_counter() - t0
-loader.close()
-print(json.dumps({"records_read": records, "seconds": seconds, "rss_after_first_batch_mb": base / 2**20,
-                  "peak_rss_mb": peak / 2**20}))
-"""
-
-
-def measure_stream_rss(
-    cfg: KbitConfig, sizes: Sequence[int] = DEFAULT_RSS_RECORDS, keep_topics: bool = False, progress: bool = True
-) -> dict[str, Any]:
-    """Peak RSS of a fresh process streaming a whole topic of each size (stream mode, one rank)."""
-    runs = []
-    for size in sizes:
-        size_cfg = _bench_config(cfg, size, mode="stream")
-        manifest, created = _produce(size_cfg, RSS_VARIANT, progress)
-        try:
-            # the config (with any secret) goes through stdin, never through a file or the command line
-            out = subprocess.run(
-                [sys.executable, "-c", RSS_PROBE, str(manifest_path(size_cfg.workdir, manifest.topic))],
-                input=json.dumps(size_cfg.to_secret_dict()),
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if out.returncode:
-                raise KbitError(f"RSS probe for {size} records failed:\n{out.stderr[-2000:]}")
-            runs.append(
-                {"records": size, "variant": RSS_VARIANT.name, **json.loads(out.stdout.strip().splitlines()[-1])}
-            )
-        finally:
-            if created and not keep_topics:
-                _drop_topic(size_cfg, manifest)
-    growth = runs[-1]["peak_rss_mb"] - runs[0]["peak_rss_mb"]
-    return {
-        "runs": runs,
-        "peak_growth_mb": growth,
-        "target_mb": TARGET_RSS_GROWTH_MB,
-        "meets_target": growth <= TARGET_RSS_GROWTH_MB,
-    }
 
 
 def evaluate_targets(rows: Sequence[DataPlaneRow], rss: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -386,7 +327,7 @@ def run_data_plane(
 ) -> dict[str, Any]:
     """Run the whole benchmark and return the JSON-able results (meta, rows, rss, targets; with ``ray_peer``,
     ``ray_read_kafka``: ray.data.read_kafka on each topic next to these rows, see :mod:`.ray_data_peer`)."""
-    bench_cfg = _bench_config(cfg, records)
+    bench_cfg = bench_config(cfg, records)
     variants = list(variants or cfg.bench.variants)
     clients = list(clients or cfg.bench.clients)
     admin.require_embedded_listening(bench_cfg.kafka)
@@ -395,7 +336,7 @@ def run_data_plane(
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("data-plane benchmark", total=len(variants) * len(clients))
         for variant in variants:
-            manifest, created = _produce(bench_cfg, variant, progress=False)
+            manifest, created = produce_or_reuse(bench_cfg, variant, progress=False)
             try:
                 for client in clients:
                     bar.update(task, description=f"{variant.name} [{client}]")
@@ -405,7 +346,7 @@ def run_data_plane(
                     peers.append(compare(bench_cfg, manifest, [asdict(r) for r in rows[-len(clients) :]], repeats))
             finally:
                 if created and not keep_topics:
-                    _drop_topic(bench_cfg, manifest)
+                    drop_topic(bench_cfg, manifest)
     rss = measure_stream_rss(cfg, rss_sizes, keep_topics, progress) if rss_sizes else None
     return {
         "meta": {
@@ -427,59 +368,3 @@ def run_data_plane(
         "targets": evaluate_targets(rows, rss),
         **({"ray_read_kafka": peers} if ray_peer else {}),
     }
-
-
-_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
-    ("variant", "variant", str),
-    ("client", "client", str),
-    ("records", "records", lambda v: f"{v:,}"),
-    ("bytes_per_record", "B/rec", lambda v: f"{v:,.0f}"),
-    ("produce_records_per_s", "produce rec/s", lambda v: f"{v:,.0f}"),
-    ("fetch_records_per_s", "fetch rec/s", lambda v: f"{v:,.0f}"),
-    ("fetch_mb_per_s", "fetch MB/s", lambda v: f"{v:,.1f}"),
-    ("decode_records_per_s", "fast decode rec/s", lambda v: f"{v:,.0f}"),
-    ("decode_mb_per_s", "decode MB/s", lambda v: f"{v:,.1f}"),
-    ("decode_ratio", "decode/fetch", lambda v: f"{v:.2f}"),
-    ("stock_decode_records_per_s", "stock decode rec/s", lambda v: f"{v:,.0f}"),
-    ("stock_decode_ratio", "stock/fetch", lambda v: f"{v:.2f}"),
-    ("speedup", "fast/stock", lambda v: f"{v:.1f}x"),
-    ("decode_only_speedup", "decode step fast/stock", lambda v: f"{v:.1f}x"),
-    ("loader_records_per_s", "loader rec/s", lambda v: f"{v:,.0f}"),
-    ("loader_ratio", "loader/fetch", lambda v: f"{v:.2f}"),
-    ("connect_ms", "connect ms", lambda v: f"{v:.1f}"),
-]
-
-
-def results_table(results: dict[str, Any]) -> Table:
-    processes = results["meta"].get("decode_processes", 0)
-    pool = f"; fast decode and loader with {processes} decode process(es) beside the thread" if processes else ""
-    table = Table(title=f"data plane: read+decode against the raw fetch of the same topic (one rank{pool})")
-    for _, header, _ in _COLUMNS:
-        table.add_column(header, justify="left" if header in ("variant", "client") else "right")
-    for row in results["rows"]:
-        table.add_row(*(fmt(row[key]) for key, _, fmt in _COLUMNS))
-    return table
-
-
-def targets_table(results: dict[str, Any]) -> Table:
-    table = Table(title="targets")
-    for col in ("target", "measured", "met"):
-        table.add_column(col)
-    for t in results["targets"]:
-        table.add_row(t["target"], f"{t['value']:,}", "[green]yes[/]" if t["met"] else "[red]no[/]")
-    return table
-
-
-def markdown(results: dict[str, Any]) -> str:
-    """The results as markdown tables (rows, RSS runs, targets)."""
-    lines = ["| " + " | ".join(h for _, h, _ in _COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
-    lines += ["| " + " | ".join(fmt(row[key]) for key, _, fmt in _COLUMNS) + " |" for row in results["rows"]]
-    if results["rss"]:
-        lines += ["", "| stream RSS: records | peak RSS MB | RSS after first batch MB | seconds |", "|---|---|---|---|"]
-        lines += [
-            f"| {r['records']:,} | {r['peak_rss_mb']:.1f} | {r['rss_after_first_batch_mb']:.1f} | {r['seconds']:.1f} |"
-            for r in results["rss"]["runs"]
-        ]
-    lines += ["", "| target | measured | met |", "|---|---|---|"]
-    lines += [f"| {t['target']} | {t['value']:,} | {'yes' if t['met'] else 'no'} |" for t in results["targets"]]
-    return "\n".join(lines) + "\n"

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from kbit_core.bench import data_plane
+from kbit_core.bench import data_plane, data_plane_report
 from kbit_core.bench.ray_data_peer import peer_table
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
 
@@ -74,12 +74,12 @@ def bench_data(
         output.write_text(json.dumps(results, indent=2))
     if markdown:
         markdown.parent.mkdir(parents=True, exist_ok=True)
-        markdown.write_text(data_plane.markdown(results))
+        markdown.write_text(data_plane_report.markdown(results))
     if as_json:
         print_json(results)
         return
-    out.print(data_plane.results_table(results))
-    out.print(data_plane.targets_table(results))
+    out.print(data_plane_report.results_table(results))
+    out.print(data_plane_report.targets_table(results))
     if ray_peer:
         out.print(peer_table(results["ray_read_kafka"]))
     if output:

@@ -13,6 +13,7 @@ class Batch(NamedTuple):
     x: torch.Tensor  # float32 [B, C, H, W] in [0, 1]
     y: torch.Tensor  # int64 [B]
     indices: torch.Tensor  # int64 [B], dataset sample indices (for audits)
+    produced_ms: np.ndarray | None = None  # live stream only: each record's produce time (for freshness)
 
 
 class Rows:

@@ -67,7 +67,7 @@ def continue_from(cfg: KbitConfig) -> KbitConfig:
         checkpoints = ckpt.list_checkpoints(lineage)
         if checkpoints and all(saved.get(key) == value for key, value in wanted.items()):
             log.warning("continuing the stream from %s", checkpoints[-1])
-            return cfg.override({"checkpoint.resume": str(checkpoints[-1])})
+            return cfg.resuming(checkpoints[-1])
     return cfg
 
 

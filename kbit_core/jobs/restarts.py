@@ -94,7 +94,7 @@ def _restart_config(cfg: KbitConfig, failed: KbitConfig, before: set[Path], star
         if any(c.stat().st_mtime >= started for c in ckpt.list_checkpoints(lineage))
         or (lineage not in before and ckpt.list_checkpoints(lineage))
     ]
-    return cfg.override({"checkpoint.resume": str(written[-1])}) if written else failed
+    return cfg.resuming(written[-1]) if written else failed
 
 
 def _restart_point(cfg: KbitConfig) -> str:

@@ -198,7 +198,7 @@ def _run_rank(loop_config: dict[str, Any]) -> None:
     if started.exists():
         # Ray Train restarted the worker group (FailureConfig): go on from where the failed attempt left off.
         log.warning("rank %d: Ray restarted the worker group; resuming from the latest checkpoint", rank)
-        cfg = cfg.override({"checkpoint.resume": "latest"})
+        cfg = cfg.resuming("latest")
     started.touch()
     result = loop_config["entry"](cfg, *handoff.loads(loop_config["args_json"]))
     if rank == 0:

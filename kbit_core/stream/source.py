@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
-import torch
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kbit_core.config import KbitConfig
+from kbit_core.data.batching import Batch, to_batch
 from kbit_core.errors import BrokerError, ConfigError, TopicError
 from kbit_core.formats import Codec
 from kbit_core.kafka import admin
@@ -63,13 +63,6 @@ class PartitionPosition:
     offset: int
     index: int | None  # None until the first record is seen (a fresh start from the beginning or a timestamp)
     trained: IndexRuns = field(default_factory=list)
-
-
-@dataclass
-class StreamBatch:
-    x: torch.Tensor
-    y: torch.Tensor
-    produced_ms: np.ndarray  # per record, for freshness
 
 
 class StreamSource:
@@ -290,7 +283,7 @@ class StreamSource:
                 return ready or min(want, self.buffered())
             self.poll(min(left, 0.05))
 
-    def take(self, count: int) -> StreamBatch:
+    def take(self, count: int) -> Batch:
         """Remove ``count`` buffered records, lowest stream index first, check each against its partition's next
         index, and decode them."""
         chosen: list[tuple[int, _Pending]] = []
@@ -318,14 +311,8 @@ class StreamSource:
                 f"stream {self.topic}: record keys and values disagree on the indices "
                 f"(partition/offset of the first: {chosen[0][0]}/{chosen[0][1].offset})"
             )
-        pixels = decoded.pixels
-        if pixels.dtype == np.uint8:
-            pixels = np.divide(pixels, np.float32(255), dtype=np.float32)
-        return StreamBatch(
-            torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32)),
-            torch.from_numpy(decoded.labels.astype(np.int64, copy=False)),
-            np.array([rec.produced_ms for _, rec in chosen], dtype=np.int64),
-        )
+        produced_ms = np.array([rec.produced_ms for _, rec in chosen], dtype=np.int64)
+        return to_batch(decoded.pixels, decoded.labels, decoded.indices)._replace(produced_ms=produced_ms)
 
     # ---- lag -----------------------------------------------------------------------------------------------
 

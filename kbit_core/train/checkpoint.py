@@ -6,7 +6,7 @@ engine on every rank; rank 0 writes ``kbit_state.json`` into it last, so the sid
 Both hold the same train state and one entry per rank (RNG states and loader position, as plain types).
 Nothing from a checkpoint is unpickled beyond tensors, plain containers and allowlisted value types: DDP files
 load with ``torch.load(weights_only=True)``, the side file is JSON, and DeepSpeed reads its own files through
-``deepspeed_checkpoint.WeightsOnlyCheckpointEngine`` (``weights_only=True`` with DeepSpeed's loss-scaler,
+``deepspeed_checkpoint.weights_only_engine_type`` (``weights_only=True`` with DeepSpeed's loss-scaler,
 ZeRO-stage and fragment-address types allowed).
 
 Checkpoints belong to a *lineage*: one training run and its restarts. Each lineage writes into its own

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kbit_core.config import KbitConfig, deep_merge
-from kbit_core.data.loader import per_rank_batch_size
+from kbit_core.data.schedule import per_rank_batch_size
 
 # DeepSpeed prints a throughput line every steps_per_print steps; kbit reports its own metrics.
 QUIET_STEPS_PER_PRINT = 2**31 - 1

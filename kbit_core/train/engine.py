@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError, DistributedError
 from kbit_core.train import checkpoint as ckpt
+from kbit_core.train.deepspeed_checkpoint import use_weights_only_loading
 from kbit_core.train.deepspeed_config import build_deepspeed_config, engine_name
 from kbit_core.train.distributed import DistEnv, broadcast_from_main
 from kbit_core.train.ema import build_ema
@@ -192,9 +193,6 @@ class DeepSpeedEngine(Engine):
         # Built on the client optimizer: DeepSpeed's wrappers share its param_groups, so the LR set here is used.
         self.scheduler = build_scheduler(optimizer, train.optim, steps_per_epoch, total_steps)
         self.ds, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
-        # Imported here: it imports DeepSpeed, which only DeepSpeed runs load (after import_deepspeed).
-        from kbit_core.train.deepspeed_checkpoint import use_weights_only_loading
-
         use_weights_only_loading(self.ds)
         self.input_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(train.precision, torch.float32)
         if self.input_dtype != torch.float32:

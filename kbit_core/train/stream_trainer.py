@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kbit_core.config import KbitConfig
+from kbit_core.data.batching import Batch
 from kbit_core.errors import ConfigError, TrainingDivergedError
 from kbit_core.stream.ledger import IndexRuns, lag_grows, percentiles
 from kbit_core.stream.source import StreamSource
@@ -215,7 +216,7 @@ class StreamTrainer(Trainer):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _step(self, batch: Any, window: _Window) -> None:
+    def _step(self, batch: Batch, window: _Window) -> None:
         x, y = batch.x.to(self.env.device, non_blocking=True), batch.y.to(self.env.device, non_blocking=True)
         stats = self.forward_backward(x, y, boundary=True)
         if not stats.finite:

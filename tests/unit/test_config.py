@@ -216,6 +216,9 @@ def test_override_takes_dotted_and_nested_keys_validates_and_keeps_secrets() -> 
     assert cfg.launch.num_processes == 2  # the original is untouched
     with pytest.raises(ConfigError, match="launch.num_processes"):
         cfg.override({"launch.num_processes": 0})
+    resumed = changed.resuming(Path("/ckpt/lineage-1"))
+    assert resumed.checkpoint.resume == "/ckpt/lineage-1" and resumed.launch.num_processes == 4
+    assert resumed.kafka.sasl_password.get_secret_value() == "hunter2" and changed.checkpoint.resume == "none"
 
 
 def test_the_rank_hand_off_round_trips_the_config_with_paths_made_absolute(

@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 
 from kbit_core.formats.base import Codec
-from kbit_core.formats.fast.avro import FastAvroCodec, FastMongoDBAvroCodec
+from kbit_core.formats.fast.avro import FastAvroCodec
 from kbit_core.formats.fast.base import FastPath, UnsupportedSchema
 from kbit_core.formats.fast.bson import FastBsonCodec
 from kbit_core.formats.fast.json import FastJsonCodec
+from kbit_core.formats.fast.mongodb_avro import FastMongoDBAvroCodec
 from kbit_core.formats.fast.protobuf import FastProtobufCodec
 
 __all__ = ["DECODERS", "FastPath", "select_codec", "stock_reason"]

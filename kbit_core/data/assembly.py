@@ -1,0 +1,92 @@
+"""A loader's counts, and the assembly of one epoch's batches from its decoded blocks: each block's rows permuted,
+batches of exactly the schedule's sizes cut across block boundaries, the last ones padded if records were skipped."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kbit_core.data.batching import Batch, Rows, to_batch
+from kbit_core.data.reader import ReaderStats
+from kbit_core.data.schedule import ShardSchedule
+from kbit_core.errors import KbitError
+from kbit_core.sharding import Block
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoaderStats:
+    batches: int = 0
+    records: int = 0
+    padded_records: int = 0  # repeated to keep len() after corrupt records were skipped
+    left_out_records: int = 0  # read from this rank's shard but not yielded: see ShardSchedule.left_out_records
+    wait_seconds: float = 0.0  # time the consumer spent blocked waiting for a batch (data-wait)
+    load_seconds: float = 0.0  # eager mode: reading and decoding the whole shard
+    reader: ReaderStats = field(default_factory=ReaderStats)  # shared by every loader of a shared reader
+
+
+class BatchAssembler:
+    """Cuts the decoded blocks of ``schedule``'s epoch into its batches, counting padded records in ``stats``."""
+
+    def __init__(self, schedule: ShardSchedule, stats: LoaderStats, pin_memory: bool) -> None:
+        self.schedule, self.stats, self.pin_memory = schedule, stats, pin_memory
+
+    def groups(
+        self, decoded: Iterator[tuple[Block, Any]], skip_batches: int, skip_records: int
+    ) -> Iterator[list[Batch]]:
+        """Permute each block's samples and cut exact batches, yielded per block; pad from the last batch if the
+        data ran short. Whole groups cross the prefetch queue: one hand-off per batch would cost a GIL switch
+        interval (5 ms) each while the worker thread decodes (measured: 12k instead of 150k records/s)."""
+        rows, sizes = Rows(), self.schedule.batch_sizes()
+        total = len(sizes)
+        emitted, last = skip_batches, None
+        for block, batch in decoded:
+            if emitted >= total:
+                break
+            perm = block.permutation(len(batch.labels))
+            pixels, labels, indices = batch.pixels[perm], batch.labels[perm], batch.indices[perm]
+            if skip_records:
+                k = min(skip_records, len(labels))
+                pixels, labels, indices, skip_records = pixels[k:], labels[k:], indices[k:], skip_records - k
+            rows.push(pixels, labels, indices)
+            group = []
+            while emitted < total and rows.size >= sizes[emitted]:
+                last = rows.take(sizes[emitted])
+                emitted += 1
+                group.append(to_batch(*last, self.pin_memory))
+            if group:
+                yield group
+        group = []
+        for size in sizes[emitted:]:
+            last = self._padded(rows, last, size)
+            group.append(to_batch(*last, self.pin_memory))
+        if group:
+            yield group
+
+    def _padded(self, rows: Rows, last: tuple[np.ndarray, ...] | None, size: int) -> tuple[np.ndarray, ...]:
+        have = rows.take(rows.size) if rows.size else None
+        source = have if have is not None else last
+        s = self.schedule
+        if source is None:
+            raise KbitError(
+                f"rank {s.rank} has no readable record in split {s.split!r} of topic "
+                f"{s.manifest.topic!r} (all skipped as corrupt?) but must yield {len(s)} batches"
+            )
+        missing = size - (len(have[1]) if have is not None else 0)
+        reuse = np.arange(missing) % len(source[1])
+        filler = tuple(col[reuse] for col in source)
+        self.stats.padded_records += missing
+        log.warning(
+            "rank %d split %s: %d records short of len()=%d batches (skipped records?); repeating %d",
+            s.rank,
+            s.split,
+            missing,
+            len(s),
+            missing,
+        )
+        return filler if have is None else tuple(np.concatenate([a, b]) for a, b in zip(have, filler))
