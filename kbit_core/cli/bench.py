@@ -17,7 +17,16 @@ from kbit_core.bench.compare import COMPARISON_COLUMNS, compare_runs, comparison
 from kbit_core.bench.history import history_markdown
 from kbit_core.bench.identity import check_comparable, comparability_problems
 from kbit_core.bench.report import RANKING_METRIC, load_stats, rebuild_report, significance_label
-from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, console, load_cli_config, print_json, run_guarded
+from kbit_core.cli.common import (
+    BENCH_STOPPED,
+    ConfigOpt,
+    JsonOpt,
+    SetOpt,
+    console,
+    load_cli_config,
+    print_json,
+    run_guarded,
+)
 from kbit_core.config import BenchConfig, load_config, parse_overrides
 from kbit_core.jobs.benchmark import run_benchmark
 from kbit_core.jobs.history import history_report
@@ -95,7 +104,7 @@ def bench(
     # With --json, stdout carries exactly one JSON document: worker output goes to stderr.
     redirect = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
     with redirect:
-        result = run_guarded(run_benchmark, cfg, progress=not quiet)
+        result = run_guarded(run_benchmark, cfg, progress=not quiet, on_interrupt=BENCH_STOPPED)
         run_guarded(record_overrides, cfg, result.parent_run_id, overrides)
     if as_json:
         print_json(result.to_dict())
