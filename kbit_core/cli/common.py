@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import traceback
@@ -45,6 +46,11 @@ def set_debug(enabled: bool) -> None:
     """Whether errors print their traceback (the root ``--debug`` flag)."""
     global _debug
     _debug = enabled
+    # The launcher shows the ranks' tracebacks as they come only then (kbit_core.launch.distributor.DEBUG_ENV).
+    if enabled:
+        os.environ["KBIT_DEBUG"] = "1"
+    else:
+        os.environ.pop("KBIT_DEBUG", None)
 
 
 def debug_enabled() -> bool:

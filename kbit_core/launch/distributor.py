@@ -52,6 +52,8 @@ _RESULT_KEY = "kbit/rank0-result"
 # How long one wait on the torchrun agent's store may last before the rank looks whether the agent still lives.
 AGENT_STORE_WAIT_S = 5.0
 _MAX_SECONDARY_LINES = 8
+# Set to 1 by `kbit --debug`: the launcher's output is then shown whole, tracebacks included.
+DEBUG_ENV = "KBIT_DEBUG"
 # In each run directory: the driver that made it (see kbit_core.service.owner_token).
 RUN_OWNER_FILE = ".kbit-owner"
 
@@ -128,7 +130,7 @@ def run_distributed(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: 
             raise DistributedError(f"TorchDistributor refused launch settings {describe(cfg)}: {exc}") from exc
         log.info("launching %s on %s", getattr(entry, "__qualname__", entry), describe(cfg))
         with _run_tmpdir(cfg.run_dir):
-            tail = OutputTail()
+            tail = OutputTail(quiet_failures=os.environ.get(DEBUG_ENV) != "1")
             try:
                 with tail.capturing():
                     text = distributor.run(
