@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import shutil
 import tempfile
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 # Kafka's rule for topic names (kafka.common.internals.Topic): these characters, at most 249, not '.' or '..'.
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")
 MAX_TOPIC_LENGTH = 249
+# More CPU ranks per core than this and a run crawls (measured: 64 ranks on 2 cores ran over 300 s without output).
+OVERSUBSCRIBED_RANKS_PER_CORE = 4
 
 
 @dataclass
@@ -95,6 +98,20 @@ def check_produce(
             f"{cfg.produce.partitions - messages} partition(s) stay empty"
         )
     return report
+
+
+def check_ranks_fit_cores(cfg: KbitConfig, world_size: int, setting: str, report: Preflight) -> None:
+    """Warn when ``world_size`` CPU ranks on this machine far outnumber its cores: every rank then gets a sliver of
+    a core, and a run that would take seconds takes many minutes with nothing to show for it meanwhile."""
+    if cfg.launch.use_gpu or cfg.launch.master.startswith("spark://"):
+        return  # GPU ranks, or ranks on a cluster's executors: this machine's cores do not bound them
+    cores = len(os.sched_getaffinity(0))
+    if world_size > OVERSUBSCRIBED_RANKS_PER_CORE * cores:
+        report.warn(
+            f"{setting}={world_size} ranks on {cores} CPU core(s) of this machine ({world_size / cores:.0f} per "
+            f"core): each rank gets a small share of a core and its start alone takes seconds, so the run takes "
+            f"far longer than on fewer ranks; use at most {OVERSUBSCRIBED_RANKS_PER_CORE * cores} here"
+        )
 
 
 def nearest_existing(path: Path) -> Path:

@@ -58,6 +58,27 @@ def is_secret_option(name: str) -> bool:
     return bool(_SECRET_OPTION.search(name)) and not name.endswith((".location", "_location"))
 
 
+# key=value pairs inside a value: JAAS (`password="..."`), OAuth (`clientSecret=...`), connection strings.
+_CREDENTIAL_PAIR = re.compile(r"""(?P<key>[\w.-]+)(?P<sep>\s*=\s*)(?P<value>"[^"]*"|'[^']*'|[^\s;,&]+)""")
+# A URL's user:password@ part.
+_URL_PASSWORD = re.compile(r"(?P<prefix>[a-z][\w+.-]*://[^:/@\s]+:)[^@/\s]+@", re.IGNORECASE)
+
+
+def mask_credentials(text: str) -> str:
+    """``text`` with every credential inside it replaced by '***': the value of each key=value pair whose key is
+    credential-like (``sasl.oauthbearer.config``'s ``clientSecret=...``, a JAAS ``password="..."``) and a URL's
+    password. An option's name alone does not reveal such a value (see :func:`is_secret_option`)."""
+
+    def pair(match: re.Match[str]) -> str:
+        return f"{match['key']}{match['sep']}***" if is_secret_option(match["key"]) else match[0]
+
+    return _URL_PASSWORD.sub(r"\g<prefix>***@", _CREDENTIAL_PAIR.sub(pair, text))
+
+
+def _holds_credential(option: str, value: str) -> bool:
+    return is_secret_option(option) or mask_credentials(value) != value
+
+
 class KafkaConfig(Section):
     bootstrap_servers: str | None = Field(
         None, description="host:port[,host:port] of a real cluster; unset means the embedded broker."
@@ -102,7 +123,8 @@ class KafkaConfig(Section):
     @classmethod
     def _hide_secret_extras(cls, extra: dict[str, Any]) -> dict[str, Any]:
         # A SecretStr prints and dumps as '**********': the credential cannot reach a log, param or file by accident.
-        return {k: SecretStr(v) if isinstance(v, str) and is_secret_option(k) else v for k, v in extra.items()}
+        # By name, and by value: a JAAS or OAuth config string carries its secret inside an innocent-looking option.
+        return {k: SecretStr(v) if isinstance(v, str) and _holds_credential(k, v) else v for k, v in extra.items()}
 
     def client_extra(self) -> dict[str, str | int | float | bool]:
         """``extra`` with its secrets revealed: only for building a client."""
@@ -758,8 +780,21 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         if "=" not in pair:
             raise ConfigError(f"override {pair!r} is not of the form section.key=value")
         key, raw = pair.split("=", 1)
-        dotted[key] = yaml.safe_load(raw)
+        dotted[key] = _override_value(key, raw)
     return nest_dotted(dotted)
+
+
+def _override_value(key: str, raw: str) -> Any:
+    """One --set value parsed as YAML; a malformed one names its setting, in one line (YAML's own error spans six)."""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(
+            f"--set {key}: the value {mask_credentials(raw)!r} is not valid YAML ({problem}{where})"
+        ) from None
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | list[str] | None = None) -> KbitConfig:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 
 class KbitError(Exception):
-    """Base class: every error kbit raises on purpose derives from it."""
+    """Base class: every error kbit raises on purpose derives from it.
+
+    Its message is one plain line; ``details`` holds what only ``--debug`` prints (a worker's traceback)."""
+
+    details: str | None = None
 
 
 class ConfigError(KbitError):

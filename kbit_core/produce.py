@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import IO
 
 from tqdm import tqdm
@@ -23,16 +24,21 @@ from tqdm import tqdm
 from kbit_core.checks import check_produce
 from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.datasets import DatasetSource, open_source
-from kbit_core.errors import ManifestMismatchError, TopicError
+from kbit_core.errors import ConfigError, KbitError, ManifestMismatchError, TopicError
 from kbit_core.formats import Codec, get_codec
-from kbit_core.kafka import admin
-from kbit_core.kafka.manifest import DataIdentity, DatasetInfo, Manifest, manifest_path
+from kbit_core.kafka import admin, registry
+from kbit_core.kafka.contents import check_topic_and_records
+from kbit_core.kafka.manifest import DataIdentity, DatasetInfo, Manifest, manifest_path, message_digest
 from kbit_core.kafka.producers import DeliveryLedger, ProducerBackend, delivery_timeout_ms, make_producer
 
 log = logging.getLogger(__name__)
 
 # Records encoded per chunk: bounds memory (images + encoded values) whatever the dataset size.
 CHUNK_RECORDS = 4096
+# A record's framing inside its batch (batch header, lengths, key): what a message needs beyond its value.
+RECORD_OVERHEAD_BYTES = 128
+# How long every broker connection may be down before a produce gives up (see ProducerBackend.broker_lost_s).
+BROKER_LOST_S = 5.0
 
 
 def kbit_version() -> str:
@@ -70,12 +76,13 @@ def _send_dataset(
             for j, value in enumerate(codec.encode(indices, images, labels)):
                 first = j * per_message
                 records = min(per_message, len(indices) - first)
+                key = str(int(indices[first])).encode("ascii")
                 backend.send(
                     topic,
                     message_no % partitions,
-                    str(int(indices[first])).encode("ascii"),
+                    key,
                     value,
-                    ledger.callback(records, len(value)),
+                    ledger.callback(records, len(value), message_digest(key, value)),
                 )
                 message_no += 1
             ledger.raise_errors()
@@ -105,7 +112,9 @@ def _requested_identity(cfg: KbitConfig, variant: DataVariant) -> tuple[DataIden
 def _reusable(cfg: KbitConfig, topic: str, identity: DataIdentity) -> Manifest | None:
     """The saved manifest when the topic still holds exactly it; None when the topic must be (re)produced.
 
-    Raises ManifestMismatchError when what exists differs from the request (the caller handles recreate).
+    The manifest is this workdir's, or else the one another workdir recorded in the broker's registry, which is
+    then adopted (saved here too). Raises ManifestMismatchError when what exists differs from the request (the
+    caller handles recreate).
     """
     path = manifest_path(cfg.workdir, topic)
     exists = admin.topic_exists(cfg.kafka, topic)
@@ -118,24 +127,93 @@ def _reusable(cfg: KbitConfig, topic: str, identity: DataIdentity) -> Manifest |
                 admin.describe_broker(cfg.kafka),
             )
         return None
-    if not path.is_file():
-        raise ManifestMismatchError(
-            f"topic {topic!r} exists but has no manifest at {path}, so its contents "
-            f"are unknown; pass --recreate (produce.recreate) to replace it"
+    marker = _partial_marker(cfg, topic)
+    if marker.is_file() and not path.is_file():
+        log.warning(
+            "topic %s was left partly written by an earlier produce from this workdir (%s); deleting it and "
+            "producing it afresh",
+            topic,
+            marker.read_text(),
         )
-    saved = Manifest.load(path)
+        admin.delete_topic(cfg.kafka, topic)
+        marker.unlink()
+        return None
+    saved, source = _known_manifest(cfg, topic)
+    adopted = source != str(path)
     diffs = saved.identity.differences(identity)
     if diffs:
+        keep_apart = "; set produce.topic to keep this dataset apart (--recreate deletes it)" if adopted else ""
         raise ManifestMismatchError(
-            f"the manifest of topic {topic!r} ({path}) differs from the request "
+            f"the manifest of topic {topic!r} ({source}) differs from the request{keep_apart} "
             "(manifest != request):\n  " + "\n  ".join(diffs)
         )
-    check = admin.check_topic(cfg.kafka, saved)
+    check = check_topic_and_records(cfg.kafka, saved)
     if check.problems:
         raise ManifestMismatchError(
-            f"topic {topic!r} no longer holds its manifest {path}:\n  " + "\n  ".join(check.problems)
+            f"topic {topic!r} no longer holds its manifest ({source}):\n  "
+            + "\n  ".join(check.problems)
+            + "\nproduce it again with --recreate (produce.recreate)"
         )
+    if adopted:
+        log.info("adopting the manifest of topic %s (%s) into %s", topic, source, path)
+        saved.save(cfg.manifest_dir)
     return saved
+
+
+def _known_manifest(cfg: KbitConfig, topic: str) -> tuple[Manifest, str]:
+    """The manifest of an existing ``topic`` and where it came from: the broker registry's newest entry when
+    another workdir recorded one since (it produced the topic again), else this workdir's."""
+    path = manifest_path(cfg.workdir, topic)
+    local = Manifest.load(path) if path.is_file() else None
+    registered = _registration(cfg, topic)
+    if registered is not None and registered.manifest is not None and registered.manifest != local:
+        return registered.manifest, f"recorded in {registry.REGISTRY_TOPIC} by {registered.owner}"
+    if local is None:
+        raise ManifestMismatchError(
+            f"topic {topic!r} exists but has no manifest, neither at {path} nor in the broker's "
+            f"{registry.REGISTRY_TOPIC}, so its contents are unknown; pass --recreate (produce.recreate) to "
+            "replace it, or set produce.topic to another name"
+        )
+    return local, str(path)
+
+
+def _registration(cfg: KbitConfig, topic: str) -> registry.Registration | None:
+    """The broker registry's entry for ``topic``; None (with a warning) when the broker cannot tell."""
+    try:
+        return registry.lookup(cfg.kafka, topic)
+    except KbitError as exc:
+        log.warning("cannot look topic %s up in %s: %s", topic, registry.REGISTRY_TOPIC, exc)
+        return None
+
+
+def _record(cfg: KbitConfig, topic: str, manifest: Manifest | None) -> None:
+    """Record ``manifest`` (None: deleted) in the broker registry; a broker that refuses it only costs the sharing."""
+    try:
+        registry.register(cfg.kafka, topic, registry.owner_name(str(cfg.run_dir)), manifest)
+    except KbitError as exc:
+        log.warning(
+            "cannot record the manifest of %s in %s (other workdirs will not find it): %s",
+            topic,
+            registry.REGISTRY_TOPIC,
+            exc,
+        )
+
+
+def _delete_for_recreate(cfg: KbitConfig, topic: str) -> None:
+    """Delete ``topic`` and this workdir's manifest of it, saying so when another workdir's manifest owns it."""
+    registered = _registration(cfg, topic) if admin.topic_exists(cfg.kafka, topic) else None
+    me = registry.owner_name(str(cfg.run_dir))
+    if registered is not None and registered.manifest is not None and registered.owner != me:
+        log.warning(
+            "--recreate deletes topic %s, which %s produced and describes in its manifest (%s); "
+            "it is produced again here, and that workdir will find the new manifest",
+            topic,
+            registered.owner,
+            registry.REGISTRY_TOPIC,
+        )
+    manifest_path(cfg.workdir, topic).unlink(missing_ok=True)
+    if admin.delete_topic(cfg.kafka, topic) and registered is not None:
+        _record(cfg, topic, None)
 
 
 def produce_dataset(
@@ -163,8 +241,7 @@ def produce_dataset(
     with _producing(cfg, topic):
         path = manifest_path(cfg.workdir, topic)
         if recreate:
-            path.unlink(missing_ok=True)
-            admin.delete_topic(cfg.kafka, topic)
+            _delete_for_recreate(cfg, topic)
         else:
             reused = _reusable(cfg, topic, identity)
             if reused is not None:
@@ -223,35 +300,33 @@ def _produce(
     client: str | None,
     progress: bool,
 ) -> Manifest:
-    """Create ``topic``, send the dataset into it and save the manifest its delivery reports give."""
-    admin.create_topic(cfg.kafka, topic, cfg.produce.partitions)
-    backend = make_producer(cfg.kafka, cfg.produce, variant.compression, client)
-    started = time.perf_counter()
+    """Create ``topic``, send the dataset into it and save the manifest its delivery reports give.
+
+    A produce that does not finish (an error, an interrupt, a lost broker) deletes the topic it began, or, when
+    the broker cannot be reached, leaves a note so that the next produce from this workdir does.
+    """
+    backend = make_producer(cfg.kafka, cfg.produce, variant.compression, client, broker_lost_s=BROKER_LOST_S)
+    marker = _partial_marker(cfg, topic)
     try:
+        _check_message_size(cfg, topic, variant, source, codec, backend)
+        marker.write_text(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}")
+        admin.create_topic(cfg.kafka, topic, cfg.produce.partitions)
+        started = time.perf_counter()
         ledger = _send_dataset(cfg, variant, topic, source, codec, backend, progress)
         wire_bytes = backend.wire_bytes()
-    finally:
+        seconds = time.perf_counter() - started
+        manifest = _manifest_of(topic, identity, ledger, wire_bytes, seconds, backend.name)
+        if manifest.dropped_records:
+            raise TopicError(f"{topic}: {manifest.dropped_records} of {source.num_records} records were not delivered")
+    except BaseException:
         backend.close()
-    seconds = time.perf_counter() - started
-    partitions = ledger.partitions()
-    manifest = Manifest(
-        topic=topic,
-        dataset=identity.dataset,
-        variant=variant,
-        schema_fingerprint=identity.schema_fingerprint,
-        partitions=partitions,
-        num_messages=sum(p.num_messages for p in partitions),
-        num_records=sum(p.num_records for p in partitions),
-        value_bytes=sum(p.value_bytes for p in partitions),
-        wire_bytes=wire_bytes,
-        dropped_records=source.num_records - ledger.delivered_records,
-        produce_seconds=seconds,
-        client=backend.name,
-        kbit_version=kbit_version(),
-    )
-    if manifest.dropped_records:
-        raise TopicError(f"{topic}: {manifest.dropped_records} of {source.num_records} records were not delivered")
+        if marker.is_file():
+            _discard_partial(cfg, topic, marker)
+        raise
+    backend.close()
     saved = manifest.save(cfg.manifest_dir)
+    marker.unlink()
+    _record(cfg, topic, manifest)
     log.info(
         "produced %s: %d records in %d messages, %.1f MB in %.2fs; manifest %s",
         topic,
@@ -262,6 +337,70 @@ def _produce(
         saved,
     )
     return manifest
+
+
+def _manifest_of(
+    topic: str, identity: DataIdentity, ledger: DeliveryLedger, wire_bytes: int | None, seconds: float, client: str
+) -> Manifest:
+    partitions = ledger.partitions()
+    return Manifest(
+        topic=topic,
+        dataset=identity.dataset,
+        variant=identity.variant,
+        schema_fingerprint=identity.schema_fingerprint,
+        partitions=partitions,
+        num_messages=sum(p.num_messages for p in partitions),
+        num_records=sum(p.num_records for p in partitions),
+        value_bytes=sum(p.value_bytes for p in partitions),
+        wire_bytes=wire_bytes,
+        dropped_records=identity.dataset.num_records - ledger.delivered_records,
+        produce_seconds=seconds,
+        client=client,
+        kbit_version=kbit_version(),
+    )
+
+
+def _partial_marker(cfg: KbitConfig, topic: str) -> Path:
+    """Present while this workdir's produce of ``topic`` is under way or ended before its manifest was saved."""
+    return cfg.manifest_dir / f".{topic}.partial"
+
+
+def _discard_partial(cfg: KbitConfig, topic: str, marker: Path) -> None:
+    """Delete the partly written ``topic``; when the broker cannot be reached, keep the marker for the next run."""
+    try:
+        admin.delete_topic(cfg.kafka, topic)
+    except KbitError as exc:
+        log.warning(
+            "the partly written topic %s stays on the broker (%s); the next produce from this workdir deletes it "
+            "and starts afresh",
+            topic,
+            exc,
+        )
+        return
+    marker.unlink()
+    log.warning("deleted the partly written topic %s; producing it again starts afresh", topic)
+
+
+def _check_message_size(
+    cfg: KbitConfig, topic: str, variant: DataVariant, source: DatasetSource, codec: Codec, backend: ProducerBackend
+) -> None:
+    """ConfigError before the topic is touched when one message (its first, encoded) exceeds what the producer
+    client or the broker accepts: sending it would fail at the first delivery and leave an empty topic behind."""
+    per_message = min(variant.records_per_message, source.num_records)
+    indices, images, labels = next(source.batches(0, per_message, per_message))
+    size = len(next(iter(codec.encode(indices, images, labels)))) + RECORD_OVERHEAD_BYTES
+    limits = {f"{backend.name} producer's message size limit": backend.max_message_bytes()}
+    broker_limit = admin.max_message_bytes(cfg.kafka, topic)
+    if broker_limit is not None:
+        limits[f"max.message.bytes of the {admin.describe_broker(cfg.kafka)}"] = broker_limit
+    name, limit = min(limits.items(), key=lambda item: item[1])
+    if size > limit:
+        fitting = max(1, per_message * limit // size)
+        raise ConfigError(
+            f"produce.variant.records_per_message={variant.records_per_message}: one {variant.name} message is "
+            f"{size:,} bytes (uncompressed), over the {name} ({limit:,} bytes); use at most about {fitting} "
+            f"records per message"
+        )
 
 
 def ensure_topics(

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from kbit_core.errors import KbitError
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,29 @@ def port_open(host: str, port: int, timeout_s: float = 0.2) -> bool:
             return True
     except OSError:
         return False
+
+
+def owner_token(pid: int | None = None) -> str:
+    """This process (or ``pid``) as ``host:pid:start``: the owner of what a run leaves while it lasts (an MLflow
+    run, a scratch directory), so that a later run can tell whether that owner is gone (the start time tells a
+    reused PID apart)."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{psutil.Process(pid).create_time():.2f}"
+
+
+def owner_gone(token: str) -> bool:
+    """Whether the process ``token`` (see :func:`owner_token`) names has ended, as a driver killed by SIGKILL or the
+    OOM killer does without cleaning up; False for a process on another host (unseen from here) and for a token
+    that is not one."""
+    host, _, rest = token.partition(":")
+    pid_text, _, started = rest.partition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        process = psutil.Process(int(pid_text))
+        return process.status() == psutil.STATUS_ZOMBIE or f"{process.create_time():.2f}" != started
+    except psutil.NoSuchProcess:
+        return True
 
 
 def pid_alive(pid: int) -> bool:

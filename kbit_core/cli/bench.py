@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -17,30 +18,53 @@ from kbit_core.bench.compare import COMPARISON_COLUMNS, compare_runs, comparison
 from kbit_core.bench.history import history_markdown
 from kbit_core.bench.identity import check_comparable, comparability_problems
 from kbit_core.bench.report import RANKING_METRIC, load_stats, rebuild_report, significance_label
-from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, console, load_cli_config, print_json, run_guarded
+from kbit_core.cli.common import (
+    BENCH_STOPPED,
+    ConfigOpt,
+    JsonOpt,
+    SetOpt,
+    console,
+    load_cli_config,
+    print_json,
+    run_guarded,
+)
 from kbit_core.config import BenchConfig, load_config, parse_overrides
 from kbit_core.jobs.benchmark import run_benchmark
 from kbit_core.jobs.history import history_report
 from kbit_core.tracking import record_overrides
 
+# Below this many columns the results table stacks its figures two to a cell instead of giving each a column.
+WIDE_TABLE_COLUMNS = 130
+_WIDE = (
+    "#",
+    "configuration",
+    "runs",
+    "makespan s [95% CI]",
+    "ratio",
+    "vs fastest (p Holm)",
+    "per-rank median s",
+    "records/s",
+    "MB/s",
+)
+_NARROW = ("configuration", "makespan s\n[95% CI]", "× fastest\np (Holm)", "per-rank\nmedian s", "records/s\nMB/s")
 
-def results_table(stats: dict[str, Any]) -> Table:
+
+def results_table(stats: dict[str, Any], width: int | None = None) -> Table:
     """Median makespan per iteration with its bootstrap CI and its Holm-corrected test against the fastest, the
-    per-rank median and throughput, fastest first."""
-    table = Table(title=f"kbit benchmark {stats.get('metadata', {}).get('run_id', '')}".rstrip())
-    for column in (
-        "#",
-        "configuration",
-        "runs",
-        "makespan s [95% CI]",
-        "ratio",
-        "vs fastest (p Holm)",
-        "per-rank median s",
-        "records/s",
-        "MB/s",
-    ):
+    per-rank median and throughput, fastest first. Under ``width`` < WIDE_TABLE_COLUMNS (an 80-column terminal)
+    two figures share a cell, so that none is cut off."""
+    narrow = width is not None and width < WIDE_TABLE_COLUMNS
+    table = Table(
+        title=f"kbit benchmark {stats.get('metadata', {}).get('run_id', '')}".rstrip(),
+        box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD,
+        show_edge=not narrow,
+        pad_edge=not narrow,
+    )
+    for column in _NARROW if narrow else _WIDE:
         table.add_column(
-            column, justify="left" if column == "configuration" else "right", no_wrap=column == "configuration"
+            column,
+            justify="left" if column == "configuration" else "right",
+            no_wrap=column != _NARROW[2] if narrow else column == "configuration",
         )
     for entry in stats["comparison"][RANKING_METRIC]["ranking"]:
         name = entry["name"]
@@ -49,6 +73,15 @@ def results_table(stats: dict[str, Any]) -> Table:
             stats["makespan"]["statistical_analysis"][name],
             stats["throughput"][name],
         )
+        if narrow:
+            table.add_row(
+                f"{entry['rank']}. {name}\n   {entry['runs']} runs",
+                f"{m['median']:.4f}\n[{m['median_ci_low']:.3f}, {m['median_ci_high']:.3f}]",
+                f"{entry['ratio']:.2f}\n{significance_label(entry)}",
+                f"{s['median']:.4f}",
+                f"{t['records_per_s_median']:,.0f}\n{t['mb_per_s_median']:.2f}",
+            )
+            continue
         table.add_row(
             str(entry["rank"]),
             name,
@@ -95,12 +128,13 @@ def bench(
     # With --json, stdout carries exactly one JSON document: worker output goes to stderr.
     redirect = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
     with redirect:
-        result = run_guarded(run_benchmark, cfg, progress=not quiet)
+        result = run_guarded(run_benchmark, cfg, progress=not quiet, on_interrupt=BENCH_STOPPED)
         run_guarded(record_overrides, cfg, result.parent_run_id, overrides)
     if as_json:
         print_json(result.to_dict())
         return
-    Console().print(results_table(result.stats))
+    terminal = Console()
+    terminal.print(results_table(result.stats, terminal.width))
     console.print(
         f"report: {result.report_dir}" + (f"  mlflow run: {result.parent_run_id}" if result.parent_run_id else "")
     )
@@ -116,7 +150,8 @@ def report(
     if as_json:
         print_json({"files": files.to_dict(), "comparison": stats["comparison"]})
         return
-    Console().print(results_table(stats))
+    terminal = Console()
+    terminal.print(results_table(stats, terminal.width))
     console.print(f"rebuilt {len(files.paths())} files in {run_dir}")
 
 

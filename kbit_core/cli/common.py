@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import traceback
@@ -45,6 +46,11 @@ def set_debug(enabled: bool) -> None:
     """Whether errors print their traceback (the root ``--debug`` flag)."""
     global _debug
     _debug = enabled
+    # The launcher shows the ranks' tracebacks as they come only then (kbit_core.launch.distributor.DEBUG_ENV).
+    if enabled:
+        os.environ["KBIT_DEBUG"] = "1"
+    else:
+        os.environ.pop("KBIT_DEBUG", None)
 
 
 def debug_enabled() -> bool:
@@ -61,14 +67,32 @@ def fail(exc: BaseException) -> typer.Exit:
     message = str(exc) if isinstance(exc, KbitError) else f"{type(exc).__name__}: {exc}"
     if _debug:
         console.print(escape("".join(traceback.format_exception(exc))), end="", highlight=False)
+        if isinstance(exc, KbitError) and exc.details:
+            console.print(escape(exc.details), highlight=False)
     console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     if not _debug and not isinstance(exc, KbitError):
         console.print("(run with --debug for the traceback)", highlight=False)
     return typer.Exit(code=1)
 
 
-def run_guarded(fn, *args: Any, **kwargs: Any) -> Any:
-    """Call ``fn``; an error becomes a red message and exit code 1, an interrupt (Ctrl-C, SIGTERM) exit code 130.
+# What an interrupted command says it did and what to do next (run_guarded's ``on_interrupt``).
+STOPPED = "stopped and cleaned up"
+TRAINING_STOPPED = (
+    "stopped the workers and cleaned up; with checkpoint.dir set, rerun with --set checkpoint.resume=latest to continue"
+)
+PRODUCE_STOPPED = (
+    "stopped producing; the partly written topic is deleted (or, if the broker cannot be reached, by the next "
+    "produce), so rerunning the same command produces it afresh"
+)
+BENCH_STOPPED = (
+    "stopped the benchmark and its workers and cleaned up; an interrupted benchmark reports nothing, so rerun it "
+    "(topics already produced are reused)"
+)
+
+
+def run_guarded(fn, *args: Any, on_interrupt: str = STOPPED, **kwargs: Any) -> Any:
+    """Call ``fn``; an error becomes a red message and exit code 1, an interrupt (Ctrl-C, SIGTERM) exit code 130
+    with ``on_interrupt``: what was stopped and how to go on, which differs by command.
 
     The interrupt is raised inside ``fn`` as KeyboardInterrupt, so its context managers (broker, Spark run,
     MLflow run) have already cleaned up when it arrives here.
@@ -77,11 +101,7 @@ def run_guarded(fn, *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
     except KeyboardInterrupt:
-        console.print(
-            "[bold red]interrupted:[/] stopped the workers and cleaned up; "
-            "with checkpoint.dir set, rerun with --set checkpoint.resume=latest to continue",
-            highlight=False,
-        )
+        console.print(f"[bold red]interrupted:[/] {on_interrupt}", highlight=False)
         raise typer.Exit(code=INTERRUPTED_EXIT) from None
     except Exception as exc:
         raise fail(exc) from None

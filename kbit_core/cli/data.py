@@ -11,12 +11,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from kbit_core.checks import check_topic_name
-from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, print_json, run_guarded
+from kbit_core.cli.common import PRODUCE_STOPPED, ConfigOpt, JsonOpt, SetOpt, console, print_json, run_guarded
 from kbit_core.cli.stream import produce_stream
 from kbit_core.config import COMPRESSIONS, FORMATS, KbitConfig, deep_merge, load_config, nest_dotted, parse_overrides
 from kbit_core.errors import TopicError
-from kbit_core.kafka import admin
+from kbit_core.kafka import admin, registry
 from kbit_core.kafka.admin import TopicCheck
+from kbit_core.kafka.contents import check_topic_and_records
 from kbit_core.kafka.manifest import Manifest, manifest_path
 from kbit_core.produce import produce_dataset
 
@@ -84,17 +85,18 @@ def manifest_table(m: Manifest) -> Table:
 
 
 def partitions_table(m: Manifest, check: TopicCheck | None = None) -> Table:
+    """One row per partition: its offsets, messages, records and MB, and with a ``check`` what the broker holds.
+    Offsets share a column ('first..last') so that the live check fits 80 columns."""
     table = Table(title="partitions")
-    columns = ["partition", "first", "last", "messages", "records", "value MB"]
+    columns = ["part", "offsets", "messages", "records", "MB"]
     if check is not None:
-        columns += ["broker earliest", "broker end", "live"]
+        columns += ["earliest", "end", "live"]
     for col in columns:
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True)
     for p in m.partitions:
         row = [
             str(p.partition),
-            str(p.first_offset),
-            str(p.last_offset),
+            f"{p.first_offset}..{p.last_offset}",
             f"{p.num_messages:,}",
             f"{p.num_records:,}",
             _mb(p.value_bytes),
@@ -149,7 +151,7 @@ def produce(
     if stream:
         produce_stream(cfg, as_json)
         return
-    manifest = run_guarded(produce_dataset, cfg, progress=not as_json)
+    manifest = run_guarded(produce_dataset, cfg, progress=not as_json, on_interrupt=PRODUCE_STOPPED)
     if as_json:
         print_json(
             {"manifest_path": str(manifest_path(cfg.workdir, manifest.topic)), **manifest.model_dump(mode="json")}
@@ -166,7 +168,7 @@ def inspect(
     sets: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a topic's saved manifest and check it live: partitions and exact end offsets on the broker."""
+    """Show a topic's saved manifest and check it live: partitions, exact end offsets and every record's identity."""
     cfg = run_guarded(_config_with_flags, config, sets, {})
     check, manifest = run_guarded(_inspect, cfg, topic)
     if as_json:
@@ -202,11 +204,17 @@ def register(app: typer.Typer) -> None:
 def _inspect(cfg: KbitConfig, topic: str) -> tuple[TopicCheck, Manifest]:
     check_topic_name(topic, "TOPIC")
     path = manifest_path(cfg.workdir, topic)
-    if not path.is_file():
-        where = "exists on" if admin.topic_exists(cfg.kafka, topic) else "is not on"
-        raise TopicError(
-            f"topic {topic!r} has no manifest at {path} and {where} the "
-            f"{admin.describe_broker(cfg.kafka)}; produce it with `kbit produce`"
-        )
-    manifest = Manifest.load(path)
-    return admin.check_topic(cfg.kafka, manifest), manifest
+    if path.is_file():
+        manifest = Manifest.load(path)
+    else:
+        registered = registry.lookup(cfg.kafka, topic)
+        if registered is None or registered.manifest is None:
+            exists = admin.topic_exists(cfg.kafka, topic)
+            advice = "`kbit produce --recreate` replaces it" if exists else "produce it with `kbit produce`"
+            raise TopicError(
+                f"topic {topic!r} has no manifest at {path} nor in the broker's {registry.REGISTRY_TOPIC} and "
+                f"{'exists on' if exists else 'is not on'} the {admin.describe_broker(cfg.kafka)}; {advice}"
+            )
+        manifest = registered.manifest
+        console.print(f"manifest recorded in {registry.REGISTRY_TOPIC} by {escape(registered.owner)}", highlight=False)
+    return check_topic_and_records(cfg.kafka, manifest), manifest

@@ -18,7 +18,16 @@ from rich.table import Table
 from kbit_core.bench.data_plane import parse_variant
 from kbit_core.bench.placement_bench import placement_table, run_placement_bench
 from kbit_core.bench.train_bench import results_table, run_train_bench
-from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, print_results, run_guarded
+from kbit_core.cli.common import (
+    TRAINING_STOPPED,
+    ConfigOpt,
+    JsonOpt,
+    SetOpt,
+    load_cli_config,
+    print_json,
+    print_results,
+    run_guarded,
+)
 from kbit_core.jobs.train import train
 
 out = Console()
@@ -69,7 +78,7 @@ def train_command(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOp
     cfg = run_guarded(load_cli_config, config, sets)
     # TorchDistributor copies the workers' output to stdout; with --json, stdout carries the JSON alone.
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-        result = run_guarded(train, cfg, progress=not as_json)
+        result = run_guarded(train, cfg, progress=not as_json, on_interrupt=TRAINING_STOPPED)
     if as_json:
         print_json(result)
     else:

@@ -33,7 +33,7 @@ class ReaderStats:
     messages: int = 0
     records: int = 0
     bytes: int = 0
-    skipped: int = 0  # corrupt messages left out under bad_records='skip'
+    skipped: int = 0  # corrupt messages left out under bad_records='skip', each counted once
     gaps: int = 0  # offsets missing inside planned ranges (transaction markers, compaction)
     retries: int = 0  # transient client errors retried
     kafka_clients: int = 0  # Kafka clients opened: the consumer, and any client it asks the bounds with
@@ -62,6 +62,8 @@ class RangeReader:
         self._position: tuple[int, int] | None = None  # (partition, next offset the consumer delivers)
         self._carry: list[RawRecord] = []  # records polled past the last range's stop
         self._bounds: dict[int, tuple[int, int]] = {}  # partition -> (earliest, end) on the broker
+        # (partition, offset) of each corrupt message skipped: counted once, however many epochs read it again
+        self._skipped_at: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._decoder: Any = DecodePool(codec, reader_cfg.decode_processes) if reader_cfg.decode_processes else codec
 
@@ -255,8 +257,10 @@ class RangeReader:
             what = f"message does not decode as {self.codec.format}/{self.codec.layout}: {exc}"
             if self.reader_cfg.bad_records == "fail":
                 raise CorruptRecordError(what, **where) from exc
-            self.stats.skipped += 1
-            log.warning("skipping corrupt record (%s)", CorruptRecordError(what, **where))
+            if (rec.partition, rec.offset) not in self._skipped_at:
+                self._skipped_at.add((rec.partition, rec.offset))
+                self.stats.skipped += 1
+                log.warning("skipping corrupt record (%s)", CorruptRecordError(what, **where))
         return good
 
     def close(self) -> None:

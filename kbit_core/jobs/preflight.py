@@ -14,7 +14,14 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from kbit_core.checks import Preflight, check_produce, check_shards, check_space, check_writable
+from kbit_core.checks import (
+    Preflight,
+    check_produce,
+    check_ranks_fit_cores,
+    check_shards,
+    check_space,
+    check_writable,
+)
 from kbit_core.config import KbitConfig
 from kbit_core.datasets import open_source
 from kbit_core.train.checkpoint import resolve_resume
@@ -40,6 +47,7 @@ def check_training(cfg: KbitConfig) -> Preflight:
     report = check_produce(cfg, cfg.produce.topic_for(cfg.dataset), cfg.produce.variant, source.num_records)
     check_writable(cfg.run_dir, "workdir")
     check_shards(cfg, source.num_records, cfg.produce.variant, cfg.launch.num_processes, cfg.train.global_batch_size)
+    check_ranks_fit_cores(cfg, cfg.launch.num_processes, "launch.num_processes", report)
     num_params = _check_model(cfg, source.image_shape, source.num_classes)
     directory = cfg.run_dir / cfg.checkpoint.dir if cfg.checkpoint.dir is not None else None
     if directory is not None:
@@ -73,6 +81,8 @@ def check_benchmark(cfg: KbitConfig) -> Preflight:
     check_writable(cfg.run_dir, "workdir")
     check_writable(cfg.bench.output_dir.resolve(), "bench.output_dir")
     for world_size in cfg.bench.world_sizes or [cfg.launch.num_processes]:
+        setting = "bench.world_sizes" if cfg.bench.world_sizes else "launch.num_processes"
+        check_ranks_fit_cores(cfg, world_size, setting, report)
         for batch_size in cfg.bench.batch_sizes or [cfg.train.global_batch_size]:
             for variant in {v.records_per_message: v for v in cfg.bench.variants}.values():
                 check_shards(cfg, source.num_records, variant, world_size, batch_size)

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from kbit_core.config import KbitConfig
+from kbit_core.errors import BrokerError
+from kbit_core.kafka.local import died_here
 from kbit_core.launch import launch
 from kbit_core.launch.distributor import WorkerFailedError
 from kbit_core.train import checkpoint as ckpt
@@ -54,6 +56,9 @@ def train_with_restarts(
             result = launch(train_main, attempt_cfg, manifest_json, str(cfg.run_dir))
             return {**result, "restarts": restarts}
         except WorkerFailedError as exc:
+            died = died_here(cfg.kafka) if cfg.kafka.uses_embedded else None
+            if died is not None:  # a restart would fail the same way: nothing serves the topic any more
+                raise BrokerError(f"training failed on {exc.rank} ({exc.exception_type}): {died}") from exc
             if restarts >= cfg.checkpoint.max_restarts or _not_restartable(exc):
                 raise
             restarts += 1
@@ -67,7 +72,7 @@ def train_with_restarts(
                 restarts,
                 cfg.checkpoint.max_restarts,
                 _restart_point(attempt_cfg),
-                exc,
+                exc.details or exc,
             )
 
 

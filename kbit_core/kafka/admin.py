@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from kbit_core.config import KafkaConfig
 from kbit_core.errors import BrokerError, TopicError
 from kbit_core.kafka.broker import port_open
+from kbit_core.kafka.local import died_here
 from kbit_core.kafka.manifest import Manifest
 from kbit_core.kafka.settings import confluent_options
 
@@ -68,6 +69,9 @@ def describe_broker(kcfg: KafkaConfig) -> str:
 
 
 def unreachable(kcfg: KafkaConfig, detail: str) -> BrokerError:
+    died = died_here(kcfg) if kcfg.uses_embedded else None
+    if died is not None:
+        return BrokerError(f"{died}: {detail}")
     hint = " (start it with `kbit stack up`)" if kcfg.uses_embedded else ""
     return BrokerError(f"cannot reach the {describe_broker(kcfg)}{hint}: {detail}")
 
@@ -166,6 +170,25 @@ def delete_topic(kcfg: KafkaConfig, topic: str) -> bool:
         time.sleep(0.1)
     log.info("deleted topic %s", topic)
     return True
+
+
+def max_message_bytes(kcfg: KafkaConfig, topic: str) -> int | None:
+    """The largest record batch the broker accepts into ``topic``: the topic's max.message.bytes, or for a topic not
+    created yet the broker's message.max.bytes (its default); None when the broker does not say (Tansu)."""
+    admin = _admin(kcfg)
+    cluster = _metadata(admin, kcfg)
+    if topic in cluster.topics:
+        resource, name = ConfigResource(ResourceType.TOPIC, topic), "max.message.bytes"
+    else:
+        resource, name = ConfigResource(ResourceType.BROKER, str(next(iter(cluster.brokers)))), "message.max.bytes"
+    try:
+        entries = admin.describe_configs([resource], request_timeout=METADATA_TIMEOUT_S)[resource].result(
+            timeout=METADATA_TIMEOUT_S
+        )
+        return int(entries[name].value)
+    except (KafkaException, KeyError, ValueError, TypeError) as exc:
+        log.debug("the %s does not tell its %s: %s", describe_broker(kcfg), name, exc)
+        return None
 
 
 def _offset_consumer(kcfg: KafkaConfig) -> Consumer:

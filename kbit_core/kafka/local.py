@@ -7,11 +7,28 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from kbit_core.config import EmbeddedBrokerConfig, KbitConfig
+from kbit_core.config import EmbeddedBrokerConfig, KafkaConfig, KbitConfig
 from kbit_core.kafka.apache_broker import ApacheKafkaBroker
 from kbit_core.kafka.broker import EmbeddedBroker, port_open
 
 log = logging.getLogger(__name__)
+
+
+# The brokers embedded_broker started in this process, by address: when one dies, kbit says so (and how to go on)
+# instead of advising `kbit stack up`, and no restart of the training is spent on it.
+_started: dict[str, EmbeddedBroker | ApacheKafkaBroker] = {}
+
+
+def died_here(kcfg: KafkaConfig) -> str | None:
+    """What happened, in words, when the broker at ``kcfg``'s address is one this process started and it has died;
+    None otherwise (not started here, or still running)."""
+    broker = _started.get(kcfg.resolved_bootstrap())
+    if broker is None or broker.status().running:
+        return None
+    return (
+        f"the embedded {kcfg.embedded.broker} broker that this kbit command started on {broker.bootstrap} has died "
+        f"(its output: {broker.log_path}); rerun the command, which starts it again"
+    )
 
 
 def local_broker(run_dir: Path, embedded: EmbeddedBrokerConfig) -> EmbeddedBroker | ApacheKafkaBroker:
@@ -35,7 +52,9 @@ def embedded_broker(cfg: KbitConfig) -> Iterator[None]:
     broker = local_broker(cfg.run_dir, cfg.kafka.embedded)
     log.info("starting the embedded %s broker on %s for this run", cfg.kafka.embedded.broker, broker.bootstrap)
     broker.start()
+    _started[broker.bootstrap] = broker
     try:
         yield
     finally:
+        del _started[broker.bootstrap]
         broker.stop()

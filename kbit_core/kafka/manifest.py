@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from datetime import UTC, datetime
@@ -17,6 +18,8 @@ from kbit_core.sharding import OffsetRange
 MANIFEST_DIR = "manifests"
 # Kafka's own rule for topic names; it also keeps a topic from escaping the manifest directory.
 TOPIC_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
+DIGEST_BYTES = 16
+DIGEST_MODULUS = 1 << (8 * DIGEST_BYTES)
 
 
 class _Frozen(BaseModel):
@@ -40,6 +43,11 @@ class PartitionManifest(_Frozen):
     num_messages: int = Field(ge=0)
     num_records: int = Field(ge=0)
     value_bytes: int = Field(ge=0)
+    content_digest: str | None = Field(
+        None,
+        description="Digest of every message's key and value at its offset (see record_digest); None in manifests "
+        "written before kbit kept one.",
+    )
 
     @model_validator(mode="after")
     def _offsets_cover_messages(self) -> PartitionManifest:
@@ -54,6 +62,27 @@ class PartitionManifest(_Frozen):
     def stop_offset(self) -> int:
         """Exclusive end, the form kbit uses internally."""
         return self.last_offset + 1
+
+
+def message_digest(key: bytes | None, value: bytes | None) -> bytes:
+    """A message's own digest: its key and value (a 16-byte BLAKE2b)."""
+    digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    key, value = key or b"", value or b""
+    digest.update(len(key).to_bytes(4, "big"))
+    digest.update(key)
+    digest.update(value)
+    return digest.digest()
+
+
+def record_digest(offset: int, message: bytes) -> int:
+    """One message's share of its partition's content digest: bound to its offset, so a partition's digest is the
+    sum of its shares (mod 2^128), in whatever order they are added, and changes when a message moves."""
+    share = hashlib.blake2b(offset.to_bytes(8, "big") + message, digest_size=DIGEST_BYTES).digest()
+    return int.from_bytes(share, "big")
+
+
+def digest_hex(total: int) -> str:
+    return f"{total % DIGEST_MODULUS:0{2 * DIGEST_BYTES}x}"
 
 
 class DataIdentity(_Frozen):

@@ -25,7 +25,7 @@ from kafka.metrics.stats import Total
 from kbit_core.config import ClientName, Compression, KafkaConfig, ProduceConfig
 from kbit_core.errors import BrokerError, ConfigError, TopicError
 from kbit_core.kafka import admin
-from kbit_core.kafka.manifest import PartitionManifest
+from kbit_core.kafka.manifest import PartitionManifest, digest_hex, record_digest
 from kbit_core.kafka.settings import kafka_python_options
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 BUFFER_BYTES = 64 * 1024 * 1024
 # librdkafka emits statistics (with the compressed batch sizes) this often.
 STATS_INTERVAL_MS = 200
+# flush() waits in slices this long, checking in between whether the broker is lost.
+FLUSH_SLICE_S = 0.5
+# The clients' default message.max.bytes and max_request_size.
+LIBRDKAFKA_MAX_MESSAGE_BYTES = 1_000_000
+KAFKA_PYTHON_MAX_REQUEST_SIZE = 1_048_576
 
 # (partition, offset, error or None): how a backend reports one delivered (or failed) message.
 DeliveryCallback = Callable[[int, int, "str | None"], None]
@@ -48,6 +53,10 @@ class ProducerBackend(ABC):
     """The small surface kbit needs from a Kafka producer: acks=all, idempotent, explicit partition."""
 
     name: ClassVar[ClientName]
+    # Give up producing once every broker connection has been down this long, naming the broker and why, instead
+    # of freezing for the delivery timeout (4 x request_timeout_s); None waits it out (the live producer rides out
+    # broker restarts). Only the confluent client reports its connections; kafka-python always waits.
+    broker_lost_s: float | None = None
 
     @abstractmethod
     def send(self, topic: str, partition: int, key: bytes, value: bytes, on_delivery: DeliveryCallback) -> None:
@@ -67,6 +76,10 @@ class ProducerBackend(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    @abstractmethod
+    def max_message_bytes(self) -> int:
+        """The largest message (uncompressed) this client sends."""
+
 
 class ConfluentProducer(ProducerBackend):
     """confluent-kafka's producer. Delivery reports are only queued inside librdkafka's callbacks and handed to
@@ -81,6 +94,10 @@ class ConfluentProducer(ProducerBackend):
         self._stats_seen = 0
         self._stats_cover_all = False
         self._reports: list[tuple[DeliveryCallback, int, Any, int]] = []
+        self._max_message_bytes = int(kcfg.client_extra().get("message.max.bytes", LIBRDKAFKA_MAX_MESSAGE_BYTES))
+        self._kcfg = kcfg
+        self._down_since: float | None = None  # when librdkafka reported every broker down; None while one is up
+        self._transport_error: str | None = None
         self._producer = Producer(
             {
                 **admin.client_options(kcfg),
@@ -93,6 +110,7 @@ class ConfluentProducer(ProducerBackend):
                 "message.timeout.ms": delivery_timeout_ms(kcfg),
                 "statistics.interval.ms": STATS_INTERVAL_MS,
                 "stats_cb": self._on_stats,
+                "error_cb": self._on_error,
             }
         )
 
@@ -100,7 +118,27 @@ class ConfluentProducer(ProducerBackend):
         # topics.<t>.batchsize is a window reset at every emission, so the windows add up to the total.
         stats = json.loads(payload)
         self._batch_bytes += sum(t.get("batchsize", {}).get("sum", 0) for t in stats.get("topics", {}).values())
+        if any(b.get("state") == "UP" for b in stats.get("brokers", {}).values()):
+            self._down_since = None
         self._stats_seen += 1
+
+    def _on_error(self, err: KafkaError) -> None:
+        # Connection trouble arrives here, not with the deliveries, which librdkafka retries until they time out.
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._down_since = self._down_since or time.monotonic()
+        elif err.code() in (KafkaError._TRANSPORT, KafkaError._RESOLVE):
+            self._transport_error = err.str()
+        log.debug("confluent producer error: %s", err)
+
+    def _check_broker(self) -> None:
+        """BrokerError naming the broker and the connection error once every broker was down for broker_lost_s."""
+        if self.broker_lost_s is None or self._down_since is None:
+            return
+        down_s = time.monotonic() - self._down_since
+        if down_s >= self.broker_lost_s:
+            raise admin.unreachable(
+                self._kcfg, f"lost while producing, down for {down_s:.0f} s ({self._transport_error or 'no answer'})"
+            )
 
     def _serve(self, call: Callable[..., Any], *args: Any) -> Any:
         """``call(*args)`` on the client, then the delivery reports it served. A client error becomes a
@@ -136,6 +174,7 @@ class ConfluentProducer(ProducerBackend):
                 break
             except BufferError:
                 self._serve(self._producer.poll, 0.05)
+                self._check_broker()
             except KafkaException as exc:
                 if exc.args[0].code() == KafkaError._FATAL:
                     self._serve(self._producer.poll, 0)  # raises the fatal error itself, by name
@@ -143,9 +182,14 @@ class ConfluentProducer(ProducerBackend):
                     f"cannot produce a {len(value)}-byte message to {topic}[{partition}]: {exc.args[0].str()}"
                 ) from None
         self._serve(self._producer.poll, 0)
+        self._check_broker()
 
     def flush(self, timeout_s: float, *, count_wire_bytes: bool = True) -> None:
-        left = self._serve(self._producer.flush, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        left = self._serve(self._producer.flush, min(timeout_s, FLUSH_SLICE_S))
+        while left and time.monotonic() < deadline:
+            self._check_broker()
+            left = self._serve(self._producer.flush, min(deadline - time.monotonic(), FLUSH_SLICE_S))
         if left:
             raise BrokerError(f"{left} message(s) still undelivered after {timeout_s:.0f}s")
         if not count_wire_bytes:
@@ -158,6 +202,9 @@ class ConfluentProducer(ProducerBackend):
 
     def wire_bytes(self) -> int | None:
         return self._batch_bytes if self._stats_cover_all else None
+
+    def max_message_bytes(self) -> int:
+        return self._max_message_bytes
 
     def close(self) -> None:
         # After a failure, drop what is still queued instead of waiting out the delivery timeout; closing goes on
@@ -228,17 +275,26 @@ class KafkaPythonProducer(ProducerBackend):
     def close(self) -> None:
         self._producer.close(timeout=5)
 
+    def max_message_bytes(self) -> int:
+        return KAFKA_PYTHON_MAX_REQUEST_SIZE
+
 
 BACKENDS: dict[str, type[ProducerBackend]] = {b.name: b for b in (ConfluentProducer, KafkaPythonProducer)}
 
 
 def make_producer(
-    kcfg: KafkaConfig, pcfg: ProduceConfig, compression: Compression, client: str | None = None
+    kcfg: KafkaConfig,
+    pcfg: ProduceConfig,
+    compression: Compression,
+    client: str | None = None,
+    broker_lost_s: float | None = None,
 ) -> ProducerBackend:
     name = client or pcfg.client
     if name not in BACKENDS:
         raise ConfigError(f"unknown producer client {name!r}; choose one of {sorted(BACKENDS)}")
-    return BACKENDS[name](kcfg, pcfg, compression)
+    backend = BACKENDS[name](kcfg, pcfg, compression)
+    backend.broker_lost_s = broker_lost_s
+    return backend
 
 
 @dataclass
@@ -248,6 +304,7 @@ class _PartitionTally:
     messages: int = 0
     records: int = 0
     value_bytes: int = 0
+    digest: int | None = 0  # None once a message came without its digest
 
 
 class DeliveryLedger:
@@ -260,11 +317,14 @@ class DeliveryLedger:
         self._lock = threading.Lock()
         self.delivered_records = 0
 
-    def callback(self, num_records: int, value_bytes: int) -> DeliveryCallback:
-        """The delivery callback for one message of ``num_records`` records and ``value_bytes`` bytes."""
-        return partial(self._settle, num_records, value_bytes)
+    def callback(self, num_records: int, value_bytes: int, digest: bytes | None = None) -> DeliveryCallback:
+        """The delivery callback for one message of ``num_records`` records and ``value_bytes`` bytes whose
+        :func:`message_digest` is ``digest`` (without one, its partition gets no content digest)."""
+        return partial(self._settle, num_records, value_bytes, digest)
 
-    def _settle(self, num_records: int, value_bytes: int, partition: int, offset: int, error: str | None) -> None:
+    def _settle(
+        self, num_records: int, value_bytes: int, digest: bytes | None, partition: int, offset: int, error: str | None
+    ) -> None:
         with self._lock:
             if error is not None:
                 self._errors.setdefault(partition, []).append(error)
@@ -275,6 +335,7 @@ class DeliveryLedger:
             t.messages += 1
             t.records += num_records
             t.value_bytes += value_bytes
+            t.digest = None if digest is None or t.digest is None else t.digest + record_digest(offset, digest)
             self.delivered_records += num_records
 
     def raise_errors(self) -> None:
@@ -306,6 +367,7 @@ class DeliveryLedger:
                     num_messages=t.messages,
                     num_records=t.records,
                     value_bytes=t.value_bytes,
+                    content_digest=None if t.digest is None else digest_hex(t.digest),
                 )
             )
         return out

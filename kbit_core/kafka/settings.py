@@ -15,11 +15,11 @@ import socket
 import ssl
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from kbit_core.config import KafkaConfig, is_secret_option
+from kbit_core.config import KafkaConfig, is_secret_option, mask_credentials
 from kbit_core.errors import BrokerError, ConfigError
 
 TLS_CHECK_TIMEOUT_S = 10.0
@@ -27,9 +27,22 @@ _checked: set[tuple[Any, ...]] = set()
 _checked_lock = threading.Lock()
 
 
-def mask(options: dict[str, Any]) -> dict[str, Any]:
-    """Copy of ``options`` with every credential-looking value replaced by '***'."""
-    return {k: ("***" if is_secret_option(k) and v not in (None, "") else v) for k, v in options.items()}
+def mask(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Copy of ``options`` (nested ones too) with every credential replaced by '***': the value of a credential-like
+    option, and the credentials inside any other text value (JAAS/OAuth config strings, URLs)."""
+    return {k: _masked(k, v) for k, v in options.items()}
+
+
+def _masked(option: str, value: Any) -> Any:
+    if is_secret_option(option) and value not in (None, ""):
+        return "***"
+    if isinstance(value, str):
+        return mask_credentials(value)
+    if isinstance(value, Mapping):
+        return mask(value)
+    if isinstance(value, list | tuple):
+        return [_masked(option, item) for item in value]
+    return value
 
 
 def _tls_files(cfg: KafkaConfig) -> dict[str, Path]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import shutil
@@ -42,6 +43,7 @@ from kbit_core.launch.failures import (
     rank_lines,
 )
 from kbit_core.launch.spark import check_barrier_slots, clean_worker_tmp, get_spark, spark_dir, wait_for_executors
+from kbit_core.service import owner_gone, owner_token
 from kbit_core.train.distributed import LAUNCHER_PID_ENV, broadcast_from_main
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,10 @@ _RESULT_KEY = "kbit/rank0-result"
 # How long one wait on the torchrun agent's store may last before the rank looks whether the agent still lives.
 AGENT_STORE_WAIT_S = 5.0
 _MAX_SECONDARY_LINES = 8
+# Set to 1 by `kbit --debug`: the launcher's output is then shown whole, tracebacks included.
+DEBUG_ENV = "KBIT_DEBUG"
+# In each run directory: the driver that made it (see kbit_core.service.owner_token).
+RUN_OWNER_FILE = ".kbit-owner"
 
 # One TorchDistributor run at a time per process: runs share the session's worker TMPDIR and errors dir.
 _run_lock = threading.Lock()
@@ -124,7 +130,7 @@ def run_distributed(entry: RankEntry, cfg: KbitConfig, *args: Any, result_type: 
             raise DistributedError(f"TorchDistributor refused launch settings {describe(cfg)}: {exc}") from exc
         log.info("launching %s on %s", getattr(entry, "__qualname__", entry), describe(cfg))
         with _run_tmpdir(cfg.run_dir):
-            tail = OutputTail()
+            tail = OutputTail(quiet_failures=os.environ.get(DEBUG_ENV) != "1")
             try:
                 with tail.capturing():
                     text = distributor.run(
@@ -268,9 +274,27 @@ def _raised(
         lines.append(f"--- {rank} also failed:")
         lines.extend(other.splitlines()[-_MAX_SECONDARY_LINES:])
     lines.append(f"(tracebacks kept in {errors})")
-    return WorkerFailedError(
-        "\n".join(lines), rank=first, exception_type=_exception_type(text), host=exit_.host if exit_ else None
+    also = f"; {len(others)} other rank(s) failed after it" if others else ""
+    error = WorkerFailedError(
+        f"{first}{where} raised: {exception_line(text)}{also} (distributed run: {describe(cfg)}; tracebacks in "
+        f"{errors}, printed with --debug)",
+        rank=first,
+        exception_type=_exception_type(text),
+        host=exit_.host if exit_ else None,
     )
+    error.details = "\n".join(lines)
+    return error
+
+
+def exception_line(traceback_text: str) -> str:
+    """The exception a traceback ends with, on one line and by its bare class name: 'CorruptRecordError: ... (topic=t,
+    partition=1, offset=7)' from '...\\nkbit_core.errors.CorruptRecordError: ...'."""
+    lines = traceback_text.rstrip().splitlines()
+    last_frame = max((i for i, line in enumerate(lines) if line.startswith(("  File ", "Traceback "))), default=-1)
+    tail = list(itertools.dropwhile(lambda line: line.startswith("    "), lines[last_frame + 1 :]))
+    text = " ".join(line.strip() for line in tail) or traceback_text.strip()
+    qualified, colon, message = text.partition(":")
+    return f"{qualified.rsplit('.', 1)[-1]}{colon}{message}" if " " not in qualified else text
 
 
 def _died(exit_: RankExit, output: str, cfg: KbitConfig) -> RankDiedError:
@@ -306,8 +330,10 @@ def _run_tmpdir(run_dir: Path) -> Iterator[Path]:
     TorchDistributor's tmp*/train.py and every torchrun agent's torchelastic_* land there, including
     those a failed run would otherwise leave behind.
     """
+    _remove_abandoned(spark_dir(run_dir))
     tmp = spark_dir(run_dir) / f"run-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
+    (tmp / RUN_OWNER_FILE).write_text(owner_token())
     saved_env, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
     os.environ["TMPDIR"] = str(tmp)
     tempfile.tempdir = str(tmp)
@@ -320,6 +346,20 @@ def _run_tmpdir(run_dir: Path) -> Iterator[Path]:
         else:
             os.environ["TMPDIR"] = saved_env
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_abandoned(directory: Path) -> None:
+    """Delete the run directories in ``directory`` whose driver is gone without removing them (SIGKILL, the OOM
+    killer): nothing else ever would."""
+    for run in directory.glob("run-*"):
+        owner = run / RUN_OWNER_FILE
+        try:
+            token = owner.read_text()
+        except OSError:  # from a kbit that did not record its owner, or being created right now
+            continue
+        if owner_gone(token):
+            log.warning("removing %s, left behind by driver %s, which is gone", run, token)
+            shutil.rmtree(run, ignore_errors=True)
 
 
 def _ship_by_value_if_needed(fn: Callable[..., Any]) -> None:

@@ -124,10 +124,52 @@ def rank_lines(output: str, rank: int, limit: int) -> list[str]:
     return [line for line in output.splitlines() if (m := _RANK_LINE.match(line)) and int(m["rank"]) == rank][-limit:]
 
 
-class OutputTail:
-    """The last lines written to stdout and stderr while :meth:`capturing` is active, still shown to the user."""
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+_TRACEBACK_START = "Traceback (most recent call last):"
+_ELASTIC_LOG = re.compile(r"^[WE]\d{4} [\d:.]+ \d+ torch/distributed/elastic/")
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+_RULE = re.compile(r"=+")
 
-    def __init__(self, max_lines: int = 400) -> None:
+
+class FailureNoise:
+    """Which lines of the launcher's output make up a failure report that kbit condenses into its one-line error
+    (the tracebacks stay in ``<run_dir>/errors`` and ``--debug`` prints them): each rank's traceback (torchrun
+    prefixes a rank's stderr with ``[rankN]:``; ranks' lines interleave) down to its exception line, torchrun's
+    warnings about the failure, and its own ChildFailedError traceback with the summary box after it."""
+
+    def __init__(self) -> None:
+        # source prefix ("" for the agent) -> its traceback being hidden: the summary's '=====' lines still to come
+        self._open: dict[str, int] = {}
+
+    def hides(self, line: str) -> bool:
+        rank = _RANK_PREFIX.match(line)
+        prefix = rank[0] if rank else ""
+        body = line[len(prefix) :]
+        if prefix not in self._open:
+            if body.startswith(_TRACEBACK_START):
+                self._open[prefix] = 0
+                return True
+            return not prefix and _ELASTIC_LOG.match(body) is not None
+        rules = self._open[prefix]
+        if rules:  # the ChildFailedError summary box, up to its closing rule
+            rules -= _RULE.fullmatch(body.strip()) is not None
+            if rules:
+                self._open[prefix] = rules
+            else:
+                del self._open[prefix]
+        elif "ChildFailedError" in body:
+            self._open[prefix] = 2
+        elif body.strip() and not body.startswith((" ", _TRACEBACK_START, *_CHAINED)):
+            del self._open[prefix]  # the exception line ends the traceback
+        return True
+
+
+class OutputTail:
+    """The last lines written to stdout and stderr while :meth:`capturing` is active, still shown to the user;
+    with ``quiet_failures``, less the :class:`FailureNoise`."""
+
+    def __init__(self, max_lines: int = 400, quiet_failures: bool = False) -> None:
+        self.quiet_failures = quiet_failures
         self._lines: collections.deque[str] = collections.deque(maxlen=max_lines)
         self._partial = ""  # the current line until its newline arrives (print writes text and "\n" apart)
         self._lock = threading.Lock()
@@ -139,7 +181,8 @@ class OutputTail:
     @contextmanager
     def capturing(self) -> Iterator[OutputTail]:
         saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = _Tee(saved[0], self), _Tee(saved[1], self)
+        noise = FailureNoise() if self.quiet_failures else None
+        sys.stdout, sys.stderr = _Tee(saved[0], self, noise), _Tee(saved[1], self, noise)
         try:
             yield self
         finally:
@@ -153,14 +196,18 @@ class OutputTail:
 
 
 class _Tee:
-    """A text stream that writes through to ``inner`` and keeps a copy in ``tail``."""
+    """A text stream that writes through to ``inner`` (less the lines ``noise`` hides) and keeps a copy in ``tail``.
+    TorchDistributor relays its output a whole line per write; a write without a line end is passed on as is."""
 
-    def __init__(self, inner: TextIO, tail: OutputTail) -> None:
-        self._inner, self._tail = inner, tail
+    def __init__(self, inner: TextIO, tail: OutputTail, noise: FailureNoise | None = None) -> None:
+        self._inner, self._tail, self._noise = inner, tail, noise
 
     def write(self, text: str) -> int:
         self._tail._add(text)
-        return self._inner.write(text)
+        if self._noise is None or not text.endswith("\n"):
+            return self._inner.write(text)
+        self._inner.write("".join(line for line in text.splitlines(keepends=True) if not self._noise.hides(line)))
+        return len(text)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)

@@ -21,8 +21,10 @@ from kbit_core.bench.identity import identity_hash
 from kbit_core.bench.metrics import configuration_metrics, verdict_against_fastest
 from kbit_core.bench.report import headline, ranking_table, run_line
 from kbit_core.config import KbitConfig
+from kbit_core.service import owner_token
 from kbit_core.tracking.environment import run_environment
 from kbit_core.tracking.params import config_params
+from kbit_core.tracking.reconcile import DRIVER_TAG, end_abandoned_runs
 from kbit_core.train import checkpoint as ckpt
 
 MAX_NOTE_CHARS = 8000  # MLflow's limit on a tag value; the description is a tag
@@ -166,6 +168,7 @@ class MlflowTracker:
         """A top-level run with the config as params and the environment as tags; FAILED if the body raises, KILLED
         if it is interrupted."""
         env = run_environment(cfg)
+        end_abandoned_runs(self.client, self.experiment_id)
         run = self.client.create_run(
             self.experiment_id,
             run_name=name,
@@ -175,6 +178,7 @@ class MlflowTracker:
                 "git_commit": env["git_commit"],
                 "broker": env["broker"],
                 "host": env["hardware"]["host"],
+                DRIVER_TAG: owner_token(),
                 **(tags or {}),
             },
         )

@@ -3,6 +3,7 @@ naming the setting, in seconds; what does not stop a run is a warning."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -115,3 +116,25 @@ def test_benchmark_preconditions_cover_the_whole_matrix(tmp_path):
     with pytest.raises(ConfigError, match=r"gives each rank no message \(100 records .* 64 rank\(s\)\)"):
         preflight.check_benchmark(cfg)
     preflight.check_benchmark(cfg.override({"bench.world_sizes": [1, 2]}))
+
+
+def test_ranks_far_beyond_the_cores_are_warned_of_before_the_benchmark(tmp_path):
+    """Issue 21 defect 9: bench.world_sizes=[2,64] on 2 cores ran over 300 s without a word."""
+    cores = len(os.sched_getaffinity(0))
+    crowded = 4 * cores + 1
+    cfg = KbitConfig.from_dict(
+        {
+            "workdir": str(tmp_path / "kbit"),
+            "dataset": {"num_records": 20_000},
+            "bench": {"world_sizes": [1, crowded], "batch_sizes": [256]},
+        }
+    )
+    report = preflight.check_benchmark(cfg)
+    assert [w for w in report.warnings if "CPU core" in w] == [
+        f"bench.world_sizes={crowded} ranks on {cores} CPU core(s) of this machine ({crowded / cores:.0f} per core): "
+        "each rank gets a small share of a core and its start alone takes seconds, so the run takes far longer than "
+        f"on fewer ranks; use at most {4 * cores} here"
+    ]
+    assert not [
+        w for w in preflight.check_benchmark(cfg.override({"bench.world_sizes": [1, 2]})).warnings if "core" in w
+    ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import signal
 import subprocess
 import threading
 import time
@@ -95,3 +96,35 @@ def test_a_produce_losing_the_lock_by_microseconds_still_names_the_holder(make_c
             with _producing(cfg, topic_name):
                 pytest.fail("the lock is held")
         note.join()
+
+
+@pytest.mark.slow
+def test_an_interrupted_produce_deletes_its_partial_topic_and_says_so(broker, tmp_path, topic_name, make_config):
+    """Issue 21 defect 6: Ctrl-C during `kbit produce` printed the training advice (workers, checkpoint.resume) and
+    left a partial topic, of which `inspect` said "produce it" and `produce` "pass --recreate"."""
+    workdir = tmp_path / "kbit"
+    sets = [f"kafka.embedded.port={broker.port}", f"workdir={workdir}"]
+    flags = [a for s in sets for a in ("--set", s)]
+    command = subprocess.Popen(
+        [str(KBIT), "produce", "--topic", topic_name, "--records", "400000", "--format", "json", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    cfg = make_config(workdir=str(workdir))
+    deadline = time.monotonic() + 60
+    while not admin.topic_exists(cfg.kafka, topic_name) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)  # into the produce
+    command.send_signal(signal.SIGINT)
+    _, stderr = command.communicate(timeout=60)
+
+    assert command.returncode == 130, stderr[-3000:]
+    assert "interrupted: stopped producing; the partly written topic is deleted" in stderr
+    assert "checkpoint" not in stderr and "Traceback" not in stderr, stderr[-3000:]
+    assert not admin.topic_exists(cfg.kafka, topic_name)
+    inspected = subprocess.run(
+        [str(KBIT), "inspect", topic_name, *flags], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    assert inspected.returncode == 1 and "produce it with `kbit produce`" in inspected.stderr, inspected.stderr

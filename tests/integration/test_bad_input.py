@@ -79,6 +79,19 @@ def test_skip_policy_counts_the_bad_record_and_keeps_len(produce_topic: Produce)
     assert len(seen) == 19 and sum(seen.values()) == 20, "19 good records, one repeated to fill the last batch"
 
 
+def test_a_skipped_record_counts_once_however_many_epochs_read_it(produce_topic: Produce):
+    """Issue 21: skipped_messages counted reads (5 bad records over 2 epochs showed as 10)."""
+    cfg, manifest = produce_topic(
+        RAW, 40, partitions=2, reader__bad_records="skip", shard__split_rates=[0.5, 0.5], train__global_batch_size=4
+    )
+    inject(cfg, manifest.topic, 1, b"not an image")
+    with make_split_loader(cfg, extended(manifest, 1, 1), "val", 0, 1) as loader:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            assert len(drain(loader)) == 5
+        assert loader.stats.reader.skipped == 1
+
+
 def test_reading_avro_with_the_json_codec_names_the_first_record(produce_topic: Produce):
     cfg, manifest = produce_topic({"format": "avro", "layout": "list", "compression": "none"}, 10, partitions=1)
     json_codec = get_codec("json", "list", manifest.dataset.image_shape)

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import re
+import signal
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
+from typer.testing import CliRunner
 
 from kbit_core import produce
+from kbit_core.cli import app
 from kbit_core.config import DataVariant, KafkaConfig, KbitConfig
 from kbit_core.datasets import open_source
-from kbit_core.errors import BrokerError, ManifestMismatchError
+from kbit_core.errors import BrokerError, ConfigError, ManifestMismatchError
 from kbit_core.formats import get_codec
 from kbit_core.kafka import admin
 from kbit_core.kafka.apache_broker import ApacheKafkaBroker
@@ -130,6 +139,82 @@ def test_foreign_topic_without_manifest_is_not_overwritten(cfg: KbitConfig) -> N
     with pytest.raises(ManifestMismatchError, match="exists but has no manifest"):
         produce_dataset(cfg, progress=False)
     assert_topic_holds_dataset(cfg, produce_dataset(cfg, progress=False, recreate=True))
+
+
+def test_changed_records_at_unchanged_offsets_break_reuse_and_inspect(cfg: KbitConfig, tmp_path: Path) -> None:
+    """Issue 21 defect 4: drop one record and duplicate another, so every offset still matches the manifest."""
+    manifest = produce_dataset(cfg, progress=False)
+    messages = read_back(cfg.kafka, manifest)
+    in_partition_1 = [m for m in messages if m[0] == 1]
+    tampered = [m for m in messages if m not in in_partition_1]
+    tampered += in_partition_1[:2] + in_partition_1[3:] + in_partition_1[-1:]  # offset 2 dropped, the last repeated
+    admin.delete_topic(cfg.kafka, cfg.produce.topic)
+    admin.create_topic(cfg.kafka, cfg.produce.topic, 3)
+    writer = Producer({"bootstrap.servers": cfg.kafka.resolved_bootstrap(), "enable.idempotence": True})
+    for partition, _, key, value in tampered:
+        writer.produce(cfg.produce.topic, value=value, key=key, partition=partition)
+    assert writer.flush(10) == 0
+    assert admin.check_topic(cfg.kafka, manifest).holds_manifest  # the offsets alone cannot tell
+
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump(cfg.to_dict()))
+    result = CliRunner().invoke(app, ["inspect", cfg.produce.topic, "--json", "--config", str(profile)])
+    assert result.exit_code == 1, result.output
+    problems = json.loads(result.stdout)["problems"]
+    assert problems == [
+        "partition 1: the records differ from the manifest's (offset 2 holds the message of record 10, where the "
+        "manifest has record 7)"
+    ]
+    with pytest.raises(ManifestMismatchError, match="partition 1: the records differ"):
+        produce_dataset(cfg, progress=False)
+    assert_topic_holds_dataset(cfg, produce_dataset(cfg, progress=False, recreate=True))
+
+
+def test_a_message_over_the_size_limits_is_refused_before_the_topic_is_created(
+    make_config: Callable[..., KbitConfig], topic_name: str
+) -> None:
+    """Issue 21 defect 5: 1,600 raw records of 784 bytes in one message failed at the broker, leaving an empty topic."""
+    big = {"format": "raw", "layout": "bytes", "compression": "lz4", "records_per_message": 1600}
+    cfg = make_config(dataset__num_records=1600, produce__topic=topic_name, produce__variant=big)
+    with pytest.raises(
+        ConfigError,
+        match=r"records_per_message=1600: one raw_bytes_lz4_x1600 message is 1,270,542 bytes "
+        r"\(uncompressed\), over the confluent producer's message size limit \(1,000,000 bytes\); "
+        r"use at most about 1259 records per message",
+    ):
+        produce_dataset(cfg, progress=False)
+    assert not admin.topic_exists(cfg.kafka, topic_name)
+    roomy_client = cfg.override({"kafka.extra": {"message.max.bytes": 4_000_000}})
+    if not cfg.kafka.tansu:  # Tansu does not tell its limit
+        with pytest.raises(ConfigError, match=r"over the max.message.bytes of the embedded broker 127.0.0.1:\d+ "):
+            produce_dataset(roomy_client, progress=False)
+        assert not admin.topic_exists(cfg.kafka, topic_name)
+
+
+def test_another_workdir_finds_the_topic_and_recreate_says_whose_it_deletes(
+    cfg: KbitConfig, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 21 defect 2: the same dataset asked for from a second workdir (a deployment's `.kbit` and the CLI's
+    `.kbit/bench-smoke`) stopped with "exists but has no manifest", and its advice --recreate deletes the first's."""
+    first = produce_dataset(cfg, progress=False)
+    other = cfg.override({"workdir": str(tmp_path / "other")})
+    adopted = produce_dataset(other, progress=False)
+    assert adopted == first and manifest_path(other.workdir, cfg.produce.topic).is_file()
+
+    different = cfg.override({"workdir": str(tmp_path / "third"), "dataset.seed": 9})
+    with pytest.raises(ManifestMismatchError) as mismatch:
+        produce_dataset(different, progress=False)
+    message = str(mismatch.value)
+    assert f"recorded in kbit.manifests by {socket.gethostname()}:{cfg.run_dir}" in message
+    assert "set produce.topic to keep this dataset apart" in message and "dataset.seed: 0 != 9" in message
+
+    with caplog.at_level(logging.WARNING, logger="kbit_core.produce"):
+        produce_dataset(different, progress=False, recreate=True)
+    assert f"--recreate deletes topic {cfg.produce.topic}, which {socket.gethostname()}:{cfg.run_dir} produced" in (
+        caplog.text
+    )
+    with pytest.raises(ManifestMismatchError, match=r"(?s)by .*third\) differs .*dataset.seed: 9 != 0"):  # told of it
+        produce_dataset(cfg, progress=False)
 
 
 def test_appended_messages_break_reuse(cfg: KbitConfig) -> None:
@@ -249,5 +334,59 @@ def test_apache_kafka_keeps_the_topic_across_a_restart_and_it_is_not_produced_ag
         assert again.created_at == first.created_at and again.ranges() == first.ranges()
         assert admin.check_topic(cfg.kafka, again).holds_manifest
         assert topic_identity_key(None, {"cfg": cfg, "variants": None}) == key  # type: ignore[arg-type]
+    finally:
+        own.stop()
+
+
+@pytest.mark.own_broker
+@pytest.mark.slow
+def test_a_broker_lost_mid_produce_is_named_within_seconds_and_the_rerun_needs_no_recreate(
+    make_config: Callable[..., KbitConfig],
+    tmp_path: Path,
+    apache_kafka: object,
+    record_property: Callable[[str, object], None],
+    topic_name: str,
+) -> None:
+    """Issue 21 defect 3: a broker killed during `kbit produce` went unreported for 120 s (the delivery timeout),
+    the error named counts rather than the broker, and the rerun demanded --recreate for the partial topic."""
+    own = ApacheKafkaBroker(tmp_path / "own-broker", port=free_port(), controller_port=free_port())
+    own.start()
+    try:
+        cfg = make_config(
+            kafka={"embedded": {"port": own.port, "broker": "apache-kafka", "controller_port": own.controller_port}},
+            dataset__num_records=400_000,
+            produce__topic=topic_name,
+            produce__variant={"format": "json", "layout": "list", "compression": "none"},
+        )
+        outcome: dict[str, object] = {}
+
+        def produce_until_it_fails() -> None:
+            try:
+                produce_dataset(cfg, progress=False)
+            except BrokerError as exc:
+                outcome["error"], outcome["at"] = str(exc), time.monotonic()
+
+        producing = threading.Thread(target=produce_until_it_fails)
+        producing.start()
+        deadline = time.monotonic() + 60
+        while not admin.topic_exists(cfg.kafka, cfg.produce.topic) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # into the produce
+        os.kill(own.status().pid, signal.SIGKILL)
+        killed = time.monotonic()
+        producing.join(timeout=150)
+        assert not producing.is_alive() and "error" in outcome, "the produce did not fail on the lost broker"
+        record_property("seconds", round(float(outcome["at"]) - killed, 2))  # type: ignore[arg-type]
+        assert re.search(
+            rf"cannot reach the embedded broker 127\.0\.0\.1:{own.port}.*: lost while producing, down for \d+ s "
+            rf"\(.*127\.0\.0\.1:{own.port}.*Connection refused",
+            str(outcome["error"]),
+        ), outcome["error"]
+
+        own.start()  # its disk kept the partial topic
+        assert admin.topic_exists(cfg.kafka, cfg.produce.topic)
+        small = cfg.override({"dataset.num_records": 40})
+        again = produce_dataset(small, progress=False)  # no --recreate asked for
+        assert again.num_records == 40 and admin.check_topic(small.kafka, again).holds_manifest
     finally:
         own.stop()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -45,7 +48,10 @@ def tracked_config(tmp_path: Path, store: Path, profile: str, **tracking: object
                 "sasl_mechanism": "PLAIN",
                 "sasl_username": "u",
                 "sasl_password": "hunter2",
-                "extra": {"ssl.key.password": "also-secret"},
+                "extra": {
+                    "ssl.key.password": "also-secret",
+                    "sasl.oauthbearer.config": "principal=alice clientSecret=OAUTHSECRET1",
+                },
             },
             "tracking": {"tracking_uri": f"sqlite:///{store}", "system_metrics": False, **tracking},
         }
@@ -72,7 +78,7 @@ def test_benchmark_parent_and_children(tmp_path: Path, store: Path) -> None:
     assert parent.info.status == "FINISHED" and parent.info.experiment_id == exp.experiment_id
     params = parent.data.params
     assert params["kafka.sasl_password"] != "hunter2" and params["kafka.extra.ssl.key.password"] == "***"
-    assert "hunter2" not in json.dumps(params) and "also-secret" not in json.dumps(params)
+    assert [s for s in ("hunter2", "also-secret", "OAUTHSECRET1") if s in json.dumps(params)] == []
     assert params["bench.iterations"] == "30" and json.loads(params["bench.clients"]) == ["confluent"]
     # The benchmark's own settings: no optimizer, DeepSpeed or training-variant params that it never reads.
     assert params["train.global_batch_size"] == "64" and "produce.partitions" in params
@@ -307,3 +313,35 @@ def test_final_metrics_keep_numbers_last_epoch_values_and_data_counts() -> None:
         "data_val_skipped_messages": 3.0,
         "data_val_retries": 1.0,
     }
+
+
+def test_a_run_left_running_by_a_killed_driver_is_marked_killed_by_the_next(tmp_path: Path, store: Path) -> None:
+    """Issue 21 defect 11: SIGKILL of the driver (what the OOM killer does) left its MLflow run RUNNING for good."""
+    cfg = tracked_config(tmp_path, store, "abandoned")
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from kbit_core.config import KbitConfig; from kbit_core.tracking import make_tracker\n"
+            "cfg = KbitConfig.from_json(sys.argv[1])\n"
+            "with make_tracker(cfg).run(cfg, name='doomed', kind='train') as run_id:\n"
+            "    print(run_id, flush=True); sys.stdin.read()",
+            cfg.to_secret_json(),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    doomed = driver.stdout.readline().strip()
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    client = client_for(cfg)
+    assert client.get_run(doomed).info.status == "RUNNING"
+
+    with make_tracker(cfg).run(cfg, name="next", kind="train") as run_id:
+        assert client.get_run(run_id).info.status == "RUNNING"  # its own driver lives: left alone
+        ended = client.get_run(doomed)
+        assert ended.info.status == "KILLED"
+        assert (
+            f"its driver {ended.data.tags['kbit.driver']} ended without ending it" in ended.data.tags["kbit.reconciled"]
+        )

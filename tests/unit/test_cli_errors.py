@@ -52,9 +52,18 @@ def test_debug_prints_the_traceback_first(capsys):
 
 def test_an_interrupt_exits_130_with_how_to_resume(capsys):
     with pytest.raises(typer.Exit) as exit_:
-        common.run_guarded(raise_, KeyboardInterrupt())
+        common.run_guarded(raise_, KeyboardInterrupt(), on_interrupt=common.TRAINING_STOPPED)
     assert exit_.value.exit_code == common.INTERRUPTED_EXIT == 130
     assert "rerun with --set checkpoint.resume=latest to continue" in capsys.readouterr().err
+
+
+def test_an_interrupt_says_what_the_command_stopped_never_the_training_advice_elsewhere(capsys):
+    """Issue 21 defect 6: produce and bench printed the training advice (workers, checkpoint.resume)."""
+    for advice in (common.STOPPED, common.PRODUCE_STOPPED, common.BENCH_STOPPED):
+        with pytest.raises(typer.Exit):
+            common.run_guarded(raise_, KeyboardInterrupt(), on_interrupt=advice)
+        assert capsys.readouterr().err == f"interrupted: {advice}\n"
+        assert "checkpoint" not in advice
 
 
 def test_sigterm_raises_keyboard_interrupt_through_the_sigint_handler():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from kbit_core.config import (
     parse_overrides,
 )
 from kbit_core.errors import ConfigError
+from kbit_core.kafka.settings import mask
+from kbit_core.tracking.params import config_params
 
 
 def test_defaults_validate_and_round_trip() -> None:
@@ -90,6 +93,45 @@ def test_password_is_masked_in_dumps_and_revealed_only_for_workers() -> None:
     assert "hunter2" not in str(cfg.to_dict())
     assert "hunter2" not in repr(cfg)
     assert cfg.to_secret_dict()["kafka"]["sasl_password"] == "hunter2"
+
+
+def test_a_malformed_set_value_names_its_setting_in_one_line() -> None:
+    """Issue 21 defect 8: YAML's own error named neither the setting nor the --set it came from."""
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, ["train.epochs=2", 'train.model={"name": cnn'])
+    message = str(raised.value)
+    assert message.startswith("--set train.model: the value '{\"name\": cnn' is not valid YAML (expected ',' or '}'")
+    assert "\n" not in message
+
+
+OAUTH_CONFIG = "principal=alice clientSecret=OAUTHSECRET1 scope=train"
+JAAS_CONFIG = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="alice" password="JAAS-PW2";'
+
+
+def test_a_credential_inside_an_extra_value_is_masked_by_value() -> None:
+    """Issue 21 defect 1: `sasl.oauthbearer.config` is no credential by name, but its value carries one."""
+    url = "https://svc:URLSECRET3@idp.example/token"
+    extra = (
+        f'kafka.extra={{"sasl.oauthbearer.config": "{OAUTH_CONFIG}", "sasl.oauthbearer.token.endpoint.url": "{url}", '
+    )
+    cfg = load_config(None, [extra + '"sasl.kerberos.service.name": "kafka"}'])
+    dumped = json.dumps(cfg.to_dict()) + repr(cfg) + json.dumps(config_params(cfg)) + cfg.model_dump_json()
+    assert [s for s in ("OAUTHSECRET1", "URLSECRET3") if s in dumped] == []
+    assert config_params(cfg)["kafka.extra.sasl.kerberos.service.name"] == "kafka"  # no credential: stays readable
+    assert cfg.kafka.client_extra()["sasl.oauthbearer.config"] == OAUTH_CONFIG  # the client still gets it
+
+
+def test_mask_hides_credentials_inside_values_and_keeps_the_rest_readable() -> None:
+    overrides = {"kafka": {"extra": {"sasl.oauthbearer.config": OAUTH_CONFIG, "x": JAAS_CONFIG}}, "train.epochs": 2}
+    masked = mask(overrides)
+    assert masked["kafka"]["extra"]["sasl.oauthbearer.config"] == "principal=alice clientSecret=*** scope=train"
+    assert masked["kafka"]["extra"]["x"].endswith('username="alice" password=***;')
+    assert masked["train.epochs"] == 2
+    assert mask({"uri": "http://u:pw@host:5000/x"}) == {"uri": "http://u:***@host:5000/x"}
+    assert mask({"bootstrap.servers": "a:9092,b:9092", "token.key": "k"}) == {
+        "bootstrap.servers": "a:9092,b:9092",
+        "token.key": "***",
+    }
 
 
 def test_default_matrix_holds_the_original_four_and_both_layouts() -> None:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from kbit_core.launch.failures import ExecutorLoss, OutputTail, RankExit, executor_loss, rank_exits, rank_lines
+from kbit_core.launch.failures import (
+    ExecutorLoss,
+    FailureNoise,
+    OutputTail,
+    RankExit,
+    executor_loss,
+    rank_exits,
+    rank_lines,
+)
 
 # Two torchrun agents' summaries as a cluster-mode run relays them (trimmed from a real run): node1's agent saw
 # its rank 0 torn down by SIGTERM, node2's agent saw rank 1 killed by SIGKILL first.
@@ -101,3 +109,54 @@ def test_the_output_tail_keeps_what_was_written_and_still_shows_it(capsys) -> No
     assert tail.text() == "second\nthird\n"
     shown = capsys.readouterr()
     assert shown.out == "first\nsecond\n" and shown.err == "third\n"
+
+
+# What TorchDistributor relayed when rank 1 raised (issue 21 defect 7: ~110 such lines around the one that matters);
+# the two ranks' tracebacks interleave.
+FAILED_RUN_OUTPUT = """\
+shard plan per epoch: train 1600 messages (800 per rank)
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/tmp/run/train.py", line 8, in <module>
+[rank0]: Traceback (most recent call last):
+[rank1]:     output = fn(*args, **kwargs)
+[rank1]:              ^^^^^^^^^^^^^^^^^^^
+[rank0]:   File "/venv/torch/distributed/distributed_c10d.py", line 3252, in all_reduce
+[rank1]: kbit_core.errors.CorruptRecordError: message does not decode as raw/bytes (topic=t, partition=1, offset=7)
+[rank0]:     work.wait()
+[rank0]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:54701.
+[rank0]: WARNING kbit_core.data.reader: skipping corrupt record (topic=t, partition=0, offset=3)
+W1125 19:31:31.757000 618 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 705 closing signal
+E1125 19:31:32.038000 618 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 1
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+/tmp/run/train.py FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+============================================================
+epoch 1/1: train loss 0.3000
+"""
+
+
+def test_a_failed_runs_tracebacks_are_withheld_and_everything_else_shown() -> None:
+    noise = FailureNoise()
+    shown = [line for line in FAILED_RUN_OUTPUT.splitlines(keepends=True) if not noise.hides(line)]
+    assert shown == [
+        "shard plan per epoch: train 1600 messages (800 per rank)\n",
+        "[rank0]: WARNING kbit_core.data.reader: skipping corrupt record (topic=t, partition=0, offset=3)\n",
+        "epoch 1/1: train loss 0.3000\n",
+    ]
+
+
+def test_the_tee_shows_a_failed_run_quietly_but_keeps_it_whole_in_the_tail(capsys) -> None:
+    tail = OutputTail(quiet_failures=True)
+    with tail.capturing():
+        for line in FAILED_RUN_OUTPUT.splitlines(keepends=True):
+            sys.stdout.write(line)
+    shown = capsys.readouterr().out
+    assert "Traceback" not in shown and "ChildFailedError" not in shown and "epoch 1/1" in shown
+    assert tail.text() == FAILED_RUN_OUTPUT  # what kbit reads its one-line error from is all there

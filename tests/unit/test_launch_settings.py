@@ -18,6 +18,7 @@ from kbit_core.launch.distributor import (
     WorkerFailedError,
     _exception_type,
     _rank0_result,
+    describe,
     worker_failure,
 )
 from kbit_core.launch.spark import spark_conf
@@ -125,7 +126,23 @@ def test_the_rank_that_raised_is_blamed_not_the_peer_that_lost_it(tmp_path: Path
     os.utime(tmp_path / "rank0.txt", (0, 0))
     error = worker_failure(RuntimeError("TorchDistributor failed"), tmp_path, KbitConfig(), "")
     assert (type(error), error.rank, error.exception_type) == (WorkerFailedError, "rank1", "ValueError")
-    assert str(error).index("rank1") < str(error).index("--- rank0 also failed")
+    assert error.details.index("rank1") < error.details.index("--- rank0 also failed")
+    assert str(error).startswith("rank1 raised: ValueError: bad labels; 1 other rank(s) failed after it (distributed")
+
+
+def test_a_worker_error_is_one_line_naming_the_record_and_its_traceback_waits_for_debug(tmp_path: Path):
+    """Issue 21 defect 7: the CorruptRecordError line was buried in ~110 lines of stacked tracebacks."""
+    (tmp_path / "rank0.txt").write_text(
+        'Traceback (most recent call last):\n  File "/x/loop.py", line 3, in step\n    batch = next(it)\n'
+        "            ^^^^^^^^\nkbit_core.errors.CorruptRecordError: message does not decode as raw/bytes: bad\n"
+        "length (topic=t, partition=1, offset=7)\n"
+    )
+    error = worker_failure(RuntimeError("TorchDistributor failed"), tmp_path, KbitConfig(), "")
+    assert str(error) == (
+        "rank0 raised: CorruptRecordError: message does not decode as raw/bytes: bad length (topic=t, partition=1, "
+        f"offset=7) (distributed run: {describe(KbitConfig())}; tracebacks in {tmp_path}, printed with --debug)"
+    )
+    assert 'File "/x/loop.py", line 3' in error.details
 
 
 def test_a_killed_rank_is_blamed_from_torchruns_record_even_when_only_its_peer_wrote_a_traceback(tmp_path: Path):

@@ -9,9 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from rich.console import Console
 
+from kbit_core.cli.data import partitions_table
 from kbit_core.config import DataVariant
 from kbit_core.errors import BrokerError, TopicError
+from kbit_core.kafka.admin import TopicCheck
 from kbit_core.kafka.manifest import DataIdentity, DatasetInfo, Manifest, PartitionManifest, manifest_path
 from kbit_core.kafka.producers import DeliveryLedger
 
@@ -114,6 +117,7 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
         "num_messages": 3,
         "num_records": 3,
         "value_bytes": 300,
+        "content_digest": None,
     }
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
 
@@ -164,3 +168,23 @@ def test_ledger_refuses_offsets_with_gaps() -> None:
         ledger.callback(1, 5)(0, offset, None)
     with pytest.raises(TopicError, match=r"topic-b\[0\]: 3 messages landed at offsets 0..3, which are not contiguous"):
         ledger.partitions()
+
+
+def test_inspects_live_check_fits_80_columns() -> None:
+    """Issue 21: at 80 columns inspect's live column was cut off."""
+    big = [part(0, 0, 29_999, 59_998), part(1, 0, 29_999, 59_998)]
+    check = TopicCheck(
+        "kbit.test.v1",
+        True,
+        [0, 1],
+        earliest={0: 0, 1: 0},
+        ends={0: 29_999, 1: 30_000},
+        problems=["x"],
+        differing=frozenset({1}),
+    )
+    console = Console(width=80, record=True, color_system=None)
+    console.print(partitions_table(manifest(partitions=big), check))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "…" not in text and " live " in text and "differs" in text and " ok " in text
+    assert "0..29998" in text and "29,999" in text

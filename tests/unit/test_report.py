@@ -8,9 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from kbit_core.bench.measure import SAMPLE_COLUMNS, Sample
 from kbit_core.bench.report import ReportFiles, read_timings, rebuild_report, timings_frame, write_report
+from kbit_core.cli.bench import results_table
 from kbit_core.errors import ConfigError, StatisticsError
 
 CONFIGS = ("avro_list_lz4.confluent", "json_list_none.confluent")
@@ -247,3 +249,19 @@ def test_iteration_order_is_a_seeded_permutation_per_iteration() -> None:
     assert orders[2] == [c.name for c in iteration_order(cfg, cells, 2)]  # reproducible
     fixed = KbitConfig.from_dict({"bench": {"shuffle_order": False}})
     assert iteration_order(fixed, cells, 3) == cells
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_the_results_table_is_whole_in_a_narrow_terminal(tmp_path: Path, width: int) -> None:
+    """Issue 21: at 80 columns every figure of `kbit bench`'s table was cut to '0.3…'."""
+    files = write_report(
+        timings_frame(synthetic_rows(iterations=8)), {"iterations": 8}, tmp_path, bootstrap_resamples=100, seed=0
+    )
+    doc = json.loads(files.stats_json.read_text())
+    console = Console(width=width, record=True, color_system=None)
+    console.print(results_table(doc, console.width))
+    text = console.export_text()
+    assert "…" not in text and max(map(len, text.splitlines())) <= width
+    makespan = doc["makespan"]["statistical_analysis"][CONFIGS[0]]
+    assert f"1. {CONFIGS[0]}" in text and f"{makespan['median']:.4f}" in text and "reference" in text
+    assert f"[{makespan['median_ci_low']:.3f}, {makespan['median_ci_high']:.3f}]" in text

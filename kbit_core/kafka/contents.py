@@ -1,0 +1,126 @@
+"""Record identity: whether a topic's messages are the ones its manifest recorded, not just as many of them.
+
+Offsets alone cannot tell: drop one record and duplicate another and every offset still matches. Each
+partition's manifest keeps a content digest (:func:`~kbit_core.kafka.manifest.record_digest`, summed over its
+messages at their offsets); this module reads the manifest's ranges once and compares. Where a digest differs it
+also names the first message out of place, from the order kbit produces in (message m is keyed by its first
+record index and goes to partition m % P).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from kbit_core.config import KafkaConfig
+from kbit_core.kafka import admin
+from kbit_core.kafka.admin import TopicCheck
+from kbit_core.kafka.manifest import Manifest, PartitionManifest, digest_hex, message_digest, record_digest
+
+# A read that makes no progress for this long is reported instead of waited out.
+STALL_S = 10.0
+
+
+@dataclasses.dataclass
+class _PartitionRead:
+    spec: PartitionManifest
+    next_offset: int
+    total: int = 0
+    misplaced: str | None = None  # the first message out of place, in words
+
+    @property
+    def done(self) -> bool:
+        return self.next_offset >= self.spec.stop_offset
+
+
+def expected_key(manifest: Manifest, partition: int, offset: int) -> bytes:
+    """The key kbit's producer gave the message at ``offset`` of ``partition``: its first record's index."""
+    spec = manifest.partitions[partition]
+    message_no = (offset - spec.first_offset) * len(manifest.partitions) + partition
+    return str(message_no * manifest.variant.records_per_message).encode("ascii")
+
+
+def check_records(kcfg: KafkaConfig, manifest: Manifest) -> dict[int, str]:
+    """partition -> how its records differ from the manifest's digest; empty when every digested partition holds
+    exactly its records. Partitions without a digest (older manifests) are not read."""
+    reads = {
+        p.partition: _PartitionRead(p, p.first_offset)
+        for p in manifest.partitions
+        if p.num_messages and p.content_digest is not None
+    }
+    if not reads:
+        return {}
+    stalled = _read_all(kcfg, manifest, reads)
+    problems: dict[int, str] = {}
+    for partition, read in reads.items():
+        if partition in stalled:
+            problems[partition] = (
+                f"partition {partition}: reading stopped at offset {read.next_offset} (no record for {STALL_S:g} s)"
+            )
+        elif digest_hex(read.total) != read.spec.content_digest:
+            where = read.misplaced or "a record's contents changed"
+            problems[partition] = f"partition {partition}: the records differ from the manifest's ({where})"
+    return problems
+
+
+def _read_all(kcfg: KafkaConfig, manifest: Manifest, reads: dict[int, _PartitionRead]) -> set[int]:
+    """Read every range into ``reads``; returns the partitions whose reading stalled."""
+    admin.require_embedded_listening(kcfg)
+    consumer = Consumer(
+        {
+            **admin.client_options(kcfg),
+            **admin.EAGER_CONNECT,
+            "group.id": f"kbit-contents-{uuid.uuid4().hex[:8]}",  # assign only: never joins nor commits
+            "enable.auto.commit": False,
+            "auto.offset.reset": "error",
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(manifest.topic, p, read.next_offset) for p, read in reads.items()])
+        last_progress = time.monotonic()
+        while not all(read.done for read in reads.values()):
+            if time.monotonic() - last_progress > STALL_S:
+                return {p for p, read in reads.items() if not read.done}
+            for msg in consumer.consume(1000, 0.2):
+                if msg.error() is not None:
+                    if msg.error().code() != KafkaError._PARTITION_EOF:
+                        raise admin.unreachable(kcfg, f"reading {manifest.topic}: {msg.error().str()}")
+                    continue
+                read = reads.get(msg.partition())
+                if read is not None and read.next_offset <= msg.offset() < read.spec.stop_offset:
+                    _take(manifest, read, msg.offset(), msg.key(), msg.value())
+                    last_progress = time.monotonic()
+        return set()
+    finally:
+        consumer.close()
+
+
+def _take(manifest: Manifest, read: _PartitionRead, offset: int, key: bytes | None, value: bytes | None) -> None:
+    read.total += record_digest(offset, message_digest(key, value))
+    if read.misplaced is None:
+        expected = expected_key(manifest, read.spec.partition, offset)
+        if offset != read.next_offset:
+            read.misplaced = f"offset {read.next_offset} is missing"
+        elif key != expected:
+            found = key.decode("ascii", "replace") if key else "no key"
+            read.misplaced = (
+                f"offset {offset} holds the message of record {found}, where the manifest has record "
+                f"{expected.decode()}"
+            )
+    read.next_offset = offset + 1
+
+
+def check_topic_and_records(kcfg: KafkaConfig, manifest: Manifest) -> TopicCheck:
+    """:func:`admin.check_topic`, then, when the offsets match, :func:`check_records`."""
+    check = admin.check_topic(kcfg, manifest)
+    if not check.holds_manifest:
+        return check
+    differing = check_records(kcfg, manifest)
+    return dataclasses.replace(
+        check,
+        problems=[*check.problems, *differing.values()],
+        differing=check.differing | frozenset(differing),
+    )
