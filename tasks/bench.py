@@ -8,7 +8,7 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from kbit_core import tracking
-from kbit_core.bench.compare import compare_runs
+from kbit_core.bench.compare import compare_runs, no_baseline_verdict, regression_verdict
 from kbit_core.bench.history import history_markdown
 from kbit_core.bench.report import RANKING_METRIC, load_stats
 from kbit_core.config import KbitConfig
@@ -63,6 +63,19 @@ def fail_on_regressions(comparison: dict[str, Any], baseline_run_id: str) -> Non
             f"{len(regressed)} configuration(s) regressed against MLflow run {baseline_run_id} "
             f"beyond {comparison['threshold']:.0%}: {detail}"
         )
+
+
+@task(name="regression-verdict")
+def state_verdict(cfg: KbitConfig, comparison: dict[str, Any] | None, baseline_run_id: str | None) -> str:
+    """The run's regression verdict in one sentence, or that it had no comparable baseline; logged (a regression
+    as a warning) and returned for the summary artifact and the flow's result."""
+    if comparison is None or baseline_run_id is None:
+        verdict = no_baseline_verdict(cfg.profile, cfg.experiment_name())
+    else:
+        verdict = regression_verdict(comparison, f"MLflow run {baseline_run_id}")
+    log = get_run_logger()
+    (log.warning if comparison and comparison["regressions"] else log.info)("%s", verdict)
+    return verdict
 
 
 @task(
