@@ -41,6 +41,22 @@ def publish_benchmark_summary(
     return str(artifact_id)
 
 
+@task(name="publish-training-summary")
+def publish_training_summary(profile: str, summary: dict[str, Any], mlflow_run_url: str | None) -> str:
+    """Publish a training's final metrics, rounded, under a link to its MLflow run."""
+    run_id = summary.get("mlflow_run_id")
+    link = (
+        f"[Open the run in MLflow]({mlflow_run_url})" if mlflow_run_url else f"MLflow run `{run_id or 'not tracked'}`"
+    )
+    rows = [f"| {name} | {value:.4g} |" for name, value in sorted(summary["metrics"].items())]
+    artifact_id = create_markdown_artifact(
+        markdown="\n".join([f"# kbit training {profile}", "", link, "", "| metric | final |", "|---|---|", *rows]),
+        key=_key(f"kbit-train-{profile}"),
+        description=f"kbit training summary ({profile})",
+    )
+    return str(artifact_id)
+
+
 @task(name="publish-regression-check")
 def publish_regression_check(profile: str, comparison: dict[str, Any], baseline_run_id: str, verdict: str) -> str:
     """Publish the run-to-run comparison under its verdict as a table, regressions first."""
