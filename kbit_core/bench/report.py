@@ -303,9 +303,13 @@ def headline(doc: Mapping[str, Any]) -> str:
 
 
 def slower_count(doc: Mapping[str, Any]) -> str:
-    """The significance in a few words, for a run name: '3 of 5 others significantly slower'."""
+    """The significance in a few words, for a run name: '3 of 5 others significantly slower', and how many could
+    not be tested ('…, 2 with too few runs to test')."""
     verdicts = [e["significance"] for e in doc["comparison"][RANKING_METRIC]["ranking"][1:]]
-    return f"{verdicts.count('significant')} of {len(verdicts)} others significantly slower"
+    untested = verdicts.count("insufficient runs")
+    return f"{verdicts.count('significant')} of {len(verdicts)} others significantly slower" + (
+        f", {untested} with too few runs to test" if untested else ""
+    )
 
 
 def record_sizes(doc: Mapping[str, Any], name: str) -> tuple[str, str]:

@@ -295,7 +295,9 @@ class MlflowTracker:
         median = doc["makespan"]["statistical_analysis"][fastest]["median"]
         self.client.update_run(run_id, name=f"fastest {fastest} {median:.3f} s, {slower_count(doc)} · {run_name}")
         link = f"#/experiments/{self.experiment_id}/runs/{run_id}?{MODEL_TRAINING_VIEW}"
-        self._show_latest_answer(f"**Latest benchmark, {run_name}: {headline(doc)}** [Open its run]({link})")
+        # Answer first and plain: MLflow's landing page lists the experiment with the description's first ~25
+        # characters, unrendered.
+        self._show_latest_answer(f"{headline(doc)} Latest benchmark: [{run_name}]({link}).")
         return children
 
     def _log_configuration(
