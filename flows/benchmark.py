@@ -6,7 +6,13 @@ from typing import Any
 
 from prefect import flow
 
-from tasks.bench import compare_with_baseline, draw_history, fail_on_regressions, run_benchmark_iterations
+from tasks.bench import (
+    compare_with_baseline,
+    draw_history,
+    fail_on_regressions,
+    run_benchmark_iterations,
+    state_verdict,
+)
 from tasks.config import load_run_config
 from tasks.produce import ensure_dataset_topics
 from tasks.report import publish_benchmark_summary, publish_regression_check
@@ -27,10 +33,11 @@ def benchmark(
       5. With ``compare_with_previous`` (the nightly deployment): draw the history of this profile's nights
          (median and CI per night, change points with their commit ranges, unstable configurations) into
          the report and the MLflow run.
-      6. Publish the summary table (and the history) with a link to the MLflow run as a markdown artifact.
-      7. With ``compare_with_previous``: find the newest finished run of this profile
-         with the same identity and no overrides in MLflow, publish the comparison, and fail on a significant
-         regression.
+      6. Find the newest finished run of this profile with the same identity and no overrides in MLflow and
+         compare with it: the verdict (or "no comparable baseline") is logged, returned and published.
+      7. Publish the summary table (under the verdict, with the history) and a link to the MLflow run as a
+         markdown artifact, and the comparison when there was one.
+      8. With ``compare_with_previous``: fail on a significant regression.
     """
     cfg = load_run_config(profile, overrides)
     ensure_dataset_topics(cfg, cfg.bench.variants)
@@ -38,14 +45,21 @@ def benchmark(
     record_overrides(cfg, result["mlflow_run_id"], overrides)
     run_url = mlflow_run_url(cfg, result["mlflow_run_id"])
     history = draw_history(cfg, result["mlflow_run_id"], result["report_dir"]) if compare_with_previous else None
-    publish_benchmark_summary(cfg.profile, result["summary_md"], run_url, history)
-    if compare_with_previous:
-        baseline = previous_benchmark(cfg, result["mlflow_run_id"], result["stats_json"])
-        if baseline is not None:
-            comparison = compare_with_baseline(baseline["stats"], result["stats_json"], cfg.bench.regression_threshold)
-            publish_regression_check(cfg.profile, comparison, baseline["run_id"])
+    # Without tracking there is nowhere to find a baseline: the gate refuses that, a plain run says so.
+    find = compare_with_previous or cfg.tracking.enabled
+    baseline = previous_benchmark(cfg, result["mlflow_run_id"], result["stats_json"]) if find else None
+    comparison = (
+        compare_with_baseline(baseline["stats"], result["stats_json"], cfg.bench.regression_threshold)
+        if baseline
+        else None
+    )
+    verdict = state_verdict(cfg, comparison, baseline and baseline["run_id"])
+    publish_benchmark_summary(cfg.profile, result["summary_md"], run_url, history, verdict)
+    if baseline and comparison:
+        publish_regression_check(cfg.profile, comparison, baseline["run_id"], verdict)
+        if compare_with_previous:
             fail_on_regressions(comparison, baseline["run_id"])
-    return result
+    return {**result, "regression_verdict": verdict}
 
 
 if __name__ == "__main__":

@@ -581,6 +581,10 @@ class TrackingConfig(Section):
     experiment: str | None = Field(None, description="Experiment name; unset means 'kbit-<profile>'.")
     log_models: bool = True
     system_metrics: bool = True
+    run_tags: dict[str, str] = Field(
+        default_factory=dict,
+        description="Tags on every run this config starts: the Prefect tasks put the flow run's id and page here.",
+    )
 
 
 class SweepConfig(Section):

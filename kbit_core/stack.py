@@ -30,6 +30,22 @@ WORKER_QUERY_SECONDS = "2"
 SET_WORKING_DIRECTORY = "prefect.deployments.steps.set_working_directory"
 
 
+def schedule_lines(deployments: list[dict[str, Any]]) -> list[str]:
+    """Each schedule of the deployments in words with its time zone (Prefect's UI card shows the time only)."""
+    lines = []
+    for dep in deployments:
+        for entry in dep.get("schedules") or []:
+            schedule = entry.get("schedule") or {}
+            # Prefect reads a schedule without a time zone as UTC.
+            zone = schedule.get("timezone") or "UTC"
+            when = next(
+                (f"{kind} {schedule[kind]}" for kind in ("cron", "interval", "rrule") if schedule.get(kind)), "?"
+            )
+            state = "" if entry.get("active", True) else " (paused)"
+            lines.append(f"deployment {dep['name']!r} is scheduled: {when}, time zone {zone}{state}")
+    return lines
+
+
 class StackError(ServiceError):
     """A stack service cannot start, is unhealthy, its port is taken, or a deployment is wrong."""
 

@@ -3,7 +3,7 @@
     python scripts/ui_screenshots.py --mlflow http://127.0.0.1:5000 --prefect http://127.0.0.1:4200 \
         --experiment kbit-nightly --out screenshots/
 
-MLflow: the experiment as it opens, the newest benchmark parent run (its description), its summary.md in the
+MLflow: the landing page, the experiment as it opens, the newest benchmark parent run (its description), its summary.md in the
 artifact viewer, and the compare view of its configurations. Prefect: the deployments list, the nightly
 deployment (its schedule) and the newest benchmark artifact. Chromium comes from Debian's package
 (`apt-get install chromium`); the IDs come from the servers' REST APIs.
@@ -84,6 +84,7 @@ def mlflow_pages(mlflow: str, experiment: str) -> dict[str, str]:
     experiments = urllib.parse.quote(json.dumps([eid]))
     run = f"{mlflow}/#/experiments/{eid}/runs/{parent}"
     return {
+        "mlflow_0_landing": f"{mlflow}/",
         "mlflow_1_experiment": f"{mlflow}/#/experiments/{eid}?{MODEL_TRAINING}",
         "mlflow_1_experiment_without_link_parameter": f"{mlflow}/#/experiments/{eid}",
         "mlflow_2_parent_run": f"{run}?{MODEL_TRAINING}",

@@ -8,7 +8,7 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from kbit_core import tracking
-from kbit_core.bench.compare import compare_runs, regression_message
+from kbit_core.bench.compare import compare_runs, no_baseline_verdict, regression_message, regression_verdict
 from kbit_core.bench.history import history_markdown
 from kbit_core.bench.report import RANKING_METRIC, load_stats
 from kbit_core.config import KbitConfig
@@ -59,6 +59,19 @@ def fail_on_regressions(comparison: dict[str, Any], baseline_run_id: str) -> Non
     message = regression_message(comparison, f"MLflow run {baseline_run_id}")
     if message:
         raise RegressionError(message)
+
+
+@task(name="regression-verdict")
+def state_verdict(cfg: KbitConfig, comparison: dict[str, Any] | None, baseline_run_id: str | None) -> str:
+    """The run's regression verdict in one sentence, or that it had no comparable baseline; logged (a regression
+    as a warning) and returned for the summary artifact and the flow's result."""
+    if comparison is None or baseline_run_id is None:
+        verdict = no_baseline_verdict(cfg.profile, cfg.experiment_name())
+    else:
+        verdict = regression_verdict(comparison, f"MLflow run {baseline_run_id}")
+    log = get_run_logger()
+    (log.warning if comparison and comparison["regressions"] else log.info)("%s", verdict)
+    return verdict
 
 
 @task(

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
+from prefect.runtime import flow_run
 from pydantic import SecretStr
 
 from kbit_core.config import KbitConfig, load_config
@@ -36,7 +37,8 @@ def load_run_config(profile: str, overrides: dict[str, Any] | None = None) -> Kb
     A deployment's job environment names the stack's MLflow server in MLFLOW_TRACKING_URI; it is
     used unless the profile or the overrides choose a tracking URI themselves. The Kafka SASL password
     comes from KBIT_KAFKA_SASL_PASSWORD (the worker's environment) so that it never appears among
-    the flow-run parameters that Prefect stores and shows.
+    the flow-run parameters that Prefect stores and shows. Every MLflow run the config starts is tagged with
+    this flow run (:func:`flow_run_tags`).
     """
     cfg = load_config(profile_path(profile), overrides or {})
     env_uri = os.environ.get("MLFLOW_TRACKING_URI")
@@ -45,4 +47,16 @@ def load_run_config(profile: str, overrides: dict[str, Any] | None = None) -> Kb
     env_password = os.environ.get(SASL_PASSWORD_ENV)
     if env_password and cfg.kafka.sasl_mechanism and cfg.kafka.sasl_password is None:
         cfg.kafka.sasl_password = SecretStr(env_password)
+    cfg.tracking.run_tags = {**flow_run_tags(), **cfg.tracking.run_tags}
     return cfg
+
+
+def flow_run_tags() -> dict[str, str]:
+    """The flow run as MLflow tags: its id, name and page in Prefect's UI (when the API has a UI to link to)."""
+    if flow_run.id is None:
+        return {}
+    tags = {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": str(flow_run.name)}
+    url = flow_run.ui_url
+    if url and url.startswith(("http://", "https://")):
+        tags["prefect.flow_run_url"] = url
+    return tags

@@ -18,14 +18,19 @@ def _key(text: str) -> str:
 
 @task(name="publish-benchmark-summary")
 def publish_benchmark_summary(
-    profile: str, summary_md: str, mlflow_run_url: str | None, history: dict[str, Any] | None = None
+    profile: str,
+    summary_md: str,
+    mlflow_run_url: str | None,
+    history: dict[str, Any] | None = None,
+    verdict: str | None = None,
 ) -> str:
-    """Publish the report's summary tables (file ``summary_md``, which carries the one heading), the history's
-    verdict and table when drawn, and where to find the run in MLflow."""
+    """Publish the report's summary tables (file ``summary_md``, which carries the one heading) under the run's
+    regression verdict, the history's verdict and table when drawn, and where to find the run in MLflow."""
     link = f"[Open the run in MLflow]({mlflow_run_url})\n\n" if mlflow_run_url else ""
     summary = Path(summary_md).read_text()
     title, _, body = summary.partition("\n")
-    parts = [title, "", link + (f"**{history['verdict']}**\n" if history else ""), body.lstrip("\n")]
+    verdicts = "".join(f"**{v}**\n\n" for v in (verdict, history and history["verdict"]) if v)
+    parts = [title, "", verdicts + link, body.lstrip("\n")]
     if history:
         parts += ["## History", "", history["table"]]
     artifact_id = create_markdown_artifact(
@@ -36,11 +41,29 @@ def publish_benchmark_summary(
     return str(artifact_id)
 
 
+@task(name="publish-training-summary")
+def publish_training_summary(profile: str, summary: dict[str, Any], mlflow_run_url: str | None) -> str:
+    """Publish a training's final metrics, rounded, under a link to its MLflow run."""
+    run_id = summary.get("mlflow_run_id")
+    link = (
+        f"[Open the run in MLflow]({mlflow_run_url})" if mlflow_run_url else f"MLflow run `{run_id or 'not tracked'}`"
+    )
+    rows = [f"| {name} | {value:.4g} |" for name, value in sorted(summary["metrics"].items())]
+    artifact_id = create_markdown_artifact(
+        markdown="\n".join([f"# kbit training {profile}", "", link, "", "| metric | final |", "|---|---|", *rows]),
+        key=_key(f"kbit-train-{profile}"),
+        description=f"kbit training summary ({profile})",
+    )
+    return str(artifact_id)
+
+
 @task(name="publish-regression-check")
-def publish_regression_check(profile: str, comparison: dict[str, Any], baseline_run_id: str) -> str:
-    """Publish the run-to-run comparison as a table, regressions first."""
+def publish_regression_check(profile: str, comparison: dict[str, Any], baseline_run_id: str, verdict: str) -> str:
+    """Publish the run-to-run comparison under its verdict as a table, regressions first."""
     rows = sorted(comparison["deltas"], key=lambda d: (d["verdict"] != "regression", -d["change_pct"]))
     lines = [
+        f"**{verdict}**",
+        "",
         f"Baseline MLflow run `{baseline_run_id}`; threshold {comparison['threshold']:.0%}, "
         f"alpha {comparison['alpha']} (Holm-corrected), `{comparison['metric']}` per iteration.",
         "",

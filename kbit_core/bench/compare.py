@@ -268,3 +268,30 @@ def regression_message(comparison: Mapping[str, Any], baseline: str) -> str | No
     return (
         f"{len(regressed)} configuration(s) regressed against {baseline} beyond {comparison['threshold']:.0%}: {detail}"
     )
+
+
+def regression_verdict(comparison: Mapping[str, Any], baseline: str) -> str:
+    """A run-to-run comparison (``RunComparison.to_dict()``) in one sentence, regressions named."""
+    deltas = comparison["deltas"]
+    how = (
+        f"against {baseline} (threshold {comparison['threshold']:.0%}, Mann–Whitney per iteration, "
+        f"Holm-corrected, alpha {comparison['alpha']})"
+    )
+    regressed = [d for d in deltas if d["verdict"] == "regression"]
+    if regressed:
+        named = ", ".join(f"{d['name']} {d['change_pct']:+.1f}%" for d in regressed)
+        return f"Regression: {len(regressed)} of {len(deltas)} configurations slower {how}: {named}."
+    if all(d["verdict"] == INSUFFICIENT for d in deltas):
+        return f"No verdict: too few iterations for a test {how}, in all {len(deltas)} configurations."
+    counts = ", ".join(
+        f"{n} {v}" for v in ("same", "improvement", INSUFFICIENT) if (n := sum(d["verdict"] == v for d in deltas))
+    )
+    return f"No regression {how}: {counts}."
+
+
+def no_baseline_verdict(profile: str, experiment: str) -> str:
+    """What a run without a comparable baseline says instead of a verdict."""
+    return (
+        f"No comparable baseline: no earlier finished {profile!r} benchmark in MLflow experiment {experiment!r} "
+        "with this run's identity and without measurement overrides, so nothing was compared."
+    )

@@ -30,6 +30,7 @@ MEAN_STD_PNG = "mean_std.png"
 STAGES_PNG = "stages.png"
 CONFIG_FIELDS = ("format", "layout", "compression", "records_per_message", "client", "batch_size", "world_size")
 RANKING_METRIC = "makespan"
+SIZE_COLUMNS = ("value B/record", "wire B/record")
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,10 @@ def write_report(
     files = ReportFiles.in_dir(out_dir)
     timings.to_csv(files.raw_csv, index=False)
     doc = analyze(timings, bootstrap_resamples=bootstrap_resamples, seed=seed)
+    # What the producer sent per record, compressed (from the manifests): beside the value size the ranks read.
+    for name, wire in metadata.get("wire_bytes_per_record", {}).items():
+        if name in doc["throughput"]:
+            doc["throughput"][name]["wire_bytes_per_record"] = wire
     doc["metadata"] = {
         **metadata,
         "order": iteration_orders(timings),
@@ -297,6 +302,24 @@ def headline(doc: Mapping[str, Any]) -> str:
     )
 
 
+def slower_count(doc: Mapping[str, Any]) -> str:
+    """The significance in a few words, for a run name: '3 of 5 others significantly slower', and how many could
+    not be tested ('…, 2 with too few runs to test')."""
+    verdicts = [e["significance"] for e in doc["comparison"][RANKING_METRIC]["ranking"][1:]]
+    untested = verdicts.count("insufficient runs")
+    return f"{verdicts.count('significant')} of {len(verdicts)} others significantly slower" + (
+        f", {untested} with too few runs to test" if untested else ""
+    )
+
+
+def record_sizes(doc: Mapping[str, Any], name: str) -> tuple[str, str]:
+    """Bytes per record, rounded: the uncompressed value a rank reads, and what the producer sent (compressed
+    record batches; '?' when the client could not count them)."""
+    t = doc["throughput"][name]
+    wire = t.get("wire_bytes_per_record")
+    return f"{t['bytes_per_record']:,.0f}", f"{wire:,.0f}" if wire is not None else "?"
+
+
 def details_markdown(doc: Mapping[str, Any]) -> str:
     """The per-rank view, stages, counters and the optional training epoch, fastest first."""
     names = ranked_names(doc)
@@ -305,7 +328,9 @@ def details_markdown(doc: Mapping[str, Any]) -> str:
         "## Per rank",
         "",
         "Rank mean = the mean over ranks per iteration (tested like the makespan); the per-rank median pools "
-        "iterations × ranks (the original's view, descriptive only); rates are per rank.",
+        "iterations × ranks (the original's view, descriptive only); rates are per rank. MB/s counts the "
+        "uncompressed values a rank decodes, so a bigger encoding shows more MB/s while it takes longer: "
+        "rank by time.",
         "",
         "| configuration | rank mean s | per-rank s [95% CI] | IQR s | records/s | MB/s |",
         "|---|---|---|---|---|---|",
@@ -323,15 +348,15 @@ def details_markdown(doc: Mapping[str, Any]) -> str:
         "",
         "Median seconds per rank.",
         "",
-        "| configuration | " + " | ".join(STAGES) + " | bytes/record |",
-        "|---|" + "---|" * (len(STAGES) + 1),
+        "| configuration | " + " | ".join(STAGES) + " | " + " | ".join(SIZE_COLUMNS) + " |",
+        "|---|" + "---|" * (len(STAGES) + len(SIZE_COLUMNS)),
     ]
     for name in names:
         st = doc["stages"][name]
         lines.append(
             f"| {name} | "
             + " | ".join(f"{st[f'{s}_s']:.4f}" for s in STAGES)
-            + f" | {doc['throughput'][name]['bytes_per_record']:.1f} |"
+            + f" | {' | '.join(record_sizes(doc, name))} |"
         )
     lines += [
         "",

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
-from kbit_core.stack import LocalStack, ServiceStatus
+from kbit_core.stack import LocalStack, ServiceStatus, schedule_lines
 
 stack_app = typer.Typer(help="Start, stop and inspect the local stack (broker, Prefect, MLflow).", no_args_is_help=True)
 out = Console()
@@ -65,6 +65,8 @@ def up(
     _report(services, as_json)
     if not broker_only and not as_json:
         out.print(f"Prefect UI: {stack.prefect_ui_url}    MLflow UI: {stack.mlflow_url}")
+        for line in schedule_lines(run_guarded(stack.deployments)):
+            out.print(line, highlight=False)
 
 
 @stack_app.command("down")

@@ -191,6 +191,11 @@ def run_benchmark(cfg: KbitConfig, *, progress: bool = True) -> BenchResult:
                 "dataset": cfg.dataset.model_dump(mode="json"),
                 "partitions": cfg.produce.partitions,
                 "topics": {c.name: m.topic for c, m in zip(cells, manifests)},
+                "wire_bytes_per_record": {
+                    c.name: m.wire_bytes / m.num_records
+                    for c, m in zip(cells, manifests)
+                    if m.wire_bytes is not None and m.num_records
+                },
                 "mlflow_run_id": parent_id,
                 **run_environment(cfg),
             }

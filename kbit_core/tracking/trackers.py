@@ -19,11 +19,11 @@ from typing import Any, Protocol
 
 from kbit_core.bench.identity import identity_hash
 from kbit_core.bench.metrics import configuration_metrics, verdict_against_fastest
-from kbit_core.bench.report import headline, ranking_table, run_line
+from kbit_core.bench.report import headline, ranking_table, record_sizes, run_line, slower_count
 from kbit_core.config import KbitConfig
 from kbit_core.service import owner_token
 from kbit_core.tracking.environment import run_environment
-from kbit_core.tracking.params import config_params
+from kbit_core.tracking.params import config_params, run_settings
 from kbit_core.tracking.reconcile import DRIVER_TAG, end_abandoned_runs
 from kbit_core.train import checkpoint as ckpt
 
@@ -40,6 +40,22 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING_KIND = "custom_model_development"  # the UI's model-training view, not GenAI traces
 # The UI remembers its GenAI / model-training switch per browser (GenAI first): a link must ask for the latter.
 MODEL_TRAINING_VIEW = "workflowType=machine_learning"
+CONFIG_ARTIFACT = "config.json"  # the run's exact settings; its params are the same, rounded for reading
+# The experiment's description: shown above every tab of the experiment page, whichever view MLflow opens.
+EXPERIMENT_NOTES = {
+    "benchmark": (
+        "kbit benchmarks of profile `{profile}`. Each parent run is one benchmark, named after its fastest "
+        "configuration; its description opens with the answer and its significance, and its child runs are the "
+        "configurations (`name · median makespan · verdict against the fastest`). Metrics are exact; params, tags "
+        "and descriptions are rounded for reading. A run started by Prefect links to its flow run (tag "
+        "`prefect.flow_run_url`)."
+    ),
+    "train": (
+        "kbit training runs of profile `{profile}`: one run per training, with per-epoch metrics, system metrics and "
+        "the model. A run started by Prefect links to its flow run (tag `prefect.flow_run_url`)."
+    ),
+}
+LATEST_MARK = "\n\n---\n"  # the latest answer goes above it, the experiment's standing description below
 
 
 # ---------------------------------------------------------------------------------------------- protocol
@@ -128,9 +144,25 @@ class MlflowTracker:
         self.client = MlflowClient(tracking_uri=self.uri)
         exp = self.client.get_experiment_by_name(cfg.experiment_name())
         self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(cfg.experiment_name())
+        self.experiment_tags = dict(exp.tags) if exp else {}
         # Without this tag MLflow 3 guesses the experiment's kind and may open it on the GenAI traces page.
-        if (exp.tags if exp else {}).get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
+        if self.experiment_tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
             self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+
+    def _describe_experiment(self, kind: str) -> None:
+        """Give the experiment its description once (a user's own edit is kept)."""
+        if NOTE_TAG not in self.experiment_tags:
+            note = EXPERIMENT_NOTES["benchmark" if kind == "benchmark" else "train"].format(profile=self.cfg.profile)
+            self.client.set_experiment_tag(self.experiment_id, NOTE_TAG, note)
+            self.experiment_tags[NOTE_TAG] = note
+
+    def _show_latest_answer(self, answer: str) -> None:
+        """Put the newest benchmark's answer on top of the experiment's description: one click from MLflow's
+        landing page, on whichever tab the experiment opens."""
+        standing = self.experiment_tags.get(NOTE_TAG, "").split(LATEST_MARK, 1)[-1]
+        note = run_description(f"{answer}{LATEST_MARK}{standing}")
+        self.client.set_experiment_tag(self.experiment_id, NOTE_TAG, note)
+        self.experiment_tags[NOTE_TAG] = note
 
     def _log(
         self,
@@ -179,10 +211,13 @@ class MlflowTracker:
                 "broker": env["broker"],
                 "host": env["hardware"]["host"],
                 DRIVER_TAG: owner_token(),
+                **cfg.tracking.run_tags,
                 **(tags or {}),
             },
         )
         run_id = run.info.run_id
+        self._describe_experiment(kind)
+        self.client.log_dict(run_id, run_settings(cfg, kind), CONFIG_ARTIFACT)
         self._log(
             run_id,
             params=config_params(cfg, kind),
@@ -262,7 +297,11 @@ class MlflowTracker:
         )
         run_name = self.client.get_run(run_id).info.run_name
         median = doc["makespan"]["statistical_analysis"][fastest]["median"]
-        self.client.update_run(run_id, name=f"fastest {fastest} {median:.3f} s · {run_name}")
+        self.client.update_run(run_id, name=f"fastest {fastest} {median:.3f} s, {slower_count(doc)} · {run_name}")
+        link = f"#/experiments/{self.experiment_id}/runs/{run_id}?{MODEL_TRAINING_VIEW}"
+        # Answer first and plain: MLflow's landing page lists the experiment with the description's first ~25
+        # characters, unrendered.
+        self._show_latest_answer(f"{headline(doc)} Latest benchmark: [{run_name}]({link}).")
         return children
 
     def _log_configuration(
@@ -291,6 +330,7 @@ class MlflowTracker:
                 "kbit.kind": "benchmark-configuration",
                 "config": name,
                 "vs_fastest": verdict,
+                "bytes_per_record": "{} value, {} on the wire".format(*record_sizes(doc, name)),
                 **{k: str(v) for k, v in fields.items()},
             },
         )

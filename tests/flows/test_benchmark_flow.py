@@ -69,8 +69,13 @@ def test_benchmark_reports_publishes_and_compares_with_the_previous_run(
         broker, tmp_path, {**TINY_BENCH, "bench": {**TINY_BENCH["bench"], "regression_threshold": 100.0}}
     )
 
-    first = benchmark(profile="smoke", overrides=overrides, compare_with_previous=True, return_state=True)
+    # The first run as the smoke deployment starts it: no gate, but a verdict all the same.
+    first = benchmark(profile="smoke", overrides=overrides, return_state=True)
     client = MlflowClient(overrides["tracking"]["tracking_uri"])
+    assert first.result()["regression_verdict"].startswith("No comparable baseline: no earlier finished 'smoke'")
+    # Its MLflow run names the flow run it came from.
+    tags = client.get_run(first.result()["mlflow_run_id"]).data.tags
+    assert tags["prefect.flow_run_id"] == str(first.state_details.flow_run_id)
     # The test's dataset and matrix are measurement overrides, which keep a run from being a baseline; the
     # deployment runs without them. Pretend the first run did, so the second one has its baseline.
     first_run = first.result()["mlflow_run_id"]
@@ -87,6 +92,11 @@ def test_benchmark_reports_publishes_and_compares_with_the_previous_run(
     assert "compare-runs" not in task_runs(first) and task_runs(second)["compare-runs"].state.is_completed()
     summary = Artifact.get("kbit-benchmark-smoke")
     assert summary is not None and "raw_bytes_none" in summary.data
+    # Two iterations per run cannot reach significance: the verdict says so, above the summary and the comparison.
+    assert b["regression_verdict"].startswith(
+        f"No verdict: too few iterations for a test against MLflow run {a['mlflow_run_id']}"
+    )
+    assert summary.data.split("\n")[2] == f"**{b['regression_verdict']}**"
     assert summary.data.startswith("# kbit benchmark smoke") and summary.data.count("\n# ") == 0  # one heading
     # The history: one override-free night of this identity (the first), said so in the artifact and in MLflow.
     assert task_runs(second)["draw-history"].state.is_completed()
@@ -99,7 +109,7 @@ def test_benchmark_reports_publishes_and_compares_with_the_previous_run(
         "history/history.json",
     }
     regression = Artifact.get("kbit-regression-smoke")
-    assert regression is not None and a["mlflow_run_id"] in regression.data
+    assert regression is not None and regression.data.startswith(f"**{b['regression_verdict']}**")
 
 
 @pytest.mark.kafka

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+from prefect.artifacts import Artifact
 
 from flows.sweep import sweep
 from flows.train import train
@@ -46,7 +47,19 @@ def test_train_flow_trains_and_records_the_run(broker: EmbeddedBroker, tmp_path:
     assert run.info.status == "FINISHED" and run.data.params["train.model.name"] == "mlp"
     assert run.data.metrics["val_accuracy"] == pytest.approx(summary["metrics"]["val_accuracy"])
     assert all_run_ids(client) == [summary["mlflow_run_id"]], "one training, one MLflow run"
-    assert set(task_runs(state)) == {"load-config", "ensure-topics", "train"}
+    assert set(task_runs(state)) == {
+        "load-config",
+        "ensure-topics",
+        "train",
+        "mlflow-run-url",
+        "publish-training-summary",
+    }
+    # Both ways between the UIs: the run names its flow run; the flow run's artifact names the run (a sqlite store
+    # has no UI page to link to).
+    assert run.data.tags["prefect.flow_run_id"] == str(state.state_details.flow_run_id)
+    published = Artifact.get("kbit-train-train")
+    assert published is not None and f"MLflow run `{summary['mlflow_run_id']}`" in published.data
+    assert "| val_accuracy |" in published.data
 
 
 @pytest.mark.slow

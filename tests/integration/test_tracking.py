@@ -63,7 +63,8 @@ def client_for(cfg: KbitConfig) -> MlflowClient:
 
 
 def test_benchmark_parent_and_children(tmp_path: Path, store: Path) -> None:
-    cfg = tracked_config(tmp_path, store, "bench")
+    flow_run = {"prefect.flow_run_url": "http://127.0.0.1:4200/flow-runs/flow-run/f1"}
+    cfg = tracked_config(tmp_path, store, "bench", run_tags=flow_run)
     rows = synthetic_rows(iterations=3)
     files = write_report(timings_frame(rows), {"iterations": 3}, tmp_path / "report", bootstrap_resamples=100, seed=0)
     doc = json.loads(files.stats_json.read_text())
@@ -89,11 +90,28 @@ def test_benchmark_parent_and_children(tmp_path: Path, store: Path) -> None:
     assert f"| 1 | {CONFIGS[0]} | 3 |" in note
     assert parent.data.tags["git_commit"] and "torch" in json.loads(parent.data.tags["versions"])
     assert parent.data.tags["fastest_configuration"] == CONFIGS[0]
+    # The answer is the run's name and, with a link to the run, the top of the experiment's description.
+    assert parent.info.run_name.startswith(
+        f"fastest {CONFIGS[0]} "
+    ) and "0 of 1 others significantly slower, 1 with too few runs to test" in (parent.info.run_name)
+    latest, standing = exp.tags["mlflow.note.content"].split("\n\n---\n")
+    assert latest.startswith(f"Fastest: {CONFIGS[0]}, median makespan") and latest.endswith(
+        f"Latest benchmark: [bench](#/experiments/{exp.experiment_id}/runs/{parent_id}?workflowType=machine_learning)."
+    )
+    assert standing.startswith("kbit benchmarks of profile `bench`")
+    # Only what the run read, rounded; the exact settings in config.json; the Prefect flow run it came from.
+    assert not [k for k in params if k.startswith(("launch.ray_", "kafka.embedded.", "launch.task_gpu"))]
+    assert params["shard.split_rates"] == "[0.8571, 0.07143, 0.07143]"
+    exact = json.loads(Path(client.download_artifacts(parent_id, "config.json", str(tmp_path))).read_text())
+    assert json.loads(exact["shard.split_rates"])[0] == 6 / 7 and exact["kafka.sasl_password"] == "***"
+    assert parent.data.tags["prefect.flow_run_url"] == flow_run["prefect.flow_run_url"]
 
     found = client.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
     assert {r.info.run_id for r in found} == set(children.values())
     child = client.get_run(children[CONFIGS[1]])
     assert child.data.tags["format"] == "json" and child.data.tags["compression"] == "none"
+    value_size = doc["throughput"][CONFIGS[1]]["bytes_per_record"]
+    assert child.data.tags["bytes_per_record"] == f"{value_size:,.0f} value, ? on the wire"  # no manifests here
     # A child spans what was measured of it (its rows' clock times), not the instant it was written.
     mine = [r for r in rows if r["config"] == child.data.tags["config"] and not r["warmup"]]
     assert child.info.start_time == int(min(r["started_unix_s"] for r in mine) * 1000)
