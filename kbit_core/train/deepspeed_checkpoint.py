@@ -5,6 +5,10 @@ Import only after ``distributed.import_deepspeed`` (it picks DeepSpeed's acceler
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,6 +16,7 @@ from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
 from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
 from deepspeed.runtime.zero.config import ZeroStageEnum
 from deepspeed.utils.tensor_fragment import fragment_address
+from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
 from kbit_core.errors import ConfigError
 
@@ -45,3 +50,27 @@ def use_weights_only_loading(engine: Any) -> None:
         )
     # _config is the DeepSpeedConfig that DeepSpeed itself builds its checkpoint engine from.
     engine.checkpoint_engine = WeightsOnlyCheckpointEngine(engine._config)
+
+
+@contextmanager
+def _weights_only_loads() -> Iterator[None]:
+    """Every torch.load inside reads weights only, even where DeepSpeed asks for full unpickling (zero_to_fp32)."""
+    # torch reads this variable at each load, and it overrides an explicit weights_only=False.
+    previous = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+            yield
+    finally:
+        if previous is None:
+            del os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"]
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = previous
+
+
+def consolidated_fp32_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The whole model's fp32 weights from a ZeRO checkpoint directory (DeepSpeed's zero_to_fp32: the fp32 master
+    copies gathered from every rank's optimizer partitions, not the bf16/fp16 working copy)."""
+    with _weights_only_loads():
+        state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.parent), tag=checkpoint.name)
+    return {name: tensor.contiguous() for name, tensor in state.items()}
