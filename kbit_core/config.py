@@ -277,20 +277,60 @@ class ReaderConfig(Section):
 
 
 class ModelConfig(Section):
-    name: str = Field("cnn", description="mlp | cnn | resnet | 'package.module:factory'.")
+    name: str = Field("cnn", description="mlp | cnn | resnet | vit | token_transformer | 'package.module:factory'.")
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
+BUILTIN_OPTIMIZERS = ("adam", "adamw", "sgd")
+BUILTIN_SCHEDULES = ("constant", "cosine", "step", "onecycle")
+
+
 class OptimConfig(Section):
-    name: Literal["adam", "adamw", "sgd"] = "adam"
+    name: str = Field(
+        "adam",
+        description="adam | adamw | sgd | 'package.module:Class' (a torch.optim.Optimizer class, given the "
+        "parameters, lr and weight_decay, plus optim.kwargs).",
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="More arguments for a user optimizer class.")
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     momentum: float = Field(0.9, ge=0)
     scale_lr_linearly: bool = Field(False, description="lr × world_size × accum (the linear scaling rule).")
-    schedule: Literal["constant", "cosine", "step", "onecycle"] = "constant"
+    schedule: str = Field(
+        "constant",
+        description="constant | cosine | step | onecycle | 'package.module:factory' (called with the optimizer, "
+        "steps_per_epoch, total_steps and optim.schedule_kwargs; returns a scheduler stepped once per optimizer step).",
+    )
+    schedule_kwargs: dict[str, Any] = Field(default_factory=dict, description="More arguments for a user scheduler.")
     warmup_steps: int = Field(0, ge=0)
     step_size_epochs: int = Field(1, ge=1)
     gamma: float = Field(0.5, gt=0)
+
+    @model_validator(mode="after")
+    def _check_names(self) -> OptimConfig:
+        # Import paths are resolved (and a misspelling named) by the preflight and the ranks, not here: the
+        # config is validated where the user's packages may not be importable (the CLI's --set parsing).
+        for setting, value, builtin in (
+            ("name", self.name, BUILTIN_OPTIMIZERS),
+            ("schedule", self.schedule, BUILTIN_SCHEDULES),
+        ):
+            if value not in builtin and ":" not in value:
+                raise ValueError(
+                    f"optim.{setting}={value!r} is neither {' | '.join(builtin)} nor 'package.module:attribute'"
+                )
+        if self.kwargs and self.name in BUILTIN_OPTIMIZERS:
+            raise ValueError("optim.kwargs is for an optimizer named by import path, not the built-in " + self.name)
+        return self
+
+
+class PipelineConfig(Section):
+    stages: int = Field(
+        1, ge=1, description="Pipeline stages (DeepSpeed PipelineModule); ranks = stages × data-parallel ranks."
+    )
+    micro_batches: int = Field(1, ge=1, description="Micro-batches each data-parallel rank's batch is split into.")
+    partition: Literal["parameters", "uniform"] = Field(
+        "parameters", description="How layers are cut into stages: balanced by parameter count, or by layer count."
+    )
 
 
 class TrainConfig(Section):
@@ -314,6 +354,37 @@ class TrainConfig(Section):
     deterministic: bool = True
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
+    loss: str = Field(
+        "cross_entropy",
+        description="cross_entropy | 'package.module:fn', fn(logits, targets) -> the batch's mean loss.",
+    )
+    metrics: dict[str, str] = Field(
+        default_factory=dict,
+        description="name -> 'package.module:fn', fn(logits, targets) -> one value per sample; the mean over all "
+        "ranks' validation and test samples is reported as val_<name> and test_<name>.",
+    )
+    activation_checkpointing: bool = Field(
+        False, description="Recompute each top-level block's activations in backward (DDP: torch.utils.checkpoint)."
+    )
+    pipeline: PipelineConfig = PipelineConfig()
+
+    @model_validator(mode="after")
+    def _check_pipeline(self) -> TrainConfig:
+        if self.pipeline.stages == 1:
+            return self
+        conflicts = [
+            setting
+            for setting, conflict in (
+                ("train.grad_accum_steps > 1 (use train.pipeline.micro_batches)", self.grad_accum_steps > 1),
+                ("train.ema_decay", self.ema_decay is not None),
+                ("train.nan_policy=skip (a pipeline steps inside one call)", self.nan_policy == "skip"),
+                ("train.mode=continuous", self.mode == "continuous"),
+            )
+            if conflict
+        ]
+        if conflicts:
+            raise ValueError(f"train.pipeline.stages={self.pipeline.stages} does not work with {', '.join(conflicts)}")
+        return self
 
 
 class StreamConfig(Section):
@@ -402,6 +473,26 @@ class CheckpointConfig(Section):
     async_save: bool = False
     resume: str = Field("none", description="'none', 'latest', or a checkpoint path.")
     max_restarts: int = Field(0, ge=0)
+    keep_best: str | None = Field(
+        None,
+        description="An epoch metric (val_accuracy, val_loss, val_<train.metrics name>, train_loss ...): the epoch "
+        "checkpoint where it was best is kept besides the last keep_last, and is the model logged to MLflow.",
+    )
+    keep_best_mode: Literal["max", "min"] | None = Field(
+        None, description="Whether higher or lower is better; unset: min for names ending in loss or error, else max."
+    )
+
+    @model_validator(mode="after")
+    def _check_keep_best(self) -> CheckpointConfig:
+        if self.keep_best is not None and (self.dir is None or not self.every_epoch):
+            raise ValueError("checkpoint.keep_best needs checkpoint.dir and checkpoint.every_epoch=true")
+        return self
+
+    def best_is_higher(self) -> bool:
+        """Whether a higher ``keep_best`` value is better."""
+        if self.keep_best_mode is not None:
+            return self.keep_best_mode == "max"
+        return not str(self.keep_best).endswith(("loss", "error"))
 
 
 class LaunchConfig(Section):
@@ -706,12 +797,32 @@ class KbitConfig(Section):
                 f"kafka.extra holds librdkafka options, which the kafka-python client cannot take "
                 f"({', '.join(librdkafka_only)} = kafka-python)"
             )
+        self._check_pipeline_layout()
         if self.train.global_batch_size < self.launch.num_processes:
             raise ValueError(
                 f"train.global_batch_size={self.train.global_batch_size} is smaller than "
                 f"launch.num_processes={self.launch.num_processes}"
             )
         return self
+
+    def _check_pipeline_layout(self) -> None:
+        stages, micro = self.train.pipeline.stages, self.train.pipeline.micro_batches
+        if stages == 1:
+            return
+        if not self.deepspeed.enabled or self.deepspeed.zero_stage > 1:
+            raise ValueError(
+                f"train.pipeline.stages={stages} runs on DeepSpeed: set deepspeed.enabled=true, zero_stage <= 1"
+            )
+        if self.launch.num_processes % stages:
+            raise ValueError(
+                f"launch.num_processes={self.launch.num_processes} is not a multiple of train.pipeline.stages={stages}"
+            )
+        data_parallel = self.launch.num_processes // stages
+        if self.train.global_batch_size % (data_parallel * micro):
+            raise ValueError(
+                f"train.global_batch_size={self.train.global_batch_size} does not split into {data_parallel} "
+                f"data-parallel ranks × train.pipeline.micro_batches={micro}"
+            )
 
 
 def _format_validation(exc: ValidationError) -> str:

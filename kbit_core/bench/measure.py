@@ -31,7 +31,7 @@ from typing import Any
 from kbit_core.config import KbitConfig
 from kbit_core.kafka.manifest import Manifest
 from kbit_core.train.distributed import all_gather, init_process_group, read_env, teardown
-from kbit_core.train.engine import build_engine
+from kbit_core.train.engine_factory import build_engine
 from kbit_core.train.loop import SplitLoaders, Trainer, steps_per_epoch
 from kbit_core.train.models import build_model
 from kbit_core.train.rank_data import rank_loaders

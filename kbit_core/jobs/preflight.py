@@ -26,6 +26,7 @@ from kbit_core.config import KbitConfig
 from kbit_core.datasets import open_source
 from kbit_core.train.checkpoint import resolve_resume
 from kbit_core.train.models import build_model
+from kbit_core.train.user_code import resolve_all
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +40,16 @@ def check_training(cfg: KbitConfig) -> Preflight:
 
     Raises:
         ConfigError: naming the setting: an illegal topic name, an unwritable workdir or checkpoint.dir, a model
-            that does not import or build, a shard plan that leaves a rank without a batch, or too little disk
+            that does not import or build, a loss, metric, optimizer or scheduler path that does not import, a shard plan that leaves a rank without a batch, or too little disk
             for ``checkpoint.keep_last`` checkpoints.
     """
     started = time.perf_counter()
     source = open_source(cfg.dataset)
     report = check_produce(cfg, cfg.produce.topic_for(cfg.dataset), cfg.produce.variant, source.num_records)
     check_writable(cfg.run_dir, "workdir")
-    check_shards(cfg, source.num_records, cfg.produce.variant, cfg.launch.num_processes, cfg.train.global_batch_size)
+    # A pipeline's first stages read the data: the shards are planned for its data-parallel ranks.
+    data_ranks = cfg.launch.num_processes // cfg.train.pipeline.stages
+    check_shards(cfg, source.num_records, cfg.produce.variant, data_ranks, cfg.train.global_batch_size)
     check_ranks_fit_cores(cfg, cfg.launch.num_processes, "launch.num_processes", report)
     num_params = _check_model(cfg, source.image_shape, source.num_classes)
     directory = cfg.run_dir / cfg.checkpoint.dir if cfg.checkpoint.dir is not None else None
@@ -105,15 +108,18 @@ def _worker_import_path() -> Iterator[None]:
 
 
 def _check_model(cfg: KbitConfig, image_shape: Sequence[int], num_classes: int) -> int:
-    """Import and build ``train.model`` for the dataset's images as every rank will; its number of parameters."""
+    """Import and build ``train.model`` for the dataset's images as every rank will, and import the loss, metrics,
+    optimizer and scheduler named by import path; the model's number of parameters."""
     with _worker_import_path():
         model = build_model(cfg.train.model, tuple(image_shape), num_classes)
+        resolve_all(cfg.train)
     return sum(p.numel() for p in model.parameters())
 
 
 def _checkpoint_bytes(cfg: KbitConfig, num_params: int) -> int:
     """A checkpoint's approximate size: fp32 weights, the optimizer's per-parameter state and an EMA copy."""
     optim = cfg.train.optim
-    copies = 1 + _OPTIMIZER_COPIES[optim.name] - (optim.name == "sgd" and optim.momentum == 0)
+    # A user optimizer's state is unknown before it runs: counted as Adam's.
+    copies = 1 + _OPTIMIZER_COPIES.get(optim.name, 2) - (optim.name == "sgd" and optim.momentum == 0)
     copies += cfg.train.ema_decay is not None
     return num_params * _FLOAT32_BYTES * copies

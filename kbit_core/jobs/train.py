@@ -55,7 +55,8 @@ def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
 
 def _track(tracker: Tracker, run_id: str | None, result: dict[str, Any]) -> None:
     """Log the result to MLflow; a tracking failure is reported in the result and the log, never loses the result."""
-    checkpoint = result.get("checkpoint")
+    # The best checkpoint under checkpoint.keep_best, else the last one, is the model logged.
+    checkpoint = (result.get("best") or {}).get("checkpoint") or result.get("checkpoint")
     try:
         tracker.log_training(run_id, result, model_path=Path(checkpoint) if checkpoint else None)
     except Exception as exc:

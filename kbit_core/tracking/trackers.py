@@ -380,9 +380,9 @@ class MlflowTracker:
         import mlflow.pytorch
         import torch
 
-        if ckpt.is_sharded(model_path):
-            # A ZeRO checkpoint holds partitioned shards; rebuilding whole weights is DeepSpeed's zero_to_fp32.
-            self._log(run_id, tags={"model_logged": f"no: {model_path} is a sharded DeepSpeed checkpoint"})
+        if ckpt.loadable_weights(model_path) is None:
+            # The ranks consolidate a ZeRO checkpoint's shards when training ends; a pipeline's stays per stage.
+            self._log(run_id, tags={"model_logged": f"no: {model_path} holds no consolidated weights"})
             return
         model, image_shape = ckpt.load_model(self.cfg, model_path)
         requirements = [f"{d}=={importlib.metadata.version(d).split('+')[0]}" for d in ("torch", "numpy")]

@@ -50,6 +50,8 @@ EMA = "ema"
 TRAIN_STATE = "train_state"
 RANKS = "ranks"  # one {"rng": ..., "loader": ...} per rank, indexed by rank
 SIDE_FILE = "kbit_state.json"
+# In a DeepSpeed checkpoint directory: the whole model's fp32 state dict, consolidated from the ZeRO shards.
+CONSOLIDATED_FILE = "model_fp32.pt"
 LINEAGE_FILE = "lineage.json"
 
 _NAME = re.compile(r"^step-(\d+)(\.pt)?$")
@@ -251,10 +253,29 @@ def read_file(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def write_consolidated(checkpoint: Path, state: dict[str, torch.Tensor]) -> Path:
+    """Save a DeepSpeed checkpoint's consolidated fp32 weights into its directory."""
+    path = checkpoint / CONSOLIDATED_FILE
+    _atomic_write(path, lambda tmp: torch.save(state, tmp))
+    return path
+
+
+def loadable_weights(path: Path) -> Path | None:
+    """The file holding ``path``'s whole model: the checkpoint file itself, a DeepSpeed checkpoint's consolidated
+    weights, or None (a DeepSpeed checkpoint without them: a pipeline's, or one written before training ended)."""
+    if not is_sharded(path):
+        return path
+    consolidated = path / CONSOLIDATED_FILE
+    return consolidated if consolidated.is_file() else None
+
+
 def load_model(cfg: KbitConfig, path: Path) -> tuple[torch.nn.Module, tuple[int, ...]]:
-    """``cfg``'s model with the weights in ``path`` (a state dict, or a checkpoint holding one under 'model'), in
-    eval mode, and the image shape it takes."""
-    state = read_file(path)
+    """``cfg``'s model with the weights in ``path`` (a state dict, or a checkpoint holding one under 'model', or a
+    DeepSpeed checkpoint with consolidated weights), in eval mode, and the image shape it takes."""
+    weights = loadable_weights(path)
+    if weights is None:
+        raise ConfigError(f"{path} is a DeepSpeed checkpoint without consolidated weights ({CONSOLIDATED_FILE})")
+    state = read_file(weights)
     if isinstance(state.get(MODEL), Mapping):
         state = state[MODEL]
     source = open_source(cfg.dataset)
@@ -334,6 +355,7 @@ class Checkpointer:
         except OSError as exc:
             raise ConfigError(f"checkpoint directory {self.directory} cannot be created: {exc}") from None
         self.keep_last = keep_last
+        self.kept: str | None = None  # the best checkpoint's name (checkpoint.keep_best), exempt from pruning
         self.async_save = async_save
         self._pending: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -382,9 +404,18 @@ class Checkpointer:
         if (self.directory / LINEAGE_FILE).is_file():
             _write_lineage(self.directory, {**read_lineage(self.directory), "finished": True})
 
+    def keep(self, name: str) -> None:
+        """Exempt the checkpoint ``name`` (the best one so far) from pruning, instead of the one kept before."""
+        self.kept = name
+
+    def find(self, name: str) -> Path | None:
+        """The complete checkpoint called ``name`` in this lineage, if it is still there."""
+        return next((p for p in list_checkpoints(self.directory) if p.name.removesuffix(".pt") == name), None)
+
     def prune(self) -> None:
-        """Delete all but the newest ``keep_last`` complete checkpoints."""
-        for old in list_checkpoints(self.directory)[: -self.keep_last]:
+        """Delete all but the newest ``keep_last`` complete checkpoints and the kept one."""
+        candidates = [p for p in list_checkpoints(self.directory) if p.name.removesuffix(".pt") != self.kept]
+        for old in candidates[: -self.keep_last]:
             if old.is_dir():
                 shutil.rmtree(old)
             else:

@@ -7,6 +7,10 @@ module imports DeepSpeed inside its functions, so batch training without DeepSpe
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,3 +63,29 @@ def use_weights_only_loading(engine: Any) -> None:
         )
     # _config is the DeepSpeedConfig that DeepSpeed itself builds its checkpoint engine from.
     engine.checkpoint_engine = weights_only_engine_type()(engine._config)
+
+
+@contextmanager
+def _weights_only_loads() -> Iterator[None]:
+    """Every torch.load inside reads weights only, even where DeepSpeed asks for full unpickling (zero_to_fp32)."""
+    # torch reads this variable at each load, and it overrides an explicit weights_only=False.
+    previous = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        with torch.serialization.safe_globals(list(safe_globals())):
+            yield
+    finally:
+        if previous is None:
+            del os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"]
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = previous
+
+
+def consolidated_fp32_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The whole model's fp32 weights from a ZeRO checkpoint directory (DeepSpeed's zero_to_fp32: the fp32 master
+    copies gathered from every rank's optimizer partitions, not the bf16/fp16 working copy)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    with _weights_only_loads():
+        state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.parent), tag=checkpoint.name)
+    return {name: tensor.contiguous() for name, tensor in state.items()}

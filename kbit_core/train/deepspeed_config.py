@@ -25,11 +25,14 @@ def build_deepspeed_config(cfg: KbitConfig, world_size: int, use_gpu: bool) -> d
 
     Args:
         cfg: The run's configuration (train and deepspeed sections).
-        world_size: Number of ranks.
+        world_size: Number of ranks (pipeline stages × data-parallel ranks).
         use_gpu: Whether ranks run on CUDA (pinned host memory for offload only helps then).
     """
     ds, train = cfg.deepspeed, cfg.train
-    micro = per_rank_batch_size(train.global_batch_size, world_size)  # what each rank's loader yields
+    # A pipeline's stages share each data-parallel rank's batch, which it splits into micro-batches.
+    data_parallel = world_size // train.pipeline.stages
+    micro_batches = train.pipeline.micro_batches
+    micro = per_rank_batch_size(train.global_batch_size, data_parallel) // micro_batches
     zero: dict[str, Any] = {"stage": ds.zero_stage}
     if ds.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": use_gpu}
@@ -37,8 +40,8 @@ def build_deepspeed_config(cfg: KbitConfig, world_size: int, use_gpu: bool) -> d
         zero["offload_param"] = {"device": "cpu", "pin_memory": use_gpu}
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": train.grad_accum_steps,
-        "train_batch_size": micro * train.grad_accum_steps * world_size,
+        "gradient_accumulation_steps": train.grad_accum_steps * micro_batches,
+        "train_batch_size": micro * train.grad_accum_steps * micro_batches * data_parallel,
         "gradient_clipping": train.grad_clip_norm or 0.0,
         "zero_optimization": zero,
         "bf16": {"enabled": train.precision == "bf16"},

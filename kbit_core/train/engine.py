@@ -7,7 +7,6 @@ EMA copy, and knows how to save them (DDP: one rank-0 file; DeepSpeed: its own s
 from __future__ import annotations
 
 import contextlib
-import warnings
 from abc import ABC, abstractmethod
 from pathlib import Path
 from types import ModuleType
@@ -15,17 +14,20 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.nn.parallel import DistributedDataParallel
 
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError, DistributedError
 from kbit_core.train import checkpoint as ckpt
-from kbit_core.train.deepspeed_checkpoint import use_weights_only_loading
+from kbit_core.train.deepspeed_checkpoint import consolidated_fp32_state_dict, use_weights_only_loading
 from kbit_core.train.deepspeed_config import build_deepspeed_config, engine_name
 from kbit_core.train.distributed import DistEnv, broadcast_from_main
 from kbit_core.train.ema import build_ema
+from kbit_core.train.metrics import BatchStats, reduce_batch
 from kbit_core.train.optim import build_optimizer, build_scheduler, effective_lr
 from kbit_core.train.precision import Precision
+from kbit_core.train.user_code import LossFn
 
 
 class Engine(ABC):
@@ -72,6 +74,24 @@ class Engine(ABC):
     def current_lr(self) -> float:
         """Learning rate of the first parameter group."""
 
+    def forward_backward(self, x: Tensor, y: Tensor, boundary: bool, loss_fn: LossFn) -> BatchStats:
+        """One micro-batch: forward, the global loss and accuracy, backward unless a rank's loss is not finite."""
+        with self.accumulation(boundary):
+            logits = self.forward(x)
+            loss = loss_fn(logits.float(), y)
+            stats = reduce_batch(loss, logits, y)
+            if stats.finite:
+                self.backward(loss)
+        return stats
+
+    def eval_outputs(self, x: Tensor, y: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Evaluation (logits, targets) pairs for one batch on this rank (none on a rank that computes no logits)."""
+        return [(self.predict(x).float(), y)]
+
+    @abstractmethod
+    def export_weights(self, checkpoint: Path) -> None:
+        """Rank 0, after training: make ``checkpoint`` loadable as a whole model (see ckpt.load_model)."""
+
 
 class DDPEngine(Engine):
     """torch DistributedDataParallel with autocast, GradScaler (fp16), clipping, no_sync accumulation and EMA."""
@@ -82,6 +102,8 @@ class DDPEngine(Engine):
         train = cfg.train
         if env.device.type == "cuda" and train.sync_batchnorm:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        if wants_activation_checkpointing(cfg):
+            model = checkpoint_blocks(model)
         self.module = model.to(env.device)
         self.ddp = DistributedDataParallel(self.module, device_ids=[env.device] if env.device.type == "cuda" else None)
         lr = effective_lr(train.optim, env.world_size, train.grad_accum_steps)
@@ -158,6 +180,9 @@ class DDPEngine(Engine):
             return None
         return writer.write_file(name, {**self.state_dict(), **meta})
 
+    def export_weights(self, checkpoint: Path) -> None:
+        """Nothing to do: a DDP checkpoint file holds the whole model."""
+
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         if ckpt.is_sharded(path):
             raise ConfigError(f"{path} is a DeepSpeed checkpoint; resume it with deepspeed.enabled=true")
@@ -183,10 +208,7 @@ class DeepSpeedEngine(Engine):
             raise ConfigError("train.ema_decay needs whole parameters on every rank; it does not work with ZeRO-3")
         self.name = engine_name(cfg)
         ds_config = build_deepspeed_config(cfg, env.world_size, env.device.type == "cuda")
-        if ds.activation_checkpointing:
-            deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
-            # The non-reentrant form: the reentrant one drops the graph when a block's input needs no grad (images).
-            model = _checkpoint_children(model, deepspeed.checkpointing.non_reentrant_checkpoint)
+        model = self._prepare_model(deepspeed, model, cfg, ds_config)
         optimizer = build_optimizer(
             model.parameters(), train.optim, effective_lr(train.optim, env.world_size, train.grad_accum_steps)
         )
@@ -198,6 +220,16 @@ class DeepSpeedEngine(Engine):
         if self.input_dtype != torch.float32:
             _match_buffers_to_parameters(self.ds.module)
         self.ema = build_ema(self.ds.module, train.ema_decay) if train.ema_decay else None
+
+    def _prepare_model(
+        self, deepspeed: ModuleType, model: nn.Module, cfg: KbitConfig, ds_config: dict[str, Any]
+    ) -> nn.Module:
+        """The module DeepSpeed wraps: ``model``, its blocks checkpointed when asked."""
+        if not wants_activation_checkpointing(cfg):
+            return model
+        deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
+        # The non-reentrant form: the reentrant one drops the graph when a block's input needs no grad (images).
+        return checkpoint_blocks(model, deepspeed.checkpointing.non_reentrant_checkpoint)
 
     def accumulation(self, boundary: bool) -> contextlib.AbstractContextManager[object]:
         self.ds.set_gradient_accumulation_boundary(boundary)
@@ -242,6 +274,10 @@ class DeepSpeedEngine(Engine):
             return None
         return writer.write_side_file(name, meta)
 
+    def export_weights(self, checkpoint: Path) -> None:
+        """Write the whole model's fp32 weights, consolidated from the ZeRO shards, into the checkpoint directory."""
+        ckpt.write_consolidated(checkpoint, consolidated_fp32_state_dict(checkpoint))
+
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         if not ckpt.is_sharded(path):
             raise ConfigError(f"{path} is a DDP checkpoint file; resume it with deepspeed.enabled=false")
@@ -258,22 +294,24 @@ class DeepSpeedEngine(Engine):
         return ckpt.read_side_file(path)
 
 
-class _Checkpointed(nn.Module):
-    """Recompute this block's activations in backward instead of storing them."""
-
-    def __init__(self, block: nn.Module, checkpoint_fn: Any) -> None:
-        super().__init__()
-        self.block = block
-        self.checkpoint_fn = checkpoint_fn
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.checkpoint_fn(self.block, x) if self.training else self.block(x)
+def wants_activation_checkpointing(cfg: KbitConfig) -> bool:
+    """train.activation_checkpointing for every engine; deepspeed.activation_checkpointing, its older name."""
+    return cfg.train.activation_checkpointing or cfg.deepspeed.activation_checkpointing
 
 
-def _checkpoint_children(model: nn.Module, checkpoint_fn: Any) -> nn.Module:
-    """Wrap each top-level child (the model's stages) for activation checkpointing."""
+def checkpoint_blocks(model: nn.Module, checkpoint_fn: Any = None) -> nn.Module:
+    """Recompute activations in backward, one block at a time: each top-level child (the model's stages), and each
+    member of a top-level ModuleList (a transformer's blocks).
+
+    torch's checkpoint wrapper keeps the plain model's parameter and state-dict names, so checkpoints and exported
+    weights load into an unwrapped model. ``checkpoint_fn``: DeepSpeed's; unset, torch's non-reentrant checkpoint.
+    """
     for child_name, child in list(model.named_children()):
-        setattr(model, child_name, _Checkpointed(child, checkpoint_fn))
+        if isinstance(child, nn.ModuleList):
+            for index, block in enumerate(child):
+                child[index] = checkpoint_wrapper(block, checkpoint_fn=checkpoint_fn)
+        else:
+            setattr(model, child_name, checkpoint_wrapper(child, checkpoint_fn=checkpoint_fn))
     return model
 
 
@@ -291,21 +329,3 @@ def _match_buffers_to_parameters(model: nn.Module) -> None:
         for name, buffer in module.named_buffers(recurse=False):
             if buffer.is_floating_point() and buffer.dtype != dtype:
                 setattr(module, name, buffer.to(dtype))
-
-
-def build_engine(
-    model: nn.Module,
-    cfg: KbitConfig,
-    env: DistEnv,
-    steps_per_epoch: int,
-    total_steps: int,
-    deepspeed: ModuleType | None,
-) -> Engine:
-    """The DeepSpeed engine when ``deepspeed`` is given (DeepSpeed enabled and importable), else DDP."""
-    if deepspeed is None:
-        if cfg.deepspeed.activation_checkpointing:
-            warnings.warn(
-                "deepspeed.activation_checkpointing is ignored by the DDP engine", RuntimeWarning, stacklevel=2
-            )
-        return DDPEngine(model, cfg, env, steps_per_epoch, total_steps)
-    return DeepSpeedEngine(deepspeed, model, cfg, env, steps_per_epoch, total_steps)

@@ -7,15 +7,13 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from rich.console import Console
-from rich.table import Table
 from tqdm import tqdm
 
 from kbit_core.config import KbitConfig
@@ -25,19 +23,14 @@ from kbit_core.errors import ConfigError, DistributedError, TrainingDivergedErro
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.distributed import DistEnv, broadcast_from_main, gather_to_main
 from kbit_core.train.engine import Engine
-from kbit_core.train.metrics import BatchStats, SpikeDetector, reduce_batch, reduce_throughput
+from kbit_core.train.metrics import BatchStats, SpikeDetector, reduce_throughput
+from kbit_core.train.run_report import data_report, epoch_line, history_table, plan_line
+from kbit_core.train.user_code import resolve_loss, resolve_metrics
 
 log = logging.getLogger(__name__)
 
 # One step's (x, y) as a loader yields it (a ShardLoader drops its batches' sample indices here).
 LabelledInputs = tuple[torch.Tensor, torch.Tensor]
-
-# Counters of what a loader read, summed over ranks into the result: corrupt messages skipped, records repeated in
-# their place, offsets missing inside planned ranges, transient client errors retried, records read but not yielded
-# (the tail of a multi-record message past the rank's last whole batch).
-READ_COUNTS = ("skipped_messages", "padded_records", "gaps", "retries", "left_out_records")
-# What the shard plan leaves out or repeats every epoch, reported with a _per_epoch suffix.
-PLAN_COUNTS = ("dropped_messages", "padded_messages", "dropped_tail_records")
 
 
 class Loader(Protocol):
@@ -90,6 +83,8 @@ class TrainState:
     epoch_sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # loss_sum, correct, count so far
     history: list[dict[str, Any]] = field(default_factory=list)
     loss_curve: list[float] = field(default_factory=list)
+    # checkpoint.keep_best: {"metric", "value", "epoch", "step"} of the best epoch so far
+    best: dict[str, Any] | None = None
 
 
 def batches_per_epoch(cfg: KbitConfig, loader_length: int) -> int:
@@ -133,6 +128,8 @@ class Trainer:
         self.spikes = SpikeDetector(cfg.train.loss_spike_factor)
         self.console = RankConsole(stderr=False)
         self.last_checkpoint: str | None = None
+        self.loss_fn = resolve_loss(cfg.train)
+        self.metric_fns = resolve_metrics(cfg.train)
 
     # ---- checkpoints -------------------------------------------------------------------------------------
 
@@ -185,6 +182,8 @@ class Trainer:
             self.loaders.train.load_state_dict(mine["loader"])
         for loss in self.state.loss_curve:
             self.spikes.observe(loss)
+        if self.checkpointer is not None and self.state.best is not None:
+            self.checkpointer.keep(ckpt.checkpoint_name(self.state.best["step"]))
 
     def _resumed_note(self, path: Path, num_ranks: int) -> str:
         return (
@@ -195,26 +194,36 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, loader: Loader, epoch: int) -> dict[str, float]:
-        """Global mean loss and accuracy of the (EMA, when enabled) model over ``loader``."""
+        """Global mean loss, accuracy and ``train.metrics`` of the (EMA, when enabled) model over ``loader``."""
         self.engine.train(False)
         loader.set_epoch(epoch)
-        sums = torch.zeros(3, dtype=torch.float64, device=self.env.device)
+        sums = torch.zeros(3 + len(self.metric_fns), dtype=torch.float64, device=self.env.device)
         for x, y in loader:
             x, y = x.to(self.env.device, non_blocking=True), y.to(self.env.device, non_blocking=True)
-            logits = self.engine.predict(x).float()
-            sums += torch.stack(
-                [
-                    F.cross_entropy(logits, y, reduction="sum").double(),
-                    (logits.argmax(dim=1) == y).sum().double(),
-                    torch.tensor(float(y.numel()), dtype=torch.float64, device=self.env.device),
-                ]
-            )
+            for logits, targets in self.engine.eval_outputs(x, y):
+                sums += self._eval_sums(logits, targets)
         torch.distributed.all_reduce(sums)
         self.engine.train(True)
-        loss_sum, correct, count = sums.tolist()
+        loss_sum, correct, count, *metric_sums = sums.tolist()
         if count == 0:
             raise DistributedError("evaluation loader yielded no samples on any rank")
-        return {"loss": loss_sum / count, "accuracy": correct / count}
+        metrics = {name: total / count for name, total in zip(self.metric_fns, metric_sums, strict=True)}
+        return {"loss": loss_sum / count, "accuracy": correct / count, **metrics}
+
+    def _eval_sums(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One batch's [loss sum, correct, count, each metric's sum] on this rank."""
+        count = float(targets.numel())
+        values = [self.loss_fn(logits, targets).double() * count, (logits.argmax(dim=1) == targets).sum().double()]
+        values.append(torch.tensor(count, dtype=torch.float64, device=self.env.device))
+        for name, metric in self.metric_fns.items():
+            per_sample = metric(logits, targets)
+            if per_sample.shape != targets.shape:
+                raise ConfigError(
+                    f"train.metrics.{name} returned shape {tuple(per_sample.shape)}; it must return one value per "
+                    f"sample, shape {tuple(targets.shape)}"
+                )
+            values.append(per_sample.double().sum())
+        return torch.stack(values)
 
     # ---- training ----------------------------------------------------------------------------------------
 
@@ -298,13 +307,7 @@ class Trainer:
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, boundary: bool) -> BatchStats:
         """One micro-batch: forward, the global loss and accuracy, backward unless a rank's loss is not finite."""
-        with self.engine.accumulation(boundary):
-            logits = self.engine.forward(x)
-            loss = F.cross_entropy(logits.float(), y)
-            stats = reduce_batch(loss, logits, y)
-            if stats.finite:
-                self.engine.backward(loss)
-        return stats
+        return self.engine.forward_backward(x, y, boundary, self.loss_fn)
 
     def _next_batch(self, batches: Iterator[LabelledInputs], epoch: int, index: int, length: int) -> LabelledInputs:
         try:
@@ -343,57 +346,52 @@ class Trainer:
             st.epoch, st.batch_in_epoch, st.epoch_sums = epoch + 1, 0, [0.0, 0.0, 0.0]
             self._print_epoch(metrics)
             if self.cfg.checkpoint.dir and self.cfg.checkpoint.every_epoch:
+                self._track_best(metrics)
                 self.save()
         if self.checkpointer is not None:
             self.checkpointer.wait()
+            model_checkpoint = self._model_checkpoint()
+            if model_checkpoint is not None:
+                self.engine.export_weights(model_checkpoint)
         test = self.evaluate(self.loaders.test, st.epoch) if self.loaders.test is not None else None
         return self._result(test)
+
+    def _track_best(self, metrics: dict[str, Any]) -> None:
+        """checkpoint.keep_best: when this epoch's metric beats the best so far, the checkpoint about to be written
+        becomes the one kept from pruning (its name is its step)."""
+        name = self.cfg.checkpoint.keep_best
+        if name is None:
+            return
+        if not isinstance(metrics.get(name), float):
+            known = ", ".join(k for k, v in metrics.items() if isinstance(v, float))
+            raise ConfigError(f"checkpoint.keep_best={name!r} is not an epoch metric of this run; these are: {known}")
+        best, value = self.state.best, metrics[name]
+        if best is None or (value > best["value"] if self.cfg.checkpoint.best_is_higher() else value < best["value"]):
+            self.state.best = {"metric": name, "value": value, "epoch": metrics["epoch"], "step": self.state.step}
+            if self.checkpointer is not None:
+                self.checkpointer.keep(ckpt.checkpoint_name(self.state.step))
+
+    def _model_checkpoint(self) -> Path | None:
+        """Rank 0: the checkpoint whose model the run hands on (MLflow): the best one under keep_best, else the last."""
+        if self.checkpointer is None:
+            return None
+        if self.state.best is not None:
+            return self.checkpointer.find(ckpt.checkpoint_name(self.state.best["step"]))
+        return Path(self.last_checkpoint) if self.last_checkpoint else None
 
     # ---- reporting ---------------------------------------------------------------------------------------
 
     def _print_plan(self) -> None:
-        if not self.env.is_main or not self.loaders.plan:
-            return
-        parts = [
-            f"{name} {p['messages']} messages ({p['messages_per_rank']} per rank), {p['dropped_messages']} "
-            f"dropped, {p['padded_messages']} padded, {p['dropped_tail_records']} tail records dropped"
-            for name, p in self.loaders.plan.items()
-        ]
-        self.console.print("shard plan per epoch: " + "; ".join(parts))
+        if self.env.is_main and self.loaders.plan:
+            self.console.print(plan_line(self.loaders.plan))
 
     def _data_report(self) -> dict[str, dict[str, int]]:
-        """Collective: per split, READ_COUNTS summed over ranks for this run's reads, and the plan's PLAN_COUNTS."""
-        loaders = self.loaders.splits()
-        local = [
-            [
-                s.reader.skipped,
-                s.padded_records,
-                s.reader.gaps,
-                s.reader.retries,  # READ_COUNTS' order
-                s.left_out_records,
-            ]
-            for s in (loader.stats for loader in loaders.values())
-        ]
-        counts = torch.tensor(local, dtype=torch.int64, device=self.env.device)
-        torch.distributed.all_reduce(counts)
-        report = {}
-        for name, row in zip(loaders, counts.tolist(), strict=True):
-            planned = self.loaders.plan.get(name, {})
-            report[name] = {
-                **dict(zip(READ_COUNTS, row, strict=True)),
-                **{f"{key}_per_epoch": planned[key] for key in PLAN_COUNTS if key in planned},
-            }
-        return report
+        """Collective: per split, the read counts summed over ranks for this run's reads, and the plan's counts."""
+        return data_report(self.loaders.splits(), self.loaders.plan, self.env.device)
 
     def _print_epoch(self, m: dict[str, Any]) -> None:
-        if not self.env.is_main:
-            return
-        val = f"  val loss {m['val_loss']:.4f} acc {m['val_accuracy']:.4f}" if "val_loss" in m else ""
-        self.console.print(
-            f"epoch {m['epoch'] + 1}/{self.cfg.train.epochs}: train loss {m['train_loss']:.4f} "
-            f"acc {m['train_accuracy']:.4f}{val}  {m['train_samples_per_s']:.0f} samples/s  "
-            f"data wait {m['train_data_wait_fraction']:.0%}"
-        )
+        if self.env.is_main:
+            self.console.print(epoch_line(m, self.cfg.train.epochs))
 
     def _result(self, test: dict[str, float] | None) -> dict[str, Any]:
         st = self.state
@@ -411,33 +409,19 @@ class Trainer:
             "train_accuracy": [h["train_accuracy"] for h in st.history],
             "val_loss": [h["val_loss"] for h in st.history if "val_loss" in h],
             "val_accuracy": [h["val_accuracy"] for h in st.history if "val_accuracy" in h],
+            **{f"val_{name}": [h[f"val_{name}"] for h in st.history if f"val_{name}" in h] for name in self.metric_fns},
+            **{f"test_{name}": test[name] if test else None for name in self.metric_fns},
+            "pipeline_stages": self.cfg.train.pipeline.stages,
+            "data_parallel_size": self.env.world_size // self.cfg.train.pipeline.stages,
             "samples_per_s": last.get("train_samples_per_s"),
             "data_wait_fraction": last.get("train_data_wait_fraction"),
             "peak_memory_mb": max((h["train_peak_memory_mb"] for h in st.history), default=None),
             "checkpoint": self.last_checkpoint,
+            "best": {**st.best, "checkpoint": str(self._model_checkpoint())} if st.best else None,
             "data": self._data_report(),
             "history": st.history,
             "loss_curve": st.loss_curve,
         }
         if self.env.is_main:
-            self.console.print(_history_table(st.history, test))
+            self.console.print(history_table(st.history, test))
         return broadcast_from_main(result)
-
-
-def _history_table(history: Iterable[dict[str, Any]], test: dict[str, float] | None) -> Table:
-    table = Table(title="training")
-    for column in ("epoch", "train loss", "train acc", "val loss", "val acc", "samples/s", "data wait"):
-        table.add_column(column, justify="right")
-    for h in history:
-        table.add_row(
-            str(h["epoch"] + 1),
-            f"{h['train_loss']:.4f}",
-            f"{h['train_accuracy']:.4f}",
-            f"{h['val_loss']:.4f}" if "val_loss" in h else "-",
-            f"{h['val_accuracy']:.4f}" if "val_accuracy" in h else "-",
-            f"{h['train_samples_per_s']:.0f}",
-            f"{h['train_data_wait_fraction']:.0%}",
-        )
-    if test:
-        table.caption = f"test loss {test['loss']:.4f}  test accuracy {test['accuracy']:.4f}"
-    return table

@@ -25,12 +25,13 @@ class BatchStats:
         return self.nonfinite_ranks == 0
 
 
-def reduce_batch(loss: Tensor, logits: Tensor, targets: Tensor) -> BatchStats:
-    """All-reduce one micro-batch's loss and accuracy, so every rank takes the same NaN/skip decision."""
+def batch_sums(loss: Tensor, logits: Tensor, targets: Tensor) -> Tensor:
+    """One micro-batch's [loss × count, correct, count, non-finite] on this rank, float64; a non-finite loss adds
+    nothing to the loss sum and counts once in the last entry."""
     count = targets.numel()
     loss = loss.detach().double()
     finite = bool(torch.isfinite(loss))
-    local = torch.stack(
+    return torch.stack(
         [
             loss * count if finite else torch.zeros((), dtype=torch.float64, device=loss.device),
             (logits.detach().argmax(dim=1) == targets).sum().double(),
@@ -38,9 +39,19 @@ def reduce_batch(loss: Tensor, logits: Tensor, targets: Tensor) -> BatchStats:
             torch.tensor(0.0 if finite else 1.0, dtype=torch.float64, device=loss.device),
         ]
     )
+
+
+def reduce_sums(local: Tensor) -> BatchStats:
+    """All-reduce this rank's :func:`batch_sums` (summed over its micro-batches, or zeros where a rank computed no
+    loss: a pipeline's earlier stages), so every rank takes the same NaN/skip decision."""
     dist.all_reduce(local)
     loss_sum, correct, total, nonfinite = local.tolist()
     return BatchStats(loss_sum, correct, total, int(nonfinite))
+
+
+def reduce_batch(loss: Tensor, logits: Tensor, targets: Tensor) -> BatchStats:
+    """All-reduce one micro-batch's loss and accuracy over ranks."""
+    return reduce_sums(batch_sums(loss, logits, targets))
 
 
 def peak_memory_mb(device: torch.device) -> float:

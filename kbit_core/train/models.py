@@ -1,8 +1,7 @@
-"""Model registry: built-in image classifiers returning logits, plus user models named by import path."""
+"""Model registry: built-in image classifiers (MLP, CNN, ResNet, ViT, token transformer) returning logits, plus user models named by import path."""
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -11,8 +10,9 @@ from torch import Tensor, nn
 
 from kbit_core.config import ModelConfig
 from kbit_core.errors import ConfigError
+from kbit_core.train.transformer import ImageShape, TokenTransformer, ViT
+from kbit_core.train.user_code import import_object
 
-ImageShape = tuple[int, int, int]
 ModelBuilder = Callable[..., nn.Module]
 
 
@@ -118,26 +118,18 @@ class ResNet(nn.Module):
         return self.head(self.features(x))
 
 
-_BUILTIN: dict[str, ModelBuilder] = {"mlp": MLP, "cnn": CNN, "resnet": ResNet}
+_BUILTIN: dict[str, ModelBuilder] = {
+    "mlp": MLP,
+    "cnn": CNN,
+    "resnet": ResNet,
+    "vit": ViT,
+    "token_transformer": TokenTransformer,
+}
 
 
 def model_names() -> tuple[str, ...]:
     """Names of the built-in models (user models are addressed as 'package.module:factory')."""
     return tuple(_BUILTIN)
-
-
-def _import_factory(spec: str) -> ModelBuilder:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"train.model.name={spec!r} is neither {'/'.join(_BUILTIN)} nor 'package.module:factory'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"train.model.name={spec!r}: cannot import {module_name!r}: {exc}") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ConfigError(f"train.model.name={spec!r}: {module_name} has no callable {attr!r}")
-    return factory
 
 
 def build_model(spec: ModelConfig, image_shape: ImageShape, num_classes: int) -> nn.Module:
@@ -152,7 +144,7 @@ def build_model(spec: ModelConfig, image_shape: ImageShape, num_classes: int) ->
     Returns:
         A module mapping float32[B, C, H, W] to logits float32[B, num_classes].
     """
-    builder = _BUILTIN.get(spec.name) or _import_factory(spec.name)
+    builder = import_object(spec.name, "train.model.name", _BUILTIN)
     kwargs: dict[str, Any] = dict(spec.kwargs)
     try:
         model = builder(image_shape=tuple(image_shape), num_classes=num_classes, **kwargs)

@@ -6,9 +6,11 @@ import math
 from collections.abc import Iterable
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from kbit_core.config import OptimConfig
+from kbit_core.errors import ConfigError
+from kbit_core.train.user_code import import_object, is_import_path
 
 # One-cycle shape, as torch's OneCycleLR defaults: start at lr/25, peak at 30 % of the run, end at lr/25e4.
 ONECYCLE_DIV = 25.0
@@ -22,7 +24,14 @@ def effective_lr(optim: OptimConfig, world_size: int, grad_accum_steps: int) -> 
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], optim: OptimConfig, lr: float) -> torch.optim.Optimizer:
-    """A plain torch optimizer (DeepSpeed accepts it too, so nothing JIT-compiles on CPU)."""
+    """A plain torch optimizer (DeepSpeed accepts it too, so nothing JIT-compiles on CPU), or the user's class named
+    by ``optim.name`` = 'package.module:Class', given lr, weight_decay and ``optim.kwargs``."""
+    if is_import_path(optim.name):
+        user_class = import_object(optim.name, "train.optim.name")
+        try:
+            return user_class(params, lr=lr, weight_decay=optim.weight_decay, **optim.kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"train.optim: cannot build {optim.name!r} with kwargs {optim.kwargs}: {exc}") from None
     if optim.name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
     cls = torch.optim.AdamW if optim.name == "adamw" else torch.optim.Adam
@@ -59,8 +68,26 @@ def _cosine_between(start: float, end: float, progress: float) -> float:
 
 def build_scheduler(
     optimizer: torch.optim.Optimizer, optim: OptimConfig, steps_per_epoch: int, total_steps: int
-) -> LambdaLR:
-    """A LambdaLR over :func:`lr_multiplier`; its state_dict holds only counters, so it loads with weights_only."""
+) -> LRScheduler:
+    """A LambdaLR over :func:`lr_multiplier`; its state_dict holds only counters, so it loads with weights_only.
+
+    ``optim.schedule`` = 'package.module:factory' calls the user's
+    ``factory(optimizer, steps_per_epoch=..., total_steps=..., **optim.schedule_kwargs)`` instead; what it returns is
+    stepped once per optimizer step and saved in checkpoints by its ``state_dict``.
+    """
+    if is_import_path(optim.schedule):
+        factory = import_object(optim.schedule, "train.optim.schedule")
+        try:
+            scheduler = factory(
+                optimizer, steps_per_epoch=steps_per_epoch, total_steps=total_steps, **optim.schedule_kwargs
+            )
+        except TypeError as exc:
+            raise ConfigError(f"train.optim.schedule={optim.schedule!r}: cannot call it: {exc}") from None
+        if not isinstance(scheduler, LRScheduler):
+            raise ConfigError(
+                f"train.optim.schedule={optim.schedule!r} returned {type(scheduler).__name__}, not an LRScheduler"
+            )
+        return scheduler
 
     def multiplier(step: int) -> float:
         return lr_multiplier(optim, step, steps_per_epoch, total_steps)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,14 +22,13 @@ from kbit_core.train.distributed import (
     seed_everything,
     teardown,
 )
-from kbit_core.train.engine import build_engine
+from kbit_core.train.engine_factory import build_engine
 from kbit_core.train.loop import SplitLoaders, Trainer, steps_per_epoch
 from kbit_core.train.models import ImageShape, build_model
+from kbit_core.train.pipeline import LoaderFactory, stage_loaders
 from kbit_core.train.rank_data import rank_loaders
 
 RESULT_FILE = "train_result.json"
-
-LoaderFactory = Callable[[KbitConfig, DistEnv], SplitLoaders]
 
 
 def train_main(cfg: KbitConfig, manifest_json: str, run_dir: str) -> dict[str, Any]:
@@ -86,7 +84,7 @@ def _train(
     num_classes: int,
     trainer_type: type[Trainer],
 ) -> dict[str, Any]:
-    loaders = make_loaders(cfg, env)
+    loaders = stage_loaders(cfg, env, make_loaders)
     try:
         return _fit(cfg, env, deepspeed, run_dir, loaders, image_shape, num_classes, trainer_type)
     finally:

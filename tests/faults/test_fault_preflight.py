@@ -57,8 +57,30 @@ def config(tmp_path, **sections) -> KbitConfig:
             {"checkpoint__resume": "ckpt/gone/step-00000004.pt"},
             r"^checkpoint.resume='ckpt/gone/step-00000004.pt' is not a complete checkpoint",
         ),
+        (
+            {"train__loss": "tests.integration.user_pieces:smoothed_los"},
+            r"^train.loss='tests.integration.user_pieces:smoothed_los': tests.integration.user_pieces has no "
+            r"callable 'smoothed_los'$",
+        ),
+        (
+            {"train__metrics": {"top2": "tests.integration.user_piece:top2"}},
+            r"^train.metrics.top2='tests.integration.user_piece:top2': cannot import 'tests.integration.user_piece'",
+        ),
+        (
+            {"train__optim": {"name": "torch.optim:RMSProp"}},
+            r"^train.optim.name='torch.optim:RMSProp': torch.optim has no callable 'RMSProp'$",
+        ),
+        (
+            {"train__optim": {"schedule": "tests.integration.user_pieces:halve_every"}},
+            r"^train.optim.schedule='tests.integration.user_pieces:halve_every': tests.integration.user_pieces has "
+            r"no callable 'halve_every'$",
+        ),
     ],
     ids=[
+        "misspelled-loss",
+        "misspelled-metric-module",
+        "misspelled-optimizer",
+        "misspelled-scheduler",
         "unknown-model",
         "bad-model-kwargs",
         "unwritable-checkpoint-dir",

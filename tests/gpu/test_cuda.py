@@ -16,7 +16,8 @@ from kbit_core.config import KbitConfig
 from kbit_core.data.batching import to_batch
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.distributed import DistEnv, import_deepspeed, init_process_group, read_env
-from kbit_core.train.engine import DDPEngine, build_engine
+from kbit_core.train.engine import DDPEngine
+from kbit_core.train.engine_factory import build_engine
 
 pytestmark = pytest.mark.gpu
 

@@ -26,6 +26,7 @@ from kbit_core.tracking import (
     previous_benchmark,
     record_overrides,
 )
+from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.models import build_model
 from tests.unit.test_identity import identity
 from tests.unit.test_report import CONFIGS, synthetic_rows
@@ -312,6 +313,26 @@ def test_sharded_deepspeed_checkpoint_is_recorded_not_logged_as_model(tmp_path: 
     assert run.data.tags["model_logged"].startswith("no:") and run.data.metrics["train_loss"] == 1.5
 
 
+def test_consolidated_deepspeed_checkpoint_is_logged_as_a_loadable_model(tmp_path: Path, store: Path) -> None:
+    """The fp32 weights the ranks consolidate into a ZeRO checkpoint directory become the run's MLflow model."""
+    cfg = tracked_config(tmp_path, store, "consolidated")
+    model = build_model(cfg.train.model, (1, 28, 28), 10).eval()
+    shards = tmp_path / "step-00000004"
+    shards.mkdir()
+    ckpt.write_consolidated(shards, model.state_dict())
+    tracker = make_tracker(cfg)
+    with tracker.run(cfg, name="train", kind="train") as run_id:
+        tracker.log_training(run_id, {"history": [{"epoch": 0, "train_loss": 1.5}]}, model_path=shards)
+    run = client_for(cfg).get_run(run_id)
+    assert "model_logged" not in run.data.tags
+    import mlflow
+
+    models = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
+    loaded = mlflow.pytorch.load_model(next(m for m in models if m.source_run_id == run_id).model_uri)
+    x = torch.rand(5, 1, 28, 28)
+    torch.testing.assert_close(loaded(x), model(x))
+
+
 def test_final_metrics_keep_numbers_last_epoch_values_and_data_counts() -> None:
     result = {
         "test_accuracy": 0.9,
@@ -323,11 +344,18 @@ def test_final_metrics_keep_numbers_last_epoch_values_and_data_counts() -> None:
         "history": [{"epoch": 0, "val_accuracy": 0.5}],
         "val_loss": [],
         "data": {"val": {"skipped_messages": 3, "retries": 1}},
+        # a user's train.metrics entry, top2: its test value and its per-epoch validation values
+        "test_top2": 0.97,
+        "val_top2": [0.9, 0.95],
+        "pipeline_stages": 2,
     }
     assert final_metrics(result) == {
         "test_accuracy": 0.9,
         "steps": 12.0,
         "val_accuracy": 0.8,
+        "test_top2": 0.97,
+        "val_top2": 0.95,
+        "pipeline_stages": 2.0,
         "data_val_skipped_messages": 3.0,
         "data_val_retries": 1.0,
     }

@@ -181,3 +181,28 @@ def test_unwritable_checkpoint_dir_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "ckpt").write_text("a file where the directory should be")
     with pytest.raises(ConfigError, match=r"checkpoint.dir=.*ckpt is not writable"):
         ckpt.open_lineage(config(), tmp_path, is_main=True, sharded=False)
+
+
+def test_the_kept_best_checkpoint_survives_pruning(tmp_path: Path) -> None:
+    writer = ckpt.Checkpointer(tmp_path, keep_last=1)
+    writer.write_file(ckpt.checkpoint_name(1), state(1))
+    writer.keep(ckpt.checkpoint_name(1))
+    for step in (2, 3):
+        writer.write_file(ckpt.checkpoint_name(step), state(step))
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000001.pt", "step-00000003.pt"]
+    assert writer.find(ckpt.checkpoint_name(1)) == tmp_path / "step-00000001.pt"
+    writer.keep(ckpt.checkpoint_name(3))  # a better one: the old best is pruned like any other
+    writer.write_file(ckpt.checkpoint_name(4), state(4))
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000003.pt", "step-00000004.pt"]
+    assert writer.find(ckpt.checkpoint_name(1)) is None
+
+
+def test_loadable_weights_of_a_deepspeed_checkpoint_are_its_consolidated_file(tmp_path: Path) -> None:
+    single = tmp_path / "step-00000001.pt"
+    single.write_bytes(b"")
+    shards = tmp_path / "step-00000002"
+    shards.mkdir()
+    assert ckpt.loadable_weights(single) == single and ckpt.loadable_weights(shards) is None
+    written = ckpt.write_consolidated(shards, {"w": torch.ones(2)})
+    assert ckpt.loadable_weights(shards) == written == shards / ckpt.CONSOLIDATED_FILE
+    assert torch.equal(ckpt.read_file(written)["w"], torch.ones(2))

@@ -291,3 +291,44 @@ def test_the_broker_kind_says_where_tansu_workarounds_apply() -> None:
         {"kafka": {"bootstrap_servers": "k:9092", "embedded": {"broker": "tansu"}}}
     ).kafka.tansu
     assert KbitConfig.from_dict({"kafka": {"bootstrap_servers": "k:9092", "broker_kind": "tansu"}}).kafka.tansu
+
+
+@pytest.mark.parametrize(
+    "sections, message",
+    [
+        ({"train": {"pipeline": {"stages": 2}}}, "runs on DeepSpeed: set deepspeed.enabled=true"),
+        (
+            {"train": {"pipeline": {"stages": 2}}, "deepspeed": {"enabled": True, "zero_stage": 2}},
+            "runs on DeepSpeed: set deepspeed.enabled=true, zero_stage <= 1",
+        ),
+        (
+            {"train": {"pipeline": {"stages": 2}}, "deepspeed": {"enabled": True}, "launch": {"num_processes": 3}},
+            "launch.num_processes=3 is not a multiple of train.pipeline.stages=2",
+        ),
+        (
+            {
+                "train": {"global_batch_size": 36, "pipeline": {"stages": 2, "micro_batches": 4}},
+                "deepspeed": {"enabled": True},
+                "launch": {"num_processes": 4},
+            },
+            "train.global_batch_size=36 does not split into 2 data-parallel ranks × train.pipeline.micro_batches=4",
+        ),
+        (
+            {"train": {"pipeline": {"stages": 2}, "grad_accum_steps": 2, "ema_decay": 0.9}},
+            r"does not work with train.grad_accum_steps > 1 \(use train.pipeline.micro_batches\), train.ema_decay",
+        ),
+        ({"checkpoint": {"keep_best": "val_loss"}}, "checkpoint.keep_best needs checkpoint.dir"),
+    ],
+)
+def test_pipeline_and_keep_best_settings_that_cannot_work_are_named(sections: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        KbitConfig.from_dict(sections)
+
+
+def test_keep_best_direction_follows_the_metric_name() -> None:
+    def higher(**checkpoint) -> bool:
+        return KbitConfig.from_dict({"checkpoint": {"dir": "c", **checkpoint}}).checkpoint.best_is_higher()
+
+    assert higher(keep_best="val_accuracy") and higher(keep_best="val_top2")
+    assert not higher(keep_best="val_loss") and not higher(keep_best="val_error")
+    assert not higher(keep_best="val_top2", keep_best_mode="min")

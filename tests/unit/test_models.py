@@ -70,7 +70,7 @@ def test_user_model_by_import_path(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     "name, message",
     [
-        ("transformer", "neither mlp/cnn/resnet nor 'package.module:factory'"),
+        ("transformer", "neither mlp/cnn/resnet/vit/token_transformer nor 'package.module:factory'"),
         ("no_such_package_kbit.models:build", "cannot import 'no_such_package_kbit.models'"),
         ("kbit_core.train.models:missing", "has no callable 'missing'"),
     ],
@@ -78,3 +78,30 @@ def test_user_model_by_import_path(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_unknown_models_raise_config_error(name: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build_model(ModelConfig(name=name), (1, 28, 28), 10)
+
+
+def test_vit_cuts_digits_into_16_patches_and_exposes_its_layers() -> None:
+    model = build_model(ModelConfig(name="vit", kwargs={"depth": 3}), (1, 28, 28), 10)
+    assert model.embedding.position.shape == (1, 1 + 16, 64)
+    layers = model.layers()
+    assert len(layers) == 1 + 3 + 1  # embedding, blocks, head: the cut points a pipeline chooses from
+    x = torch.rand(3, 1, 28, 28)
+    out = x
+    for layer in layers:
+        out = layer(out)
+    torch.testing.assert_close(out, model(x))
+
+
+def test_token_transformer_reads_token_ids_and_images_as_tokens() -> None:
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="token_transformer", kwargs={"vocab_size": 8}), (1, 28, 28), 10).eval()
+    images = torch.rand(2, 1, 28, 28)
+    ids = model.embedding.tokens(images)
+    assert ids.shape == (2, 49) and ids.dtype == torch.int64 and 0 <= ids.min() and ids.max() < 8
+    torch.testing.assert_close(model(images), model(ids))
+    assert model(torch.randint(0, 8, (2, 20))).shape == (2, 10)  # any sequence up to the position table's length
+
+
+def test_vit_rejects_a_patch_that_does_not_divide_the_image() -> None:
+    with pytest.raises(ConfigError, match="patch=5 does not divide the 28×28 images"):
+        build_model(ModelConfig(name="vit", kwargs={"patch": 5}), (1, 28, 28), 10)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kbit_core.config import OptimConfig
+from kbit_core.errors import ConfigError
 from kbit_core.train.optim import build_optimizer, build_scheduler, effective_lr, lr_multiplier
 
 
@@ -65,3 +66,54 @@ def test_scheduler_steps_the_optimizer_lr_and_round_trips_its_state() -> None:
     opt.step()
     sched.step()
     assert fresh_opt.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+
+
+def test_users_optimizer_class_and_scheduler_factory_by_import_path() -> None:
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    optim = OptimConfig(
+        name="torch.optim:RMSprop",
+        kwargs={"alpha": 0.8},
+        weight_decay=0.1,
+        schedule="tests.integration.user_pieces:halve_every_steps",
+        schedule_kwargs={"every": 2},
+    )
+    opt = build_optimizer(params, optim, lr=0.4)
+    assert type(opt) is torch.optim.RMSprop and opt.param_groups[0]["alpha"] == 0.8
+    assert opt.param_groups[0]["weight_decay"] == 0.1
+    scheduler = build_scheduler(opt, optim, steps_per_epoch=3, total_steps=9)
+    lrs = []
+    for _ in range(5):
+        opt.step()
+        scheduler.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == pytest.approx([0.4, 0.2, 0.2, 0.1, 0.1])
+
+
+@pytest.mark.parametrize(
+    "optim, message",
+    [
+        (OptimConfig(name="torch.optim:SGD", kwargs={"alpha": 1}), r"^train.optim: cannot build 'torch.optim:SGD'"),
+        (
+            OptimConfig(schedule="torch.optim.lr_scheduler:StepLR"),
+            r"^train.optim.schedule='torch.optim.lr_scheduler:StepLR': cannot call it",
+        ),
+        (OptimConfig(schedule="math:floor"), r"^train.optim.schedule='math:floor': cannot call it"),
+        (
+            OptimConfig(schedule="tests.integration.user_pieces:top2"),
+            r"^train.optim.schedule='tests.integration.user_pieces:top2': cannot call it",
+        ),
+    ],
+)
+def test_user_optimizer_or_schedule_that_does_not_fit_is_named(optim: OptimConfig, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        opt = build_optimizer([torch.nn.Parameter(torch.zeros(2))], optim, lr=0.1)
+        build_scheduler(opt, optim, steps_per_epoch=1, total_steps=1)
+
+
+def test_optimizer_and_schedule_names_are_built_in_or_import_paths() -> None:
+    with pytest.raises(ValueError, match="optim.name='rmsprop' is neither adam | adamw | sgd nor"):
+        OptimConfig(name="rmsprop")
+    with pytest.raises(ValueError, match="optim.schedule='linear' is neither constant"):
+        OptimConfig(schedule="linear")
+    with pytest.raises(ValueError, match="optim.kwargs is for an optimizer named by import path"):
+        OptimConfig(kwargs={"betas": [0.9, 0.99]})
