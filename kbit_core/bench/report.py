@@ -320,6 +320,18 @@ def record_sizes(doc: Mapping[str, Any], name: str) -> tuple[str, str]:
     return f"{t['bytes_per_record']:,.0f}", f"{wire:,.0f}" if wire is not None else "?"
 
 
+def sizes_markdown(doc: Mapping[str, Any], names: list[str]) -> list[str]:
+    """The bytes per record table (its own, to keep every table within seven columns)."""
+    lines = [
+        "",
+        "## Bytes per record",
+        "",
+        "| configuration | " + " | ".join(SIZE_COLUMNS) + " |",
+        "|---|" + "---|" * len(SIZE_COLUMNS),
+    ]
+    return lines + [f"| {name} | {' | '.join(record_sizes(doc, name))} |" for name in names]
+
+
 def details_markdown(doc: Mapping[str, Any]) -> str:
     """The per-rank view, stages, counters and the optional training epoch, fastest first."""
     names = ranked_names(doc)
@@ -348,16 +360,13 @@ def details_markdown(doc: Mapping[str, Any]) -> str:
         "",
         "Median seconds per rank.",
         "",
-        "| configuration | " + " | ".join(STAGES) + " | " + " | ".join(SIZE_COLUMNS) + " |",
-        "|---|" + "---|" * (len(STAGES) + len(SIZE_COLUMNS)),
+        "| configuration | " + " | ".join(STAGES) + " |",
+        "|---|" + "---|" * len(STAGES),
     ]
     for name in names:
         st = doc["stages"][name]
-        lines.append(
-            f"| {name} | "
-            + " | ".join(f"{st[f'{s}_s']:.4f}" for s in STAGES)
-            + f" | {' | '.join(record_sizes(doc, name))} |"
-        )
+        lines.append(f"| {name} | " + " | ".join(f"{st[f'{s}_s']:.4f}" for s in STAGES) + " |")
+    lines += sizes_markdown(doc, names)
     lines += [
         "",
         "## Counters",
