@@ -84,7 +84,8 @@ class KafkaCluster:
                 voters=voters,
                 overrides=replication_properties(len(nodes)) | properties(node),
                 launch=node.launch,
-                ready=lambda i=i, node=node: i in self._registered(node),
+                # a plaintext node answers the broker's own metadata probe once it serves; a secured one an admin
+                ready=(lambda i=i, node=node: i in self._registered(node)) if self.admin_options else None,
             )
             for i, node in enumerate(nodes, 1)
         ]

@@ -170,7 +170,8 @@ def _tls_error(exc: ssl.SSLError, address: str, cfg: KafkaConfig) -> BrokerError
         return BrokerError(
             f"the broker at {address} requires a client certificate: set kafka.ssl_certfile and kafka.ssl_keyfile"
         )
-    if "UNKNOWN_CA" in text or "BAD_CERTIFICATE" in text:
+    # Apache Kafka's JSSE answers a client certificate it cannot verify with certificate_unknown
+    if "UNKNOWN_CA" in text or "BAD_CERTIFICATE" in text or "CERTIFICATE_UNKNOWN" in text:
         return BrokerError(
             f"the broker at {address} does not accept the client certificate in "
             f"kafka.ssl_certfile ({cfg.ssl_certfile}): {exc.reason}"

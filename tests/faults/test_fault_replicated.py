@@ -28,7 +28,7 @@ from kbit_core.kafka.manifest import Manifest
 from kbit_core.produce import produce_dataset
 from kbit_core.sharding import OffsetRange
 from kbit_core.train import checkpoint as ckpt
-from tests.conftest import SMALL_TRAINING, free_port, require_apache_kafka
+from tests.conftest import FAULT_MODELS_DIR, SMALL_TRAINING, free_port, require_apache_kafka
 
 pytestmark = [pytest.mark.kafka, pytest.mark.own_broker]
 
@@ -38,7 +38,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     require_apache_kafka()
     nodes = [ClusterNode(f"kafka-{i}", "127.0.0.1", free_port(), free_port()) for i in (1, 2, 3)]
     started = KafkaCluster(tmp_path_factory.mktemp("cluster"), nodes)
-    started.start()
+    started.start(timeout_s=240)  # three JVMs on a loaded 2-core machine: 20-30 s alone, over 90 s at load 20
     yield started
     started.stop()
 
@@ -77,16 +77,18 @@ def test_topics_are_replicated_three_times_with_two_in_sync_needed(on_cluster, c
     cfg = on_cluster(dataset__num_records=200)
     manifest = produce_dataset(cfg, progress=False)
     assert cluster.in_sync(manifest.topic) == {0: [1, 2, 3], 1: [1, 2, 3]}
-    (config,) = cluster.admin().describe_configs([ConfigResource("topic", manifest.topic)]).values()
+    client = cluster.admin()
+    (config,) = client.describe_configs([ConfigResource("topic", manifest.topic)]).values()
     assert config.result(timeout=10)["min.insync.replicas"].value == "2"
 
 
 @pytest.mark.slow
 def test_leader_killed_mid_epoch_training_matches_an_uninterrupted_run(
-    on_cluster, cluster: KafkaCluster, topic_name, fault_models_importable, record_property
+    on_cluster, cluster: KafkaCluster, topic_name, fault_models_importable, monkeypatch, record_property
 ):
     """Rank 0 SIGKILLs the leader of partition 0 at step 3 of 25: the readers follow the new leader, and the run
     ends with the weights of a run without the kill."""
+    monkeypatch.syspath_prepend(str(FAULT_MODELS_DIR))  # torchrun's ranks get the driver's sys.path
 
     def run(name: str, at_step: int) -> dict:
         cfg = on_cluster(
