@@ -106,7 +106,7 @@ class KafkaCluster:
         except Exception:  # any client error means: not serving yet
             return set()
 
-    def start(self, timeout_s: float = 90.0) -> None:
+    def start(self, timeout_s: float = 240.0) -> None:
         """Start every node that is not running (in parallel: the quorum needs a majority) and wait until each one's
         metadata lists itself. One cluster id for all, kept in each node's directory."""
         cluster_id = next((b.cluster_id() for b in self.brokers if b.cluster_id_path.is_file()), new_cluster_id())

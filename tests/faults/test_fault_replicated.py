@@ -39,7 +39,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     require_apache_kafka()
     nodes = [ClusterNode(f"kafka-{i}", "127.0.0.1", free_port(), free_port()) for i in (1, 2, 3)]
     started = KafkaCluster(tmp_path_factory.mktemp("cluster"), nodes)
-    started.start(timeout_s=240)  # three JVMs on a loaded 2-core machine: 20-30 s alone, over 90 s at load 20
+    started.start()  # three JVMs on a loaded 2-core machine: 20-30 s alone, over 90 s at load 20-30
     yield started
     started.stop()
 
@@ -134,6 +134,7 @@ def test_broker_killed_mid_produce_loses_and_duplicates_nothing(on_cluster, clus
         time.sleep(0.02)
     victim = cluster.leader_of(topic_name, 0)
     _kill(victim)
+    assert producing.is_alive(), "the produce ended before the kill"
     producing.join(timeout=120)
     manifest = produced["m"]
     assert sum(admin.exact_end_offsets(cfg.kafka, topic_name).values()) > 0 and victim.service.pid() is None
