@@ -196,8 +196,7 @@ def check_security(cfg: KafkaConfig, timeout_s: float | None = None) -> None:
         cfg.resolved_bootstrap(),
         cfg.security_protocol,
         cfg.sasl_mechanism,
-        cfg.sasl_username,
-        hash(cfg.sasl_secret()),
+        (cfg.sasl_username, hash(cfg.sasl_secret())),
         *((n, str(p), p.stat().st_mtime) for n, p in files.items() if p.is_file()),
         *((k, hash(str(v))) for k, v in sorted(cfg.client_extra().items()) if k.startswith("ssl.")),
     )

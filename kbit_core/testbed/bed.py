@@ -172,10 +172,7 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
         certs = make_certificates(
             bed_dir / "certs", [h.address for h in topo.hosts], [*(h.name for h in topo.hosts), socket.gethostname()]
         )
-        started = time.monotonic()
-        procs.kafka.start(timeout_s=timeout_s)
-        create_users_and_acls(procs.kafka, bed_dir)
-        kafka_up_s = time.monotonic() - started
+        kafka_up_s = _start_kafka(procs, bed_dir, timeout_s)
         procs.master.start(timeout_s=timeout_s)
         with ThreadPoolExecutor(len(procs.workers)) as pool:
             list(pool.map(lambda w: w.start(timeout_s=timeout_s), procs.workers))
@@ -207,6 +204,14 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
         raise
     state_path(bed_dir).write_text(state.model_dump_json(indent=2))
     return state
+
+
+def _start_kafka(procs: _Processes, bed_dir: Path, timeout_s: float) -> float:
+    """The brokers, then the SCRAM users and ACLs; the seconds that took."""
+    started = time.monotonic()
+    procs.kafka.start(timeout_s=max(timeout_s, 240.0))
+    create_users_and_acls(procs.kafka, bed_dir)
+    return time.monotonic() - started
 
 
 def _start_ray(procs: _Processes, timeout_s: float) -> None:
