@@ -95,10 +95,16 @@ class KafkaConfig(Section):
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
+    sasl_password_file: Path | None = Field(
+        None, description="A file holding the SASL password (its first line), read when sasl_password is unset."
+    )
     ssl_cafile: Path | None = None
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     request_timeout_s: float = Field(30.0, gt=0)
+    topic_replication_factor: int = Field(
+        1, ge=1, description="Replicas of each topic kbit creates (3 on the test bed's replicated cluster)."
+    )
     extra: dict[str, str | int | float | bool | SecretStr] = Field(
         default_factory=dict,
         description="Extra client options passed through verbatim (librdkafka names); "
@@ -118,6 +124,17 @@ class KafkaConfig(Section):
         if self.bootstrap_servers:
             return self.bootstrap_servers
         return f"{self.embedded.host}:{self.embedded.port}"
+
+    def sasl_secret(self) -> str:
+        """The SASL password: sasl_password, else the first line of sasl_password_file (read now, on this host)."""
+        if self.sasl_password is not None:
+            return self.sasl_password.get_secret_value()
+        if self.sasl_password_file is None:
+            return ""
+        try:
+            return self.sasl_password_file.read_text().splitlines()[0]
+        except (OSError, IndexError) as exc:
+            raise ConfigError(f"kafka.sasl_password_file: {self.sasl_password_file} cannot be read ({exc})") from None
 
     @field_validator("extra")
     @classmethod
@@ -143,7 +160,7 @@ class KafkaConfig(Section):
         sasl = self.security_protocol.startswith("SASL")
         if sasl and not (self.sasl_mechanism and self.sasl_username):
             raise ValueError(f"security_protocol={self.security_protocol} needs sasl_mechanism and sasl_username")
-        if not sasl and (self.sasl_mechanism or self.sasl_username or self.sasl_password):
+        if not sasl and (self.sasl_mechanism or self.sasl_username or self.sasl_password or self.sasl_password_file):
             raise ValueError("sasl_* settings are given but security_protocol is not SASL_PLAINTEXT or SASL_SSL")
         ssl_files = [n for n in ("ssl_cafile", "ssl_certfile", "ssl_keyfile") if getattr(self, n) is not None]
         if ssl_files and not self.security_protocol.endswith("SSL"):
@@ -699,6 +716,7 @@ class StackConfig(Section):
 # Paths that ranks open themselves; relative ones mean "relative to the driver's working directory".
 _RANK_PATHS = (
     ("kafka", "ssl_cafile"),
+    ("kafka", "sasl_password_file"),
     ("kafka", "ssl_certfile"),
     ("kafka", "ssl_keyfile"),
     ("dataset", "path"),

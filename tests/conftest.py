@@ -161,12 +161,10 @@ def tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     b.stop()
 
 
-@pytest.fixture(scope="session")
-def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One Apache Kafka broker (single KRaft node, data on disk) for the whole session. Skipped when Java or its jars
-    are missing (`scripts/run.sh install` puts them in .venv/kafka), except under CI or KBIT_REQUIRE_APACHE_KAFKA=1."""
+def require_apache_kafka() -> None:
+    """Skip when Java or Apache Kafka's jars are missing, except under CI or KBIT_REQUIRE_APACHE_KAFKA=1 (fail)."""
     from kbit_core.errors import BrokerError
-    from kbit_core.kafka.apache_broker import ApacheKafkaBroker, java_binary, kafka_libs
+    from kbit_core.kafka.apache_broker import java_binary, kafka_libs
 
     try:
         kafka_libs(), java_binary()
@@ -174,6 +172,15 @@ def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         if os.environ.get("CI") or os.environ.get("KBIT_REQUIRE_APACHE_KAFKA") == "1":
             raise
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Apache Kafka broker (single KRaft node, data on disk) for the whole session. Skipped when Java or its jars
+    are missing (`scripts/run.sh install` puts them in .venv/kafka), except under CI or KBIT_REQUIRE_APACHE_KAFKA=1."""
+    from kbit_core.kafka.apache_broker import ApacheKafkaBroker
+
+    require_apache_kafka()
     b = ApacheKafkaBroker(tmp_path_factory.mktemp("apache-kafka"), port=free_port(), controller_port=free_port())
     b.start()
     yield b

@@ -60,7 +60,8 @@ def _report(st: BedStatus, as_json: bool) -> None:
     out.print(hosts, procs)
     out.print(
         f"Spark master: {s.master_url} (UI {s.master_webui})\n"
-        f"Kafka bootstrap: {s.broker_bootstrap} ({s.security_protocol}); CA {s.ssl_cafile}"
+        f"Kafka bootstrap: {s.broker_bootstrap} ({s.security_protocol}, {s.sasl_username}, up in {s.broker_up_s} s); "
+        f"CA {s.ssl_cafile}"
         + (f"; client cert {s.ssl_certfile}, key {s.ssl_keyfile}" if s.ssl_certfile else "")
         + (
             f"\nRay: {s.ray_address} (Ray Client; token {s.ray_overrides()['launch.ray_auth_token_file']}); "
@@ -80,16 +81,18 @@ def up(
         str, typer.Option(help="Private subnet of the bed; the driver takes .1, nodes .11, .12, ...")
     ] = DEFAULT_SUBNET,
     nodes: Annotated[int, typer.Option(min=1, max=8, help="Worker hosts (network namespaces).")] = 2,
-    broker_port: Annotated[int, typer.Option(help="TLS port of the broker on the driver address.")] = 19093,
+    broker_port: Annotated[
+        int, typer.Option(help="Client port (SASL_SSL) of the broker on every bed address.")
+    ] = 19093,
     client_auth: Annotated[bool, typer.Option(help="Require client certificates (mutual TLS).")] = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create the hosts, start the TLS broker, the Spark standalone master and workers and (with the `ray` extra) a
-    Ray node on each node host; wait until healthy."""
+    """Create the hosts, start Apache Kafka on every host (TLS, SCRAM users, ACLs), the Spark standalone master and
+    workers and (with the `ray` extra) a Ray node on each node host; wait until healthy."""
     bed_dir = _bed_dir(config, sets)
     was_up = run_guarded(bed_status, bed_dir).up
     options = BedOptions(subnet=subnet, nodes=nodes, broker_port=broker_port, client_auth=client_auth)
-    with out.status("starting the test bed (Spark JVMs take ~10-20 s)..."):
+    with out.status("starting the test bed (three Kafka brokers, then Spark and Ray)..."):
         run_guarded(bed_up, bed_dir, options)
     if was_up and not as_json:
         out.print("the test bed is already up")

@@ -41,6 +41,7 @@ EAGER_CONNECT = {"enable.sparse.connections": False}
 PROBE_POLL_S = 0.001
 PROBE_DUE_S = 0.05
 SLOW_PROBE_POLL_S = 0.05
+AUTHORIZATION_FAILED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED})
 OUT_OF_RANGE = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 UNKNOWN_PARTITION = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
@@ -104,8 +105,10 @@ def topic_exists(kcfg: KafkaConfig, topic: str) -> bool:
 
 
 def topic_partitions(kcfg: KafkaConfig, topic: str) -> list[int]:
-    """Sorted partition ids of ``topic``; TopicError naming it when it does not exist."""
-    return _partitions_in(_metadata(_admin(kcfg), kcfg), kcfg, topic)
+    """Sorted partition ids of ``topic``; TopicError naming it when it does not exist (or when this principal may
+    not see it). Apache Kafka is asked for ``topic`` alone, so that it says which; Tansu's admin metadata request
+    would create a topic it names."""
+    return _partitions_in(_metadata(_admin(kcfg), kcfg, None if kcfg.tansu else topic), kcfg, topic)
 
 
 def consumer_partitions(consumer: Consumer, kcfg: KafkaConfig, topic: str) -> list[int]:
@@ -118,15 +121,29 @@ def _partitions_in(cluster: Any, kcfg: KafkaConfig, topic: str) -> list[int]:
     meta = cluster.topics.get(topic)
     if meta is None or (meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
         raise TopicError(f"topic {topic!r} does not exist on the {describe_broker(kcfg)}")
+    if meta.error is not None and meta.error.code() in AUTHORIZATION_FAILED:
+        raise not_authorized(kcfg, topic, "read")
     if meta.error is not None:
         raise TopicError(f"topic {topic!r}: {meta.error.str()}")
     return sorted(meta.partitions)
 
 
-def create_topic(kcfg: KafkaConfig, topic: str, partitions: int, replication_factor: int = 1) -> None:
+def not_authorized(kcfg: KafkaConfig, topic: str, operation: str) -> TopicError:
+    """The one-line error for a principal that no ACL allows ``operation`` on ``topic``."""
+    principal = f"User:{kcfg.sasl_username}" if kcfg.sasl_username else "this client's principal"
+    return TopicError(
+        f"{principal} is not authorized to {operation} topic {topic!r} on the {describe_broker(kcfg)}: "
+        "no ACL allows it (TOPIC_AUTHORIZATION_FAILED); ask the cluster's administrator for one, or check "
+        "kafka.sasl_username"
+    )
+
+
+def create_topic(kcfg: KafkaConfig, topic: str, partitions: int, replication_factor: int | None = None) -> None:
     """Create ``topic`` and wait until the broker's metadata lists all its partitions (Apache Kafka answers
     CreateTopics once the controller committed it, and its broker's metadata can follow a moment later); TopicError
-    when it already exists (callers decide whether to delete it first)."""
+    when it already exists (callers decide whether to delete it first). ``replication_factor`` defaults to
+    kafka.topic_replication_factor."""
+    replication_factor = replication_factor or kcfg.topic_replication_factor
     admin = _admin(kcfg)
     _metadata(admin, kcfg)
     future = admin.create_topics(
@@ -138,6 +155,8 @@ def create_topic(kcfg: KafkaConfig, topic: str, partitions: int, replication_fac
         err: KafkaError = exc.args[0]
         if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
             raise TopicError(f"topic {topic!r} already exists on the {describe_broker(kcfg)}") from None
+        if err.code() in AUTHORIZATION_FAILED:
+            raise not_authorized(kcfg, topic, "create") from None
         raise TopicError(f"cannot create topic {topic!r} ({partitions} partitions): {err.str()}") from None
     deadline = time.monotonic() + kcfg.request_timeout_s
     while len(getattr(_metadata(admin, kcfg).topics.get(topic), "partitions", None) or {}) < partitions:

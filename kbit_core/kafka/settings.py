@@ -21,6 +21,7 @@ from typing import Any
 
 from kbit_core.config import KafkaConfig, is_secret_option, mask_credentials
 from kbit_core.errors import BrokerError, ConfigError
+from kbit_core.kafka.scram import HASHES, ScramRefused, scram_exchange
 
 TLS_CHECK_TIMEOUT_S = 10.0
 _checked: set[tuple[Any, ...]] = set()
@@ -140,6 +141,32 @@ def _check_sasl_mechanism(conn: socket.socket, cfg: KafkaConfig, address: str) -
             f"{error_code}; mechanisms it reports: {', '.join(offered) or 'none'}): SASL is not enabled "
             f"there, or not with this mechanism; check kafka.security_protocol and kafka.sasl_mechanism"
         )
+    if cfg.sasl_mechanism in HASHES:
+        _check_scram(conn, cfg, address)
+
+
+def _sasl_authenticate(conn: socket.socket, message: bytes) -> bytes:
+    """One SaslAuthenticate v0 round trip: ``message`` out, the server's bytes back (ScramRefused on its error)."""
+    resp = _request(conn, 36, 0, struct.pack(">i", len(message)) + message)
+    error_code, text_len = struct.unpack(">hh", resp[:4])
+    pos = 4 + max(text_len, 0)
+    if error_code != 0:
+        raise ScramRefused(resp[4:pos].decode(errors="replace") if text_len > 0 else f"Kafka error {error_code}")
+    (size,) = struct.unpack(">i", resp[pos : pos + 4])
+    return resp[pos + 4 : pos + 4 + max(size, 0)]
+
+
+def _check_scram(conn: socket.socket, cfg: KafkaConfig, address: str) -> None:
+    try:
+        scram_exchange(
+            cfg.sasl_mechanism or "", cfg.sasl_username or "", cfg.sasl_secret(), lambda m: _sasl_authenticate(conn, m)
+        )
+    except (ScramRefused, _Closed) as exc:
+        raise BrokerError(
+            f"the broker at {address} refuses {cfg.sasl_mechanism} authentication as "
+            f"kafka.sasl_username={cfg.sasl_username}: {exc or 'it closed the connection'}; check "
+            "kafka.sasl_password (or kafka.sasl_password_file) and that the user exists"
+        ) from None
 
 
 def _tls_error(exc: ssl.SSLError, address: str, cfg: KafkaConfig) -> BrokerError:
@@ -156,7 +183,8 @@ def _tls_error(exc: ssl.SSLError, address: str, cfg: KafkaConfig) -> BrokerError
         return BrokerError(
             f"the broker at {address} requires a client certificate: set kafka.ssl_certfile and kafka.ssl_keyfile"
         )
-    if "UNKNOWN_CA" in text or "BAD_CERTIFICATE" in text:
+    # Apache Kafka's JSSE answers a client certificate it cannot verify with certificate_unknown
+    if "UNKNOWN_CA" in text or "BAD_CERTIFICATE" in text or "CERTIFICATE_UNKNOWN" in text:
         return BrokerError(
             f"the broker at {address} does not accept the client certificate in "
             f"kafka.ssl_certfile ({cfg.ssl_certfile}): {exc.reason}"
@@ -171,8 +199,8 @@ def check_security(cfg: KafkaConfig, timeout_s: float | None = None) -> None:
     """Prove TLS files, certificates and the SASL mechanism against the first reachable bootstrap broker.
 
     Raises naming the setting at fault; checked once per process and setting. A broker that cannot be
-    reached at all is left to the client (it has its own retries and errors). The SASL password itself
-    is proven by the client's own authentication.
+    reached at all is left to the client (it has its own retries and errors). A SCRAM user and password are
+    proven by one SCRAM exchange.
     """
     if cfg.security_protocol == "PLAINTEXT":
         return
@@ -181,6 +209,7 @@ def check_security(cfg: KafkaConfig, timeout_s: float | None = None) -> None:
         cfg.resolved_bootstrap(),
         cfg.security_protocol,
         cfg.sasl_mechanism,
+        (cfg.sasl_username, hash(cfg.sasl_secret())),
         *((n, str(p), p.stat().st_mtime) for n, p in files.items() if p.is_file()),
         *((k, hash(str(v))) for k, v in sorted(cfg.client_extra().items()) if k.startswith("ssl.")),
     )
@@ -239,7 +268,7 @@ def confluent_options(cfg: KafkaConfig) -> dict[str, Any]:
     if cfg.sasl_mechanism:
         opts["sasl.mechanism"] = cfg.sasl_mechanism
         opts["sasl.username"] = cfg.sasl_username
-        opts["sasl.password"] = cfg.sasl_password.get_secret_value() if cfg.sasl_password else ""
+        opts["sasl.password"] = cfg.sasl_secret()
     if cfg.ssl_cafile:
         opts["ssl.ca.location"] = str(cfg.ssl_cafile)
     if cfg.ssl_certfile:
@@ -261,7 +290,7 @@ def kafka_python_options(cfg: KafkaConfig) -> dict[str, Any]:
     if cfg.sasl_mechanism:
         opts["sasl_mechanism"] = cfg.sasl_mechanism
         opts["sasl_plain_username"] = cfg.sasl_username
-        opts["sasl_plain_password"] = cfg.sasl_password.get_secret_value() if cfg.sasl_password else ""
+        opts["sasl_plain_password"] = cfg.sasl_secret()
     if cfg.ssl_cafile:
         opts["ssl_cafile"] = str(cfg.ssl_cafile)
     if cfg.ssl_certfile:

@@ -1,7 +1,8 @@
-"""The multi-host test bed: bring the network, the TLS broker and the Spark standalone cluster up and down as one unit.
+"""The multi-host test bed: bring the network, the Apache Kafka cluster (a broker on every host, TLS and SCRAM) and
+the Spark standalone cluster (and Ray) up and down as one unit.
 
 `up` writes ``<bed_dir>/state.json`` (a :class:`BedState`); everything a client needs to reach the bed
-(master URL, broker bootstrap, CA and client certificate) is read from there, never guessed.
+(master URL, broker bootstrap, CA, client certificate, SCRAM user and password file) is read from there, never guessed.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,11 +23,13 @@ from confluent_kafka.admin import AdminClient
 
 from kbit_core import ray_env
 from kbit_core.config import KafkaConfig
-from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.errors import BrokerError
+from kbit_core.kafka.apache_broker import kafka_libs
 from kbit_core.kafka.settings import confluent_options
 from kbit_core.service import Service, pid_alive
 from kbit_core.testbed import network, ray_cluster
 from kbit_core.testbed.certs import certificate_paths, make_certificates
+from kbit_core.testbed.kafka_bed import TRAIN_USER, BedKafkaPorts, bed_kafka, create_users_and_acls, password_path
 from kbit_core.testbed.network import Host, TestbedError, Topology
 from kbit_core.testbed.spark_standalone import (
     alive_workers,
@@ -60,6 +62,10 @@ def missing_prerequisites() -> list[str]:
         missing += [] if shutil.which("openssl") else ["the `openssl` command (for the bed's certificates)"]
         missing += [m for m in [java_missing()] if m]
         try:
+            kafka_libs()
+        except BrokerError as exc:
+            missing.append(str(exc))
+        try:
             spark_home()
         except TestbedError as exc:
             missing.append(str(exc))
@@ -72,46 +78,6 @@ def _check_prerequisites() -> None:
         raise TestbedError("the multi-host test bed cannot run on this machine; missing: " + "; ".join(missing))
 
 
-def _tls_front(
-    bed_dir: Path,
-    run_dir: Path,
-    driver: Host,
-    bootstrap: str,
-    upstream: str,
-    options: BedOptions,
-    marker: dict[str, str],
-) -> Service:
-    """TLS in front of the broker at ``bootstrap`` on the driver host (client certificates required with
-    ``client_auth``), relaying to the broker's plain listener ``upstream``."""
-    certs = certificate_paths(bed_dir / "certs")
-    argv = [
-        sys.executable,
-        "-m",
-        "kbit_core.testbed.tls_front",
-        "--listen",
-        bootstrap,
-        "--upstream",
-        upstream,
-        "--cert",
-        str(certs.server_cert),
-        "--key",
-        str(certs.server_key),
-    ]
-    if options.client_auth:
-        argv += ["--client-ca", str(certs.ca)]
-    return Service(
-        "broker-tls",
-        run_dir,
-        argv,
-        marker="kbit_core.testbed.tls_front",
-        env=marker,
-        host=driver.address,
-        port=options.broker_port,
-        url=bootstrap,
-        error_type=TestbedError,
-    )
-
-
 class _Processes:
     """The bed's processes (as Services) for a bed directory and options; used by up, status and down alike."""
 
@@ -120,13 +86,9 @@ class _Processes:
         run_dir = Path(bed_dir).resolve() / "run"
         marker = {MARKER_ENV: str(Path(bed_dir).resolve())}
         driver = self.topology.driver
-        self.bootstrap = f"{driver.address}:{options.broker_port}"
-        self.broker = EmbeddedBroker(
-            run_dir, "127.0.0.1", options.broker_plain_port, advertised=self.bootstrap, env=marker
-        )
-        self.tls_front = _tls_front(
-            Path(bed_dir).resolve(), run_dir, driver, self.bootstrap, self.broker.bootstrap, options, marker
-        )
+        ports = BedKafkaPorts(options.broker_port, options.broker_internal_port, options.broker_controller_port)
+        self.certs = certificate_paths(Path(bed_dir).resolve() / "certs")
+        self.kafka = bed_kafka(run_dir, self.topology.hosts, ports, self.certs, options.client_auth, marker)
         self.master = master_service(run_dir, driver, options.master_port, options.master_webui_port, marker)
         self.workers = [
             worker_service(
@@ -177,8 +139,7 @@ class _Processes:
     def all(self) -> list[tuple[Service, Host]]:
         driver = self.topology.driver
         return [
-            (self.broker.service, driver),
-            (self.tls_front, driver),
+            *((b.service, h) for b, h in zip(self.kafka.brokers, self.topology.hosts)),
             (self.master, driver),
             *zip(self.workers, self.topology.nodes),
             *zip(self.ray_nodes, self.topology.nodes),
@@ -208,9 +169,10 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
     topo = procs.topology
     try:
         network.create(topo)
-        certs = make_certificates(bed_dir / "certs", topo.driver.address, [topo.driver.name, socket.gethostname()])
-        procs.broker.start()
-        procs.tls_front.start(timeout_s=30)
+        certs = make_certificates(
+            bed_dir / "certs", [h.address for h in topo.hosts], [*(h.name for h in topo.hosts), socket.gethostname()]
+        )
+        kafka_up_s = _start_kafka(procs, bed_dir, timeout_s)
         procs.master.start(timeout_s=timeout_s)
         with ThreadPoolExecutor(len(procs.workers)) as pool:
             list(pool.map(lambda w: w.start(timeout_s=timeout_s), procs.workers))
@@ -226,7 +188,10 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
             nodes=[BedHost(name=n.name, address=n.address, netns=n.netns) for n in topo.nodes],
             master_url=procs.master.url or "",
             master_webui=f"http://{topo.driver.address}:{options.master_webui_port}",
-            broker_bootstrap=procs.bootstrap,
+            broker_bootstrap=procs.kafka.bootstrap,
+            broker_up_s=round(kafka_up_s, 1),
+            sasl_username=TRAIN_USER,
+            sasl_password_file=password_path(bed_dir, TRAIN_USER),
             ssl_cafile=certs.ca,
             ssl_certfile=certs.client_cert if options.client_auth else None,
             ssl_keyfile=certs.client_key if options.client_auth else None,
@@ -241,6 +206,14 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
     return state
 
 
+def _start_kafka(procs: _Processes, bed_dir: Path, timeout_s: float) -> float:
+    """The brokers, then the SCRAM users and ACLs; the seconds that took."""
+    started = time.monotonic()
+    procs.kafka.start(timeout_s=max(timeout_s, 240.0))
+    create_users_and_acls(procs.kafka, bed_dir)
+    return time.monotonic() - started
+
+
 def _start_ray(procs: _Processes, timeout_s: float) -> None:
     """The Ray head, then the other nodes together; wait until every node host has joined."""
     ray_head, *ray_workers = procs.ray_nodes
@@ -253,16 +226,20 @@ def _start_ray(procs: _Processes, timeout_s: float) -> None:
 
 
 def _probe_broker(state: BedState, procs: _Processes, timeout_s: float = 15.0) -> None:
-    """A metadata request over TLS, with the bed's CA and client certificate, must list the broker."""
+    """A metadata request over TLS and SCRAM, as the training user, must list every broker."""
     kafka = KafkaConfig.model_validate({k.removeprefix("kafka."): v for k, v in state.kafka_overrides().items()})
     try:
-        AdminClient({**confluent_options(kafka), "log_level": 0}).list_topics(timeout=timeout_s)
+        brokers = AdminClient({**confluent_options(kafka), "log_level": 0}).list_topics(timeout=timeout_s).brokers
     except Exception as exc:
+        brokers, error = {}, str(exc)
+    else:
+        error = f"its metadata lists brokers {sorted(brokers)}"
+    if len(brokers) != len(procs.kafka.brokers):
+        tails = "\n".join(f"--- {b.service.name} ({b.server_log_path}):\n{b.log_tail(8)}" for b in procs.kafka.brokers)
         raise TestbedError(
-            f"the broker at {state.broker_bootstrap} does not answer a TLS metadata request: {exc}\n"
-            f"--- broker-tls ({procs.tls_front.log_path}):\n{procs.tls_front.log_tail()}\n"
-            f"--- broker ({procs.broker.log_path}):\n{procs.broker.service.log_tail()}"
-        ) from None
+            f"the Kafka cluster at {state.broker_bootstrap} does not answer the training user over TLS and SCRAM: "
+            f"{error}\n{tails}"
+        )
 
 
 def _hostname_of(pid: int) -> str | None:
@@ -368,7 +345,9 @@ def down(bed_dir: Path | None = None) -> list[str]:
     removed: list[str] = []
     state = load_state(bed_dir) if bed_dir is not None else None
     if state is not None:
-        for service, _host in _Processes(Path(bed_dir), BedOptions(**state.options)).all():
+        procs = _Processes(Path(bed_dir), BedOptions(**state.options))
+        removed += [f"process {name}" for name in procs.kafka.stop(timeout_s=10)]
+        for service, _host in procs.all()[len(procs.kafka.brokers) :]:
             if service.stop(timeout_s=10):
                 removed.append(f"process {service.name}")
     leftovers = _marked_pids() + [pid for ns in network.bed_namespaces() for pid in network.namespace_pids(ns)]
@@ -378,6 +357,11 @@ def down(bed_dir: Path | None = None) -> list[str]:
     removed += network.destroy()
     if bed_dir is not None:
         state_path(bed_dir).unlink(missing_ok=True)
+        # the brokers' logs and the SCRAM passwords go with the bed: the next `up` formats a fresh cluster
+        for made in (Path(bed_dir) / "run", Path(bed_dir) / "credentials"):
+            if made.exists():
+                shutil.rmtree(made, ignore_errors=True)
+                removed.append(f"directory {made}")
     return removed
 
 

@@ -1,4 +1,8 @@
-"""A throw-away certificate authority for the test bed: CA, broker certificate and client certificate (openssl)."""
+"""A throw-away certificate authority for the test bed: CA, broker certificate and client certificate (openssl).
+
+The brokers' certificate names every bed host (each broker serves on its own host's address) and is also a client
+certificate: the brokers and controllers authenticate each other with it, as the super user ``User:CN=kbit-broker``.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from pathlib import Path
 from kbit_core.testbed.network import TestbedError
 
 _DAYS = "30"
+BROKER_CN = "kbit-broker"
 
 
 @dataclass(frozen=True)
@@ -19,6 +24,11 @@ class BedCertificates:
     server_key: Path
     client_cert: Path
     client_key: Path
+
+    @property
+    def server_keystore(self) -> Path:
+        """The broker's key and certificate in one PEM file (Kafka's ``ssl.keystore.type=PEM``)."""
+        return self.server_cert.with_name("server.keystore.pem")
 
 
 def certificate_paths(cert_dir: Path) -> BedCertificates:
@@ -65,8 +75,8 @@ def _issue(cert_dir: Path, name: str, subject: str, extensions: str, ca: Path, c
     key.chmod(0o600)
 
 
-def make_certificates(cert_dir: Path, server_ip: str, server_names: list[str]) -> BedCertificates:
-    """A fresh CA plus a server certificate for ``server_ip``/``server_names`` and a client certificate, all PEM."""
+def make_certificates(cert_dir: Path, server_ips: list[str], server_names: list[str]) -> BedCertificates:
+    """A fresh CA plus a broker certificate for ``server_ips``/``server_names`` and a client certificate, all PEM."""
     paths = certificate_paths(cert_dir)
     if shutil.which("openssl") is None:
         raise TestbedError("the `openssl` command is missing; the test bed needs it to make its TLS certificates")
@@ -88,15 +98,17 @@ def make_certificates(cert_dir: Path, server_ip: str, server_names: list[str]) -
         "/CN=kbit test bed CA",
     )
     ca_key.chmod(0o600)
-    sans = ",".join([f"IP:{server_ip}", *(f"DNS:{n}" for n in server_names)])
+    sans = ",".join([*(f"IP:{ip}" for ip in server_ips), *(f"DNS:{n}" for n in server_names)])
     _issue(
         cert_dir,
         "server",
-        f"/CN={server_names[0]}",
-        f"subjectAltName={sans}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+        f"/CN={BROKER_CN}",
+        f"subjectAltName={sans}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth,clientAuth\n",
         paths.ca,
         ca_key,
     )
+    paths.server_keystore.write_text(paths.server_key.read_text() + paths.server_cert.read_text())
+    paths.server_keystore.chmod(0o600)
     _issue(
         cert_dir,
         "client",

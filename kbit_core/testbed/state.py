@@ -25,9 +25,10 @@ class BedOptions:
     worker_webui_port: int = 8681
     worker_cores: int = 1
     worker_memory: str = "2g"
-    broker_port: int = 19093
-    broker_plain_port: int = 19193  # Tansu itself, on the driver's loopback: only the TLS front reaches it
-    client_auth: bool = True  # mutual TLS: the broker refuses clients without a certificate from the bed's CA
+    broker_port: int = 19093  # clients: SASL_SSL on each host's bed address
+    broker_internal_port: int = 19094  # between the brokers: SSL with the brokers' certificate
+    broker_controller_port: int = 19095  # the KRaft quorum: SSL with the brokers' certificate
+    client_auth: bool = True  # mutual TLS: the brokers refuse clients without a certificate from the bed's CA
     ray: bool = field(default_factory=ray_cluster.ray_installed)  # Ray nodes on the node hosts (the `ray` extra)
     ray_head_port: int = 6380
     ray_client_port: int = 10001
@@ -50,7 +51,10 @@ class BedState(BaseModel):
     master_url: str
     master_webui: str
     broker_bootstrap: str
-    security_protocol: str = "SSL"
+    broker_up_s: float | None = None  # the three brokers' start, until all serve and the users and ACLs exist
+    security_protocol: str = "SASL_SSL"
+    sasl_username: str
+    sasl_password_file: Path
     ssl_cafile: Path
     ssl_certfile: Path | None
     ssl_keyfile: Path | None
@@ -58,12 +62,16 @@ class BedState(BaseModel):
     options: dict[str, Any]
 
     def kafka_overrides(self) -> dict[str, str]:
-        """Dotted kbit config overrides that point the Kafka clients at the bed's TLS broker."""
+        """Dotted kbit config overrides that point the Kafka clients at the bed's cluster as the training user."""
         over = {
             "kafka.bootstrap_servers": self.broker_bootstrap,
-            "kafka.broker_kind": "tansu",  # Tansu behind the TLS front
+            "kafka.broker_kind": "apache-kafka",
             "kafka.security_protocol": self.security_protocol,
+            "kafka.sasl_mechanism": "SCRAM-SHA-512",
+            "kafka.sasl_username": self.sasl_username,
+            "kafka.sasl_password_file": str(self.sasl_password_file),
             "kafka.ssl_cafile": str(self.ssl_cafile),
+            "kafka.topic_replication_factor": "3",
         }
         if self.ssl_certfile and self.ssl_keyfile:
             over |= {"kafka.ssl_certfile": str(self.ssl_certfile), "kafka.ssl_keyfile": str(self.ssl_keyfile)}

@@ -62,7 +62,9 @@ def test_test_bed_profiles_put_ranks_on_the_nodes_and_read_over_tls(name: str) -
     cfg = load_config(profile_path(name))
     assert cfg.launch.master == "spark://10.213.7.1:7077" and not cfg.launch.local_mode
     assert cfg.launch.driver_host == cfg.launch.driver_bind_address == "10.213.7.1"  # reachable from the nodes
-    assert cfg.kafka.bootstrap_servers == "10.213.7.1:19093" and cfg.kafka.security_protocol == "SSL"
+    assert cfg.kafka.bootstrap_servers == "10.213.7.1:19093,10.213.7.11:19093,10.213.7.12:19093"
+    assert cfg.kafka.security_protocol == "SASL_SSL" and cfg.kafka.sasl_mechanism == "SCRAM-SHA-512"
+    assert cfg.kafka.topic_replication_factor == 3
     assert cfg.kafka.ssl_certfile is not None and cfg.kafka.ssl_keyfile is not None  # the bed asks for mutual TLS
 
 

@@ -12,6 +12,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+from confluent_kafka.admin import AdminClient
 from torch import Tensor, nn
 
 from kbit_core.config import ModelConfig
@@ -100,3 +101,19 @@ def _ancestor_running(text: str) -> int:
             return pid
         pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     raise RuntimeError(f"no ancestor process runs {text}")
+
+
+def kill_leader(
+    *, image_shape: tuple[int, ...], num_classes: int, at_step: int, bootstrap: str, topic: str, run_dir: str
+) -> nn.Module:
+    """Rank 0 SIGKILLs the broker leading partition 0 of ``topic`` at training step ``at_step`` (a cluster of
+    :class:`kbit_core.kafka.cluster.KafkaCluster` in ``run_dir``, nodes named ``kafka-<id>``); ``run_dir/killed``
+    records the node id."""
+
+    def fault() -> None:
+        meta = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
+        leader = meta.topics[topic].partitions[0].leader
+        os.kill(int(Path(run_dir, f"kafka-{leader}.pid").read_text()), signal.SIGKILL)
+        Path(run_dir, "killed").write_text(str(leader))
+
+    return FaultAt(_cnn(image_shape, num_classes), rank=0, at_call=at_step, fault=fault)

@@ -27,7 +27,7 @@ def main(produce_client: str, workdir: str, *overrides: str) -> None:
             "produce.partitions=2",
             f"produce.client={produce_client}",
             f"kafka.client={produce_client}",
-            f"produce.topic_prefix=bed-{socket.gethostname()}-{produce_client}",
+            f"produce.topic_prefix=kbit-bed-{socket.gethostname()}-{produce_client}",
             *overrides,
         ],
     )

@@ -32,8 +32,8 @@ def bed_sets(testbed: BedState, workdir: Path, **extra: Any) -> list[str]:
     unique = uuid.uuid4().hex[:10]
     values = {
         **testbed.kafka_overrides(),
-        "produce.topic": f"bed-{unique}",
-        "produce.topic_prefix": f"bed-{unique}",
+        "produce.topic": f"kbit-bed-{unique}",
+        "produce.topic_prefix": f"kbit-bed-{unique}",
         "launch.master": testbed.master_url,
         "launch.driver_host": testbed.driver.address,
         "launch.driver_bind_address": testbed.driver.address,

@@ -1,5 +1,5 @@
-"""kbit's Kafka security settings against the test bed's mutual-TLS broker: every client works, every mistake is
-named within seconds, and no credential reaches a file the project writes."""
+"""kbit's Kafka security settings against the test bed's brokers (mutual TLS and SCRAM-SHA-512, ACLs): every client
+works, every mistake is named within seconds, and no credential reaches a file the project writes."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from kbit_core.cli import app
 from kbit_core.config import KbitConfig, load_config
 from kbit_core.data.reader import RangeReader
-from kbit_core.errors import BrokerError, ConfigError
+from kbit_core.errors import BrokerError, ConfigError, TopicError
 from kbit_core.formats import get_codec
 from kbit_core.kafka import admin
 from kbit_core.kafka.consumers import make_consumer
@@ -25,6 +25,7 @@ from kbit_core.produce import produce_dataset
 from kbit_core.sharding import OffsetRange
 from kbit_core.testbed import BedState
 from kbit_core.testbed.certs import make_certificates
+from kbit_core.testbed.kafka_bed import STRANGER_USER, password_path
 from kbit_core.tracking import make_tracker
 
 CLIENT_STEPS: dict[str, Callable[[KbitConfig, str], Any]] = {
@@ -53,7 +54,7 @@ def bed_config(testbed: BedState, workdir: Path, *sets: str, **sections: Any) ->
 @pytest.fixture(scope="module")
 def foreign_certs(tmp_path_factory: pytest.TempPathFactory, testbed: BedState):
     """A CA and client certificate the bed never saw (same addresses, so only the issuer differs)."""
-    return make_certificates(tmp_path_factory.mktemp("foreign"), testbed.driver.address, ["driver"])
+    return make_certificates(tmp_path_factory.mktemp("foreign"), [testbed.driver.address], ["driver"])
 
 
 def _mistakes(testbed: BedState, foreign, tmp: Path) -> dict[str, tuple[dict[str, Any], type[Exception], str]]:
@@ -67,16 +68,12 @@ def _mistakes(testbed: BedState, foreign, tmp: Path) -> dict[str, tuple[dict[str
             BrokerError,
             "kafka.ssl_certfile",
         ),
-        "SASL the broker lacks": (
-            {
-                "kafka.security_protocol": "SASL_SSL",
-                "kafka.sasl_mechanism": "SCRAM-SHA-512",
-                "kafka.sasl_username": "kbit",
-                "kafka.sasl_password": "not-it",
-            },
+        "SASL mechanism the broker lacks": (
+            {"kafka.sasl_mechanism": "SCRAM-SHA-256"},
             BrokerError,
             "kafka.sasl_mechanism",
         ),
+        "wrong SCRAM password": ({"kafka.sasl_password": "not-it"}, BrokerError, "kafka.sasl_password"),
     }
 
 
@@ -95,7 +92,8 @@ def test_every_client_works_over_mutual_tls(testbed: BedState, tmp_path: Path, c
         "key of another cert",
         "no client cert",
         "client cert of another CA",
-        "SASL the broker lacks",
+        "SASL mechanism the broker lacks",
+        "wrong SCRAM password",
     ],
 )
 @pytest.mark.parametrize("client", ["confluent", "kafka-python"])
@@ -181,3 +179,30 @@ def test_no_credential_reaches_any_file_the_project_writes(
     for secret in (key_fragment, password):
         assert [name for name, text in texts.items() if secret in text] == []
         assert [str(p) for p in written if secret.encode() in p.read_bytes()] == []
+
+
+@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
+def test_a_principal_without_an_acl_is_refused_naming_topic_and_principal(testbed: BedState, tmp_path: Path, client):
+    """The training user's topic is replicated three times; the bed's other SCRAM user authenticates, but no ACL
+    names it: reading the topic fails at once with one line naming the topic and the principal."""
+    cfg = bed_config(testbed, tmp_path, f"kafka.client={client}", f"produce.client={client}")
+    manifest = produce_dataset(cfg, progress=False, recreate=True)
+    meta = admin._metadata(admin._admin(cfg.kafka), cfg.kafka, manifest.topic).topics[manifest.topic]
+    assert [len(p.replicas) for p in meta.partitions.values()] == [3, 3]
+    stranger = cfg.override(
+        {
+            "kafka.sasl_username": STRANGER_USER,
+            "kafka.sasl_password_file": str(password_path(testbed.bed_dir, STRANGER_USER)),
+        }
+    )
+    v = manifest.variant
+    codec = get_codec(v.format, v.layout, manifest.dataset.image_shape, v.records_per_message)
+    started = time.monotonic()
+    with pytest.raises(TopicError) as caught:
+        with RangeReader(stranger.kafka, stranger.reader, manifest.topic, codec, client) as reader:
+            list(reader.read([OffsetRange(0, 0, 1)]))
+    assert time.monotonic() - started < 10
+    message = str(caught.value)
+    assert f"User:{STRANGER_USER} is not authorized" in message and repr(manifest.topic) in message
+    assert "\n" not in message
+    admin.delete_topic(cfg.kafka, manifest.topic)

@@ -1,4 +1,5 @@
-"""The multi-host test bed for real: Spark workers on two namespaced hosts, the broker over mutual TLS, teardown."""
+"""The multi-host test bed for real: Spark workers on two namespaced hosts, a broker on every host over TLS and
+SCRAM, teardown."""
 
 from __future__ import annotations
 
@@ -103,14 +104,21 @@ def test_the_broker_refuses_a_node_without_the_ca_or_a_client_certificate(
     assert named in proc.stderr, proc.stderr[-3000:]
 
 
-def test_plaintext_kafka_is_not_reachable_from_a_node(testbed: BedState):
-    """Tansu's own plaintext listener is on the driver's loopback: another host only ever gets the TLS port."""
-    plain = testbed.options["broker_plain_port"]
+def test_a_broker_runs_on_every_host_and_speaks_only_tls(testbed: BedState):
+    """Every host runs one broker (under its own hostname); a plaintext Kafka request to any of its ports, from a node,
+    gets no answer: the brokers terminate TLS on every listener (client, inter-broker, controller)."""
+    by_name = {p.name: p for p in bed.status(testbed.bed_dir).processes}
+    for host in (testbed.driver, *testbed.nodes):
+        assert by_name[f"kafka-{host.name}"].alive and by_name[f"kafka-{host.name}"].address == host.address
+    assert by_name["kafka-node1"].hostname == "node1"
+    assert testbed.broker_bootstrap == ",".join(f"{h.address}:19093" for h in (testbed.driver, *testbed.nodes))
+    ports = [testbed.options[k] for k in ("broker_port", "broker_internal_port", "broker_controller_port")]
     probe = (
-        f"import socket\ntry:\n    socket.create_connection(('{testbed.driver.address}', {plain}), timeout=2)\n"
-        "    print('open')\nexcept OSError:\n    print('closed')"
+        "import struct\nfrom kbit_core.kafka.apache_broker import metadata_brokers\n"
+        f"for port in {ports}:\n    try:\n        print(metadata_brokers('{testbed.driver.address}', port))\n"
+        "    except (OSError, struct.error):\n        print('refused')"
     )
-    assert _run_on(testbed, 0, [sys.executable, "-c", probe]).stdout.strip() == "closed"
+    assert _run_on(testbed, 0, [sys.executable, "-c", probe]).stdout.split() == ["refused"] * 3
 
 
 def test_require_bed_for_refuses_bed_addresses_while_their_bed_is_down(testbed: BedState):
@@ -119,19 +127,19 @@ def test_require_bed_for_refuses_bed_addresses_while_their_bed_is_down(testbed: 
         bed.require_bed_for(["spark://10.213.9.1:7077"], subnet="10.213.9.0/24")
 
 
-def _bed_leftovers() -> dict[str, list[str]]:
+def _bed_leftovers(bed_dir: Path) -> dict[str, list[str]]:
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     return {
         "netns": bed.network.bed_namespaces(),
         "links": [line for line in links.splitlines() if "kbit-" in line],
         "processes": [
-            line
-            for line in ps.splitlines()
-            if "kbit_core.testbed.tls_front" in line or "org.apache.spark.deploy." in line
+            line for line in ps.splitlines() if f"{bed_dir}/run/" in line or "org.apache.spark.deploy." in line
         ],
         # Ray's node processes (GCS, raylet, agents, workers) outlive a killed `ray start`; all carry the marker
         "marked": [str(d) for d in [bed.running_bed_dir()] if d is not None],
+        # the brokers' logs and the SCRAM passwords go with the bed
+        "files": [str(p) for p in (bed_dir / "run", bed_dir / "credentials") if p.exists()],
     }
 
 
@@ -148,7 +156,7 @@ def test_down_cleans_up_after_a_crash_and_up_recovers(testbed: BedState):
     assert not bed.status(testbed.bed_dir).up
     removed = bed.down(testbed.bed_dir)
     assert any(r.startswith("netns") for r in removed)
-    assert _bed_leftovers() == {"netns": [], "links": [], "processes": [], "marked": []}
+    assert _bed_leftovers(testbed.bed_dir) == {"netns": [], "links": [], "processes": [], "marked": [], "files": []}
     assert bed.down(testbed.bed_dir) == []  # idempotent: nothing left, nothing to do
     restored = bed.up(testbed.bed_dir, BedOptions(**testbed.options))
     assert restored.broker_bootstrap == testbed.broker_bootstrap and bed.status(testbed.bed_dir).up

@@ -1,0 +1,194 @@
+"""Broker faults on a replicated Apache Kafka cluster: three KRaft nodes on 127.0.0.1 (each a broker and a voter),
+topics replicated three times with min.insync.replicas=2, kbit's producers with acks=all and idempotence.
+
+The same cluster as the test bed's (:class:`kbit_core.kafka.cluster.KafkaCluster`), without namespaces, TLS or
+SCRAM: what is proven here is what replication does for kbit's reads, produces and resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from confluent_kafka.admin import ConfigResource
+
+from kbit_core.data.reader import RangeReader
+from kbit_core.errors import BrokerError
+from kbit_core.formats import get_codec
+from kbit_core.jobs.train import train
+from kbit_core.kafka import admin
+from kbit_core.kafka.cluster import ClusterNode, KafkaCluster
+from kbit_core.kafka.manifest import Manifest
+from kbit_core.kafka.producers import DeliveryLedger, delivery_timeout_ms, make_producer
+from kbit_core.produce import produce_dataset
+from kbit_core.sharding import OffsetRange
+from kbit_core.train import checkpoint as ckpt
+from tests.conftest import FAULT_MODELS_DIR, SMALL_TRAINING, free_port, require_apache_kafka
+
+pytestmark = [pytest.mark.kafka, pytest.mark.own_broker]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    require_apache_kafka()
+    nodes = [ClusterNode(f"kafka-{i}", "127.0.0.1", free_port(), free_port()) for i in (1, 2, 3)]
+    started = KafkaCluster(tmp_path_factory.mktemp("cluster"), nodes)
+    started.start()  # three JVMs on a loaded 2-core machine: 20-30 s alone, over 90 s at load 20-30
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def on_cluster(cluster: KafkaCluster, make_config, topic_name):
+    """make_config on the cluster (topics replicated three times) with this test's topic; every node runs again
+    after the test, whatever it stopped."""
+
+    def _make(overrides: dict | None = None, **dotted):
+        return make_config(
+            overrides,
+            produce__topic=topic_name,
+            kafka__bootstrap_servers=cluster.bootstrap,
+            kafka__topic_replication_factor=3,
+            **dotted,
+        )
+
+    yield _make
+    cluster.start()
+
+
+def _read_indices(cfg, manifest: Manifest) -> list[int]:
+    v = manifest.variant
+    codec = get_codec(v.format, v.layout, manifest.dataset.image_shape, v.records_per_message)
+    ranges = [OffsetRange(p, a, b) for p, (a, b) in manifest.ranges().items()]
+    with RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec) as reader:
+        return sorted(int(i) for _, batch in reader.read(ranges) for i in batch.indices)
+
+
+def _kill(broker) -> None:
+    os.kill(broker.service.pid(), signal.SIGKILL)
+
+
+def test_topics_are_replicated_three_times_with_two_in_sync_needed(on_cluster, cluster: KafkaCluster):
+    cfg = on_cluster(dataset__num_records=200)
+    manifest = produce_dataset(cfg, progress=False)
+    assert cluster.in_sync(manifest.topic) == {0: [1, 2, 3], 1: [1, 2, 3]}
+    client = cluster.admin()
+    (config,) = client.describe_configs([ConfigResource("topic", manifest.topic)]).values()
+    assert config.result(timeout=10)["min.insync.replicas"].value == "2"
+
+
+@pytest.mark.slow
+def test_leader_killed_mid_epoch_training_matches_an_uninterrupted_run(
+    on_cluster, cluster: KafkaCluster, topic_name, fault_models_importable, monkeypatch, record_property
+):
+    """Rank 0 SIGKILLs the leader of partition 0 at step 3 of 25: the readers follow the new leader, and the run
+    ends with the weights of a run without the kill."""
+    monkeypatch.syspath_prepend(str(FAULT_MODELS_DIR))  # torchrun's ranks get the driver's sys.path
+
+    def run(name: str, at_step: int) -> dict:
+        cfg = on_cluster(
+            SMALL_TRAINING,
+            launch__engine="torchrun",
+            train__model={
+                "name": "fault_models:kill_leader",
+                "kwargs": {
+                    "at_step": at_step,
+                    "bootstrap": cluster.bootstrap,
+                    "topic": topic_name,
+                    "run_dir": str(cluster.run_dir),
+                },
+            },
+            checkpoint={"dir": name, "every_epoch": True},
+        )
+        return train(cfg, progress=False)
+
+    clean = run("ckpt-clean", 0)
+    leader_before = cluster.leader_of(topic_name, 0).node_id
+    started = time.monotonic()
+    killed = run("ckpt-killed", 3)
+    record_property("seconds", round(time.monotonic() - started, 2))
+    assert int((cluster.run_dir / "killed").read_text()) == leader_before
+    assert cluster.leader_of(topic_name, 0).node_id != leader_before
+    assert killed["loss_curve"] == clean["loss_curve"] and killed["test_accuracy"] == clean["test_accuracy"]
+    ours, theirs = (ckpt.read_file(Path(r["checkpoint"]))[ckpt.MODEL] for r in (killed, clean))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+@pytest.mark.slow
+def test_broker_killed_mid_produce_loses_and_duplicates_nothing(on_cluster, cluster: KafkaCluster, topic_name):
+    cfg = on_cluster(dataset__num_records=30000, produce__partitions=3, kafka__request_timeout_s=10)
+    produced: dict[str, Manifest] = {}
+    producing = threading.Thread(target=lambda: produced.update(m=produce_dataset(cfg, progress=False)))
+    producing.start()
+    deadline = time.monotonic() + 60
+    while not (
+        admin.topic_exists(cfg.kafka, topic_name) and sum(admin.exact_end_offsets(cfg.kafka, topic_name).values())
+    ):
+        assert time.monotonic() < deadline, "the produce never started"
+        time.sleep(0.02)
+    victim = cluster.leader_of(topic_name, 0)
+    _kill(victim)
+    assert producing.is_alive(), "the produce ended before the kill"
+    producing.join(timeout=120)
+    manifest = produced["m"]
+    assert sum(admin.exact_end_offsets(cfg.kafka, topic_name).values()) > 0 and victim.service.pid() is None
+    assert admin.check_topic(cfg.kafka, manifest).holds_manifest
+    assert manifest.num_records == 30000 and _read_indices(cfg, manifest) == list(range(30000))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
+def test_two_of_three_brokers_stopped_produce_fails_clearly_and_nothing_acknowledged_is_lost(
+    on_cluster, cluster: KafkaCluster, topic_name, client, record_property
+):
+    """With one in-sync replica left (min.insync.replicas=2), an acks=all produce to the topic fails within the
+    delivery timeout, naming each partition; the records acknowledged before are all there afterwards."""
+    cfg = on_cluster(dataset__num_records=2000, kafka__request_timeout_s=3)
+    kept = produce_dataset(cfg, progress=False)
+    last = cluster.brokers[2]
+    for broker in cluster.brokers[:2]:  # one at a time: each hands its leaderships over and leaves the ISR
+        broker.stop()
+    assert set(cluster.in_sync(topic_name)[0]) == {last.node_id}
+    ledger = DeliveryLedger(topic_name, 2)
+    producer = make_producer(cfg.kafka, cfg.produce, "none", client)
+    started = time.monotonic()
+    try:
+        for i in range(10):
+            producer.send(topic_name, i % 2, b"k", b"more", ledger.callback(1, 4))
+        producer.flush(delivery_timeout_ms(cfg.kafka) / 1000 + 10)
+    finally:
+        producer.close()
+    with pytest.raises(BrokerError) as caught:
+        ledger.raise_errors()
+    record_property("seconds", round(time.monotonic() - started, 2))
+    message = str(caught.value)
+    # The broker answers NOT_ENOUGH_REPLICAS, a retriable error: both clients retry it until the delivery timeout and
+    # then report only the timeout (librdkafka "Message timed out", kafka-python "Expiring 5 record(s)"). Naming the
+    # broker's reason is left to do (docs/reliability.md).
+    assert all(f"{topic_name}[{p}]: 5 message(s) failed" in message for p in (0, 1)), message
+    assert "timed out" in message or "Expiring" in message, message
+    assert ledger.delivered_records == 0
+    cluster.start()
+    assert admin.check_topic(cfg.kafka, kept).holds_manifest
+    assert _read_indices(cfg, kept) == list(range(2000))
+
+
+def test_a_broker_restarted_with_its_disk_keeps_the_topic_and_nothing_is_produced_again(
+    on_cluster, cluster: KafkaCluster, topic_name, monkeypatch: pytest.MonkeyPatch
+):
+    cfg = on_cluster(dataset__num_records=500)
+    manifest = produce_dataset(cfg, progress=False)
+    ends = admin.exact_end_offsets(cfg.kafka, topic_name)
+    leader = cluster.leader_of(topic_name, 0)
+    leader.stop()
+    cluster.start()
+    monkeypatch.setattr("kbit_core.produce._produce", lambda *a, **k: pytest.fail("produced again"))
+    assert produce_dataset(cfg, progress=False) == manifest
+    assert admin.exact_end_offsets(cfg.kafka, topic_name) == ends
+    assert _read_indices(cfg, manifest) == list(range(500))
