@@ -130,10 +130,12 @@ def _reusable(cfg: KbitConfig, topic: str, identity: DataIdentity) -> Manifest |
             f"the manifest of topic {topic!r} ({path}) differs from the request "
             "(manifest != request):\n  " + "\n  ".join(diffs)
         )
+    admin.refuse_compacted(cfg.kafka, topic)
     check = admin.check_topic(cfg.kafka, saved)
     if check.problems:
         raise ManifestMismatchError(
-            f"topic {topic!r} no longer holds its manifest {path}:\n  " + "\n  ".join(check.problems)
+            f"topic {topic!r} no longer holds its manifest {path}: {'; '.join(check.problems)}; "
+            "produce it again with --recreate (produce.recreate)"
         )
     return saved
 
