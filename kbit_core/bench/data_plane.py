@@ -18,15 +18,13 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from rich.progress import Progress
-from rich.table import Table
 
-from kbit_core.bench.ray_data_peer import compare
 from kbit_core.config import COMPRESSIONS, FORMATS, ClientName, DataVariant, KbitConfig
 from kbit_core.data.decode_pool import DecodePool
 from kbit_core.data.reader import RangeReader
@@ -71,6 +69,10 @@ def parse_variant(name: str) -> DataVariant:
         raise ConfigError(f"variant {name!r}: {exc}") from None
 
 
+# A reader or tool compared with kbit on each topic: (config, manifest, kbit's rows for the topic, repeats) -> results.
+Peer = Callable[[KbitConfig, Manifest, list[dict[str, Any]], int], dict[str, Any]]
+
+
 @dataclass
 class DataPlaneRow:
     """One variant read with one client; rates are medians over the repeats."""
@@ -111,7 +113,7 @@ def _bench_config(cfg: KbitConfig, num_records: int | None, mode: str | None = N
     return cfg.override(changes)
 
 
-def _whole_topic_blocks(cfg: KbitConfig, manifest: Manifest) -> list[OffsetRange]:
+def whole_topic_blocks(cfg: KbitConfig, manifest: Manifest) -> list[OffsetRange]:
     rpm = manifest.variant.records_per_message
     shard = plan(manifest.ranges(), (1.0,), 1, records_per_message=rpm).shard("train", 0)
     return [b.range for b in block_order(shard, 0, 0, max(1, cfg.shard.block_records // rpm), shuffle=False)]
@@ -125,7 +127,7 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
     """Time fetch, then decode with the fast and with the stock decoder, block by block over the whole topic, then
     the loader (``reader.decoder`` of ``cfg``), ``repeats`` times after a warm-up; medians. Fetch and both decodes
     alternate per block, so load that drifts on a shared machine hits all three."""
-    ranges = _whole_topic_blocks(cfg, manifest)
+    ranges = whole_topic_blocks(cfg, manifest)
     stock = manifest_codec(manifest, "stock")
     fast = select_codec(stock, "fast")
     processes = cfg.reader.decode_processes
@@ -149,7 +151,7 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
                 _require_same_batches(codecs, [r.value for r in records], manifest.topic)
         sum(1 for _ in loader)
         for _ in range(repeats):
-            fetched, decoded, fetch_t, decode_t = _timed_pass(reader, ranges, codecs)
+            fetched, decoded, fetch_t, decode_t = timed_pass(reader, ranges, codecs)
             fetch_s.append(fetch_t)
             for name in codecs:
                 decode_s[name].append(decode_t[name])
@@ -208,7 +210,7 @@ def _row(
     )
 
 
-def _timed_pass(
+def timed_pass(
     reader: RangeReader, ranges: list[OffsetRange], codecs: dict[str, Any]
 ) -> tuple[int, dict[str, int], float, dict[str, float]]:
     """One read of ``ranges``, each block decoded by every codec in turn: messages fetched, records decoded per
@@ -382,16 +384,18 @@ def run_data_plane(
     rss_sizes: Sequence[int] | None = DEFAULT_RSS_RECORDS,
     keep_topics: bool = False,
     progress: bool = True,
-    ray_peer: bool = False,
+    peers: Mapping[str, Peer] | None = None,
 ) -> dict[str, Any]:
-    """Run the whole benchmark and return the JSON-able results (meta, rows, rss, targets; with ``ray_peer``,
-    ``ray_read_kafka``: ray.data.read_kafka on each topic next to these rows, see :mod:`.ray_data_peer`)."""
+    """Run the whole benchmark and return the JSON-able results (meta, rows, rss, targets; and per entry of
+    ``peers``, its comparison of each topic with these rows, e.g. ``ray_read_kafka``: see :mod:`.ray_data_peer`,
+    :mod:`.spark_kafka_peer` and :mod:`.kafka_tools`). A peer's own targets join the run's."""
     bench_cfg = _bench_config(cfg, records)
     variants = list(variants or cfg.bench.variants)
     clients = list(clients or cfg.bench.clients)
     admin.require_embedded_listening(bench_cfg.kafka)
     rows: list[DataPlaneRow] = []
-    peers: list[dict[str, Any]] = []
+    peers = dict(peers or {})
+    compared: dict[str, list[dict[str, Any]]] = {name: [] for name in peers}
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("data-plane benchmark", total=len(variants) * len(clients))
         for variant in variants:
@@ -401,8 +405,11 @@ def run_data_plane(
                     bar.update(task, description=f"{variant.name} [{client}]")
                     rows.append(measure_variant(bench_cfg, manifest, client, repeats))
                     bar.advance(task)
-                if ray_peer:
-                    peers.append(compare(bench_cfg, manifest, [asdict(r) for r in rows[-len(clients) :]], repeats))
+                for name, peer in peers.items():
+                    bar.update(task, description=f"{variant.name} [{name}]")
+                    compared[name].append(
+                        peer(bench_cfg, manifest, [asdict(r) for r in rows[-len(clients) :]], repeats)
+                    )
             finally:
                 if created and not keep_topics:
                     _drop_topic(bench_cfg, manifest)
@@ -421,65 +428,11 @@ def run_data_plane(
             "decode_processes": bench_cfg.reader.decode_processes,
             "per_rank_batch": bench_cfg.train.global_batch_size,
             "broker": admin.describe_broker(bench_cfg.kafka),
+            "broker_kind": "tansu" if bench_cfg.kafka.tansu else "apache-kafka",
         },
         "rows": [asdict(r) for r in rows],
         "rss": rss,
-        "targets": evaluate_targets(rows, rss),
-        **({"ray_read_kafka": peers} if ray_peer else {}),
+        "targets": evaluate_targets(rows, rss)
+        + [t for runs in compared.values() for c in runs for t in c.get("targets", [])],
+        **compared,
     }
-
-
-_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
-    ("variant", "variant", str),
-    ("client", "client", str),
-    ("records", "records", lambda v: f"{v:,}"),
-    ("bytes_per_record", "B/rec", lambda v: f"{v:,.0f}"),
-    ("produce_records_per_s", "produce rec/s", lambda v: f"{v:,.0f}"),
-    ("fetch_records_per_s", "fetch rec/s", lambda v: f"{v:,.0f}"),
-    ("fetch_mb_per_s", "fetch MB/s", lambda v: f"{v:,.1f}"),
-    ("decode_records_per_s", "fast decode rec/s", lambda v: f"{v:,.0f}"),
-    ("decode_mb_per_s", "decode MB/s", lambda v: f"{v:,.1f}"),
-    ("decode_ratio", "decode/fetch", lambda v: f"{v:.2f}"),
-    ("stock_decode_records_per_s", "stock decode rec/s", lambda v: f"{v:,.0f}"),
-    ("stock_decode_ratio", "stock/fetch", lambda v: f"{v:.2f}"),
-    ("speedup", "fast/stock", lambda v: f"{v:.1f}x"),
-    ("decode_only_speedup", "decode step fast/stock", lambda v: f"{v:.1f}x"),
-    ("loader_records_per_s", "loader rec/s", lambda v: f"{v:,.0f}"),
-    ("loader_ratio", "loader/fetch", lambda v: f"{v:.2f}"),
-    ("connect_ms", "connect ms", lambda v: f"{v:.1f}"),
-]
-
-
-def results_table(results: dict[str, Any]) -> Table:
-    processes = results["meta"].get("decode_processes", 0)
-    pool = f"; fast decode and loader with {processes} decode process(es) beside the thread" if processes else ""
-    table = Table(title=f"data plane: read+decode against the raw fetch of the same topic (one rank{pool})")
-    for _, header, _ in _COLUMNS:
-        table.add_column(header, justify="left" if header in ("variant", "client") else "right")
-    for row in results["rows"]:
-        table.add_row(*(fmt(row[key]) for key, _, fmt in _COLUMNS))
-    return table
-
-
-def targets_table(results: dict[str, Any]) -> Table:
-    table = Table(title="targets")
-    for col in ("target", "measured", "met"):
-        table.add_column(col)
-    for t in results["targets"]:
-        table.add_row(t["target"], f"{t['value']:,}", "[green]yes[/]" if t["met"] else "[red]no[/]")
-    return table
-
-
-def markdown(results: dict[str, Any]) -> str:
-    """The results as markdown tables (rows, RSS runs, targets)."""
-    lines = ["| " + " | ".join(h for _, h, _ in _COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
-    lines += ["| " + " | ".join(fmt(row[key]) for key, _, fmt in _COLUMNS) + " |" for row in results["rows"]]
-    if results["rss"]:
-        lines += ["", "| stream RSS: records | peak RSS MB | RSS after first batch MB | seconds |", "|---|---|---|---|"]
-        lines += [
-            f"| {r['records']:,} | {r['peak_rss_mb']:.1f} | {r['rss_after_first_batch_mb']:.1f} | {r['seconds']:.1f} |"
-            for r in results["rss"]["runs"]
-        ]
-    lines += ["", "| target | measured | met |", "|---|---|---|"]
-    lines += [f"| {t['target']} | {t['value']:,} | {'yes' if t['met'] else 'no'} |" for t in results["targets"]]
-    return "\n".join(lines) + "\n"

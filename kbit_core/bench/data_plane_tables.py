@@ -1,0 +1,63 @@
+"""The data-plane benchmark's results as tables: rich for the terminal, markdown for docs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rich.table import Table
+
+_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("variant", "variant", str),
+    ("client", "client", str),
+    ("records", "records", lambda v: f"{v:,}"),
+    ("bytes_per_record", "B/rec", lambda v: f"{v:,.0f}"),
+    ("produce_records_per_s", "produce rec/s", lambda v: f"{v:,.0f}"),
+    ("fetch_records_per_s", "fetch rec/s", lambda v: f"{v:,.0f}"),
+    ("fetch_mb_per_s", "fetch MB/s", lambda v: f"{v:,.1f}"),
+    ("decode_records_per_s", "fast decode rec/s", lambda v: f"{v:,.0f}"),
+    ("decode_mb_per_s", "decode MB/s", lambda v: f"{v:,.1f}"),
+    ("decode_ratio", "decode/fetch", lambda v: f"{v:.2f}"),
+    ("stock_decode_records_per_s", "stock decode rec/s", lambda v: f"{v:,.0f}"),
+    ("stock_decode_ratio", "stock/fetch", lambda v: f"{v:.2f}"),
+    ("speedup", "fast/stock", lambda v: f"{v:.1f}x"),
+    ("decode_only_speedup", "decode step fast/stock", lambda v: f"{v:.1f}x"),
+    ("loader_records_per_s", "loader rec/s", lambda v: f"{v:,.0f}"),
+    ("loader_ratio", "loader/fetch", lambda v: f"{v:.2f}"),
+    ("connect_ms", "connect ms", lambda v: f"{v:.1f}"),
+]
+
+
+def results_table(results: dict[str, Any]) -> Table:
+    processes = results["meta"].get("decode_processes", 0)
+    pool = f"; fast decode and loader with {processes} decode process(es) beside the thread" if processes else ""
+    table = Table(title=f"data plane: read+decode against the raw fetch of the same topic (one rank{pool})")
+    for _, header, _ in _COLUMNS:
+        table.add_column(header, justify="left" if header in ("variant", "client") else "right")
+    for row in results["rows"]:
+        table.add_row(*(fmt(row[key]) for key, _, fmt in _COLUMNS))
+    return table
+
+
+def targets_table(results: dict[str, Any]) -> Table:
+    table = Table(title="targets")
+    for col in ("target", "measured", "met"):
+        table.add_column(col)
+    for t in results["targets"]:
+        table.add_row(t["target"], f"{t['value']:,}", "[green]yes[/]" if t["met"] else "[red]no[/]")
+    return table
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The results as markdown tables (rows, RSS runs, targets)."""
+    lines = ["| " + " | ".join(h for _, h, _ in _COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    lines += ["| " + " | ".join(fmt(row[key]) for key, _, fmt in _COLUMNS) + " |" for row in results["rows"]]
+    if results["rss"]:
+        lines += ["", "| stream RSS: records | peak RSS MB | RSS after first batch MB | seconds |", "|---|---|---|---|"]
+        lines += [
+            f"| {r['records']:,} | {r['peak_rss_mb']:.1f} | {r['rss_after_first_batch_mb']:.1f} | {r['seconds']:.1f} |"
+            for r in results["rss"]["runs"]
+        ]
+    lines += ["", "| target | measured | met |", "|---|---|---|"]
+    lines += [f"| {t['target']} | {t['value']:,} | {'yes' if t['met'] else 'no'} |" for t in results["targets"]]
+    return "\n".join(lines) + "\n"
