@@ -147,12 +147,12 @@ def _reusable(cfg: KbitConfig, topic: str, identity: DataIdentity) -> Manifest |
             f"the manifest of topic {topic!r} ({source}) differs from the request{keep_apart} "
             "(manifest != request):\n  " + "\n  ".join(diffs)
         )
+    admin.refuse_compacted(cfg.kafka, topic)
     check = check_topic_and_records(cfg.kafka, saved)
     if check.problems:
         raise ManifestMismatchError(
-            f"topic {topic!r} no longer holds its manifest ({source}):\n  "
-            + "\n  ".join(check.problems)
-            + "\nproduce it again with --recreate (produce.recreate)"
+            f"topic {topic!r} no longer holds its manifest {source}: {'; '.join(check.problems)}; "
+            "produce it again with --recreate (produce.recreate)"
         )
     if adopted:
         log.info("adopting the manifest of topic %s (%s) into %s", topic, source, path)

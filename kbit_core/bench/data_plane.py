@@ -15,7 +15,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +23,6 @@ from typing import Any
 from rich.progress import Progress
 
 from kbit_core.bench.bench_topics import bench_config, drop_topic, produce_or_reuse
-from kbit_core.bench.ray_data_peer import compare
 from kbit_core.bench.stream_rss import DEFAULT_RSS_RECORDS, TARGET_RSS_GROWTH_MB, measure_stream_rss
 from kbit_core.config import COMPRESSIONS, FORMATS, ClientName, DataVariant, KbitConfig
 from kbit_core.data.decode_pool import DecodePool
@@ -65,6 +64,10 @@ def parse_variant(name: str) -> DataVariant:
         raise ConfigError(f"variant {name!r}: {exc}") from None
 
 
+# A reader or tool compared with kbit on each topic: (config, manifest, kbit's rows for the topic, repeats) -> results.
+Peer = Callable[[KbitConfig, Manifest, list[dict[str, Any]], int], dict[str, Any]]
+
+
 @dataclass
 class DataPlaneRow:
     """One variant read with one client; rates are medians over the repeats."""
@@ -99,7 +102,7 @@ class DataPlaneRow:
     connect_ms: float  # median connect stage: the consumer and one bounds check of the planned ranges
 
 
-def _whole_topic_blocks(cfg: KbitConfig, manifest: Manifest) -> list[OffsetRange]:
+def whole_topic_blocks(cfg: KbitConfig, manifest: Manifest) -> list[OffsetRange]:
     rpm = manifest.variant.records_per_message
     shard = plan(manifest.ranges(), (1.0,), 1, records_per_message=rpm).shard("train", 0)
     return [b.range for b in block_order(shard, 0, 0, max(1, cfg.shard.block_records // rpm), shuffle=False)]
@@ -117,7 +120,7 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
     the loader (``reader.decoder`` of ``cfg``) at ``train.global_batch_size`` and at :data:`LARGE_BATCH`, ``repeats``
     times after a warm-up; medians, and each loader's loader ÷ fetch per round for its spread. Fetch and both decodes
     alternate per block, so load that drifts on a shared machine hits all three."""
-    ranges = _whole_topic_blocks(cfg, manifest)
+    ranges = whole_topic_blocks(cfg, manifest)
     stock = manifest_codec(manifest, "stock")
     fast = select_codec(stock, "fast")
     processes = cfg.reader.decode_processes
@@ -148,7 +151,7 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
         for each in loader.values():
             sum(1 for _ in each)
         for _ in range(repeats):
-            fetched, decoded, fetch_t, decode_t = _timed_pass(reader, ranges, codecs)
+            fetched, decoded, fetch_t, decode_t = timed_pass(reader, ranges, codecs)
             fetch_s.append(fetch_t)
             for name in codecs:
                 decode_s[name].append(decode_t[name])
@@ -219,7 +222,7 @@ def _row(
     )
 
 
-def _timed_pass(
+def timed_pass(
     reader: RangeReader, ranges: list[OffsetRange], codecs: dict[str, Any]
 ) -> tuple[int, dict[str, int], float, dict[str, float]]:
     """One read of ``ranges``, each block decoded by every codec in turn: messages fetched, records decoded per
@@ -323,16 +326,18 @@ def run_data_plane(
     rss_sizes: Sequence[int] | None = DEFAULT_RSS_RECORDS,
     keep_topics: bool = False,
     progress: bool = True,
-    ray_peer: bool = False,
+    peers: Mapping[str, Peer] | None = None,
 ) -> dict[str, Any]:
-    """Run the whole benchmark and return the JSON-able results (meta, rows, rss, targets; with ``ray_peer``,
-    ``ray_read_kafka``: ray.data.read_kafka on each topic next to these rows, see :mod:`.ray_data_peer`)."""
+    """Run the whole benchmark and return the JSON-able results (meta, rows, rss, targets; and per entry of
+    ``peers``, its comparison of each topic with these rows, e.g. ``ray_read_kafka``: see :mod:`.ray_data_peer`,
+    :mod:`.spark_kafka_peer` and :mod:`.kafka_tools`). A peer's own targets join the run's."""
     bench_cfg = bench_config(cfg, records)
     variants = list(variants or cfg.bench.variants)
     clients = list(clients or cfg.bench.clients)
     admin.require_embedded_listening(bench_cfg.kafka)
     rows: list[DataPlaneRow] = []
-    peers: list[dict[str, Any]] = []
+    peers = dict(peers or {})
+    compared: dict[str, list[dict[str, Any]]] = {name: [] for name in peers}
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("data-plane benchmark", total=len(variants) * len(clients))
         for variant in variants:
@@ -342,8 +347,11 @@ def run_data_plane(
                     bar.update(task, description=f"{variant.name} [{client}]")
                     rows.append(measure_variant(bench_cfg, manifest, client, repeats))
                     bar.advance(task)
-                if ray_peer:
-                    peers.append(compare(bench_cfg, manifest, [asdict(r) for r in rows[-len(clients) :]], repeats))
+                for name, peer in peers.items():
+                    bar.update(task, description=f"{variant.name} [{name}]")
+                    compared[name].append(
+                        peer(bench_cfg, manifest, [asdict(r) for r in rows[-len(clients) :]], repeats)
+                    )
             finally:
                 if created and not keep_topics:
                     drop_topic(bench_cfg, manifest)
@@ -362,9 +370,11 @@ def run_data_plane(
             "decode_processes": bench_cfg.reader.decode_processes,
             "per_rank_batch": bench_cfg.train.global_batch_size,
             "broker": admin.describe_broker(bench_cfg.kafka),
+            "broker_kind": "tansu" if bench_cfg.kafka.tansu else "apache-kafka",
         },
         "rows": [asdict(r) for r in rows],
         "rss": rss,
-        "targets": evaluate_targets(rows, rss),
-        **({"ray_read_kafka": peers} if ray_peer else {}),
+        "targets": evaluate_targets(rows, rss)
+        + [t for runs in compared.values() for c in runs for t in c.get("targets", [])],
+        **compared,
     }

@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from kbit_core.bench import data_plane, data_plane_report
-from kbit_core.bench.ray_data_peer import peer_table
+from kbit_core.bench import data_plane, data_plane_report, ray_data_peer, spark_kafka_peer
+from kbit_core.bench import kafka_tools as kafka_tools_module
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
 
 # wide tables: when piped (no terminal width), do not squeeze a dozen numeric columns into 80 characters
@@ -47,6 +47,19 @@ def bench_data(
         bool,
         typer.Option("--ray-peer", help="Also read each topic with ray.data.read_kafka (the `ray` extra) and compare."),
     ] = False,
+    spark_peer: Annotated[
+        bool,
+        typer.Option(
+            "--spark-peer", help="Also read each topic with Spark's Kafka source (spark.read.format('kafka'))."
+        ),
+    ] = False,
+    kafka_tools: Annotated[
+        bool,
+        typer.Option(
+            "--kafka-tools",
+            help="Also run Apache Kafka's ConsumerPerformance and ProducerPerformance on each topic and compare.",
+        ),
+    ] = False,
     output: Annotated[Path | None, typer.Option("--out", "-o", help="Write the results JSON here.")] = None,
     markdown: Annotated[Path | None, typer.Option("--markdown", help="Write the tables as markdown here.")] = None,
     as_json: JsonOpt = False,
@@ -67,7 +80,15 @@ def bench_data(
         rss_sizes=_sizes(rss_records) if rss else None,
         keep_topics=keep_topics,
         progress=not as_json,
-        ray_peer=ray_peer,
+        peers={
+            name: compare
+            for name, compare, chosen in (
+                ("kafka_tools", kafka_tools_module.compare, kafka_tools),
+                ("ray_read_kafka", ray_data_peer.compare, ray_peer),
+                ("spark_kafka_source", spark_kafka_peer.compare, spark_peer),
+            )
+            if chosen
+        },
     )
     if output:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -80,8 +101,12 @@ def bench_data(
         return
     out.print(data_plane_report.results_table(results))
     out.print(data_plane_report.targets_table(results))
+    if kafka_tools:
+        out.print(kafka_tools_module.tools_table(results["kafka_tools"]))
     if ray_peer:
-        out.print(peer_table(results["ray_read_kafka"]))
+        out.print(ray_data_peer.peer_table(results["ray_read_kafka"]))
+    if spark_peer:
+        out.print(spark_kafka_peer.peer_table(results["spark_kafka_source"]))
     if output:
         out.print(f"results: {output}")
 

@@ -1,10 +1,10 @@
-"""Topic administration over confluent_kafka.admin, and exact end offsets that never trust ListOffsets(LATEST).
+"""Topic administration over confluent_kafka.admin, and exact log bounds on every broker.
 
-Tansu 0.6.0 answers ListOffsets(LATEST) with "base offset of the last batch + 1", which is short whenever
-the last batch holds more than one record. The high watermark carried by every Fetch response is right,
-so :func:`fetch_bounds` fetches once near the end of each partition and reads the watermarks that came back, for
-:func:`exact_end_offsets` and for a reader's own consumer (``ConsumerBackend.offset_bounds``). Keep every end-offset
-lookup behind it.
+Apache Kafka answers ListOffsets(EARLIEST/LATEST) exactly, so :func:`offset_bounds` asks it there. Tansu 0.6.0
+answers ListOffsets(LATEST) with "base offset of the last batch + 1", which is short whenever the last batch holds
+more than one record; the high watermark carried by every Fetch response is right, so on Tansu (``kcfg.tansu``)
+:func:`fetch_bounds` fetches once near the end of each partition and reads the watermarks that came back. Keep every
+end-offset lookup behind :func:`offset_bounds` or :func:`exact_end_offsets`, which choose per broker.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ PROBE_POLL_S = 0.001
 PROBE_DUE_S = 0.05
 SLOW_PROBE_POLL_S = 0.05
 AUTHORIZATION_FAILED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED})
+CLEANUP_POLICY = "cleanup.policy"
 OUT_OF_RANGE = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 UNKNOWN_PARTITION = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
@@ -146,9 +147,9 @@ def create_topic(kcfg: KafkaConfig, topic: str, partitions: int, replication_fac
     replication_factor = replication_factor or kcfg.topic_replication_factor
     admin = _admin(kcfg)
     _metadata(admin, kcfg)
-    future = admin.create_topics(
-        [NewTopic(topic, partitions, replication_factor)], operation_timeout=kcfg.request_timeout_s
-    )[topic]
+    # delete, never compact, whatever the broker's default: compaction would take records out of a manifest
+    new = NewTopic(topic, partitions, replication_factor, config={CLEANUP_POLICY: "delete"})
+    future = admin.create_topics([new], operation_timeout=kcfg.request_timeout_s)[topic]
     try:
         future.result(timeout=kcfg.request_timeout_s)
     except KafkaException as exc:
@@ -167,6 +168,28 @@ def create_topic(kcfg: KafkaConfig, topic: str, partitions: int, replication_fac
             )
         time.sleep(0.05)
     log.info("created topic %s with %d partition(s)", topic, partitions)
+
+
+def topic_config(kcfg: KafkaConfig, topic: str) -> dict[str, str]:
+    """The topic's effective configuration (its own settings over the broker's defaults), by name."""
+    client = _admin(kcfg)  # held until the answer came: a collected client abandons its futures
+    futures = client.describe_configs([ConfigResource(ResourceType.TOPIC, topic)])
+    try:
+        (entries,) = [f.result(timeout=kcfg.request_timeout_s) for f in futures.values()]
+    except KafkaException as exc:
+        raise TopicError(f"cannot describe the configuration of topic {topic!r}: {exc.args[0].str()}") from None
+    return {name: entry.value for name, entry in entries.items()}
+
+
+def refuse_compacted(kcfg: KafkaConfig, topic: str) -> None:
+    """TopicError when ``topic`` is compacted: compaction removes every record but the last of each key (and
+    tombstones), leaving holes in the offsets a manifest points at, so kbit trains on no compacted topic."""
+    policy = topic_config(kcfg, topic).get(CLEANUP_POLICY) or "delete"
+    if "compact" in policy.split(","):
+        raise TopicError(
+            f"topic {topic!r} has {CLEANUP_POLICY}={policy}: compaction removes records a manifest points at, so kbit "
+            f"refuses it; set {CLEANUP_POLICY}=delete on it or produce into a new topic"
+        )
 
 
 def delete_topic(kcfg: KafkaConfig, topic: str) -> bool:
@@ -278,6 +301,31 @@ def list_offsets(
         }
     except KafkaException as exc:
         raise unreachable(kcfg, f"listing offsets of {topic}: {exc.args[0].str()}") from None
+
+
+def offset_bounds(
+    consumer: Consumer,
+    kcfg: KafkaConfig,
+    topic: str,
+    probes: Mapping[int, int],
+    meanwhile: Callable[[], object] | None = None,
+    client_error: Callable[[], str | None] = lambda: None,
+) -> dict[int, tuple[int, int]]:
+    """partition -> (earliest stored offset, exact log end) of each partition in ``probes`` (see
+    :func:`fetch_bounds` for the arguments): ListOffsets on Apache Kafka, where it is exact; Tansu's short
+    ListOffsets(LATEST) needs the fetch probe. ``consumer`` holds no assignment afterwards.
+
+    Raises:
+        TopicError: the topic or one of the partitions does not exist.
+    """
+    if kcfg.tansu:
+        return fetch_bounds(consumer, kcfg, topic, probes, meanwhile, client_error)
+    if meanwhile is not None:
+        meanwhile()
+    consumer.assign([])
+    return list_offsets(
+        consumer, kcfg, topic, require_partitions(topic, probes, consumer_partitions(consumer, kcfg, topic))
+    )
 
 
 def fetch_bounds(
@@ -408,9 +456,11 @@ def check_topic(kcfg: KafkaConfig, manifest: Manifest) -> TopicCheck:
             )
             differing.add(part.partition)
         if part.num_messages and earliest[part.partition] > part.first_offset:
+            gone_to = min(earliest[part.partition], part.stop_offset) - 1
             problems.append(
-                f"partition {part.partition}: offsets from {part.first_offset} are gone "
-                f"(the earliest stored is {earliest[part.partition]})"
+                f"partition {part.partition}: offsets {part.first_offset}..{gone_to} of the manifest's "
+                f"{part.first_offset}..{part.last_offset} are gone (the log starts at {earliest[part.partition]}: "
+                f"retention or DeleteRecords removed them)"
             )
             differing.add(part.partition)
     return TopicCheck(topic, True, present, earliest, ends, problems, frozenset(differing))

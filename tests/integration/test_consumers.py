@@ -90,15 +90,21 @@ def test_poll_respects_max_records(make_config: Callable[..., KbitConfig], topic
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_offset_bounds_come_from_one_probe_fetch(
+def test_offset_bounds_come_from_list_offsets_on_apache_kafka_and_from_one_probe_fetch_on_tansu(
     make_config: Callable[..., KbitConfig], topic: str, client: str, monkeypatch: pytest.MonkeyPatch
 ):
-    # The topic was sent in multi-record batches, which Tansu's ListOffsets(LATEST) answers short: the exact ends
-    # come from the probe's Fetch response alone, with no ListOffsets round trip.
+    # The topic was sent in multi-record batches, which Tansu's ListOffsets(LATEST) answers short: there the exact
+    # ends come from the probe's Fetch response alone. Apache Kafka's ListOffsets is exact, and no fetch is made.
     listed: list[list[int]] = []
-    list_offsets = admin.list_offsets
+    probed: list[dict[int, int]] = []
+    list_offsets, fetch_bounds = admin.list_offsets, admin.fetch_bounds
     monkeypatch.setattr(
         admin, "list_offsets", lambda c, k, t, parts: listed.append(list(parts)) or list_offsets(c, k, t, parts)
+    )
+    monkeypatch.setattr(
+        admin,
+        "fetch_bounds",
+        lambda c, k, t, probes, *rest: probed.append(dict(probes)) or fetch_bounds(c, k, t, probes, *rest),
     )
     cfg = make_config()
     with make_consumer(cfg.kafka, cfg.reader, client) as consumer:
@@ -108,34 +114,30 @@ def test_offset_bounds_come_from_one_probe_fetch(
             0: (0, PER_PARTITION),
             1: (0, PER_PARTITION),
         }
-        assert listed == []
         # a probe past the log end (a stale plan) still comes back with the true bounds, so the check can name them
         assert consumer.offset_bounds(topic, {1: PER_PARTITION + 50}) == {1: (0, PER_PARTITION)}
-        # the probe left no assignment behind: reading goes on from wherever the caller assigns
+        if cfg.kafka.tansu:
+            assert listed == [] and probed == [{0: PER_PARTITION, 1: 120}, {1: PER_PARTITION + 50}]
+        else:
+            assert listed == [[0, 1], [1]] and probed == []
+        # the check left no assignment behind: reading goes on from wherever the caller assigns
         assert consumer.poll(10, 0.1) == []
         consumer.assign(topic, {1: PER_PARTITION - 10})
         assert [r.offset for r in poll_until(consumer, 10)] == list(range(PER_PARTITION - 10, PER_PARTITION))
 
 
-def test_offset_bounds_list_offsets_where_a_probe_is_answered_out_of_range(
-    make_config: Callable[..., KbitConfig], topic: str, monkeypatch: pytest.MonkeyPatch
+def test_a_probe_fetch_answered_out_of_range_lists_offsets_and_probes_below_the_end(
+    make_config: Callable[..., KbitConfig], topic: str
 ):
     # Apache Kafka answers a probe outside the log as out of range (Tansu answers it with the bounds regardless):
     # the partition is asked with ListOffsets, then probed again below its approximate (on Tansu: short) end.
-    probed: list[dict[int, int]] = []
-    await_watermarks = admin._await_watermarks
-
-    def first_probe_out_of_range(consumer, kcfg, t, partitions, client_error):
-        probed.append(dict(partitions))
-        marks = await_watermarks(consumer, kcfg, t, partitions, client_error)
-        return {} if len(probed) == 1 else marks
-
-    monkeypatch.setattr(admin, "_await_watermarks", first_probe_out_of_range)
-    cfg = make_config()
-    with make_consumer(cfg.kafka, cfg.reader, "confluent") as consumer:
-        assert consumer.offset_bounds(topic, {0: 5, 1: 7}) == {0: (0, PER_PARTITION), 1: (0, PER_PARTITION)}
-    assert len(probed) == 2 and probed[0] == {0: 5, 1: 7}
-    assert all(0 <= offset < PER_PARTITION for offset in probed[1].values())
+    kcfg = make_config().kafka
+    consumer = admin._offset_consumer(kcfg)
+    try:
+        bounds = admin.fetch_bounds(consumer, kcfg, topic, {0: 5, 1: PER_PARTITION + 50})
+    finally:
+        consumer.close()
+    assert bounds == {0: (0, PER_PARTITION), 1: (0, PER_PARTITION)}
 
 
 @pytest.mark.parametrize("client", CLIENTS)

@@ -1,0 +1,247 @@
+"""Apache Kafka's own performance tools next to kbit, on the same topic and broker, in the same run.
+
+``ConsumerPerformance`` (kafka-tools) is what a Kafka engineer trusts as the consumer ceiling: it reads the
+variant's whole topic (every partition) and reports its fetch rate, without the group's rebalance time. kbit's raw
+fetch and its read+decode (the fast decoder) read the same records, alternating with it repeat by repeat so load
+that drifts on a shared machine hits both. ``ProducerPerformance`` sends records of the topic's mean message size
+with kbit's producer settings (acks=all, idempotence, the variant's compression, ``produce.linger_ms`` and
+``produce.batch_size_bytes``); kbit's producer backend sends the same payload (like ProducerPerformance, one
+payload of random capital letters for every record) the same number of times. Ratios are kbit over the tool, from
+records/s: both count the same records (ConsumerPerformance's MB also count keys, kbit's values only).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import statistics
+import string
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rich.table import Table
+
+from kbit_core.bench.data_plane import timed_pass, whole_topic_blocks
+from kbit_core.config import ClientName, KbitConfig
+from kbit_core.data.reader import RangeReader
+from kbit_core.errors import KbitError
+from kbit_core.formats.fast import select_codec
+from kbit_core.kafka import admin
+from kbit_core.kafka.apache_broker import java_binary, kafka_libs
+from kbit_core.kafka.manifest import Manifest, manifest_codec
+from kbit_core.kafka.producers import DeliveryLedger, delivery_timeout_ms, make_producer
+
+TARGET_FETCH_RATIO = 0.9  # kbit's raw fetch over ConsumerPerformance
+TARGET_DECODE_RATIO = 0.8  # read+decode of a bytes layout over ConsumerPerformance
+TOOL_TIMEOUT_S = 600
+MIB = 2**20
+_PRODUCER_SUMMARY = re.compile(r"^(\d+) records sent, ([\d.]+) records/sec \(")
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Records and megabytes (10^6 bytes) per second of one timed run."""
+
+    records_per_s: float
+    mb_per_s: float
+
+
+def run_tool(tool: str, args: list[str], timeout_s: float = TOOL_TIMEOUT_S) -> str:
+    """Run ``org.apache.kafka.tools.<tool>`` from the installed Kafka jars; its stdout. KbitError with the tool's
+    last output lines when it fails."""
+    command = [java_binary(), "-Xmx512m", "-cp", f"{kafka_libs()}/*", f"org.apache.kafka.tools.{tool}", *args]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise KbitError(f"Kafka's {tool} did not finish within {timeout_s:g}s") from None
+    if done.returncode:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-5:])
+        raise KbitError(f"Kafka's {tool} failed (exit {done.returncode}): {tail}")
+    return done.stdout
+
+
+def parse_consumer_performance(output: str) -> Rate:
+    """ConsumerPerformance's summary line: its fetch rate (rebalance time excluded). Its MB are MiB."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("start.time,"):
+            row = dict(zip([c.strip() for c in line.split(",")], [v.strip() for v in lines[i + 1].split(",")]))
+            return Rate(float(row["fetch.nMsg.sec"]), float(row["fetch.MB.sec"]) * MIB / 1e6)
+    raise KbitError(f"no ConsumerPerformance summary in its output: {output.strip()[-300:]!r}")
+
+
+def parse_producer_performance(output: str, record_size: int) -> Rate:
+    """ProducerPerformance's last line ('N records sent, R records/sec (M MB/sec), ...'); the MB/s from its
+    records/s (its own are MiB, rounded to 0.01)."""
+    for line in reversed(output.splitlines()):
+        found = _PRODUCER_SUMMARY.match(line.strip())
+        if found:
+            return Rate(float(found[2]), float(found[2]) * record_size / 1e6)
+    raise KbitError(f"no ProducerPerformance summary in its output: {output.strip()[-300:]!r}")
+
+
+def consumer_performance(cfg: KbitConfig, topic: str, records: int) -> Rate:
+    """ConsumerPerformance reading ``records`` records of ``topic`` from its start, in a group of its own."""
+    args = ["--bootstrap-server", cfg.kafka.resolved_bootstrap(), "--topic", topic, "--num-records", str(records)]
+    args += ["--group", f"kbit-perf-{uuid.uuid4().hex[:8]}", "--timeout", str(TOOL_TIMEOUT_S * 1000)]
+    return parse_consumer_performance(run_tool("ConsumerPerformance", args))
+
+
+def producer_settings(cfg: KbitConfig, compression: str) -> dict[str, str]:
+    """kbit's producer settings as Java client properties."""
+    return {
+        "acks": "all",
+        "enable.idempotence": "true",
+        "compression.type": compression,
+        "linger.ms": str(cfg.produce.linger_ms),
+        "batch.size": str(cfg.produce.batch_size_bytes),
+    }
+
+
+def producer_performance(cfg: KbitConfig, topic: str, records: int, record_size: int, compression: str) -> Rate:
+    props = {"bootstrap.servers": cfg.kafka.resolved_bootstrap(), **producer_settings(cfg, compression)}
+    args = ["--topic", topic, "--num-records", str(records), "--record-size", str(record_size), "--throughput", "-1"]
+    args += ["--producer-props", *(f"{k}={v}" for k, v in props.items())]
+    return parse_producer_performance(run_tool("ProducerPerformance", args), record_size)
+
+
+def kbit_producer(cfg: KbitConfig, topic: str, records: int, payload: bytes, compression: str) -> Rate:
+    """kbit's producer backend sending ``payload`` ``records`` times round-robin over the topic's partitions,
+    every delivery report settled; timed from the first send to the end of the flush."""
+    partitions = cfg.produce.partitions
+    ledger = DeliveryLedger(topic, partitions)
+    backend = make_producer(cfg.kafka, cfg.produce, compression)  # type: ignore[arg-type]
+    try:
+        t0 = time.perf_counter()
+        for i in range(records):
+            backend.send(topic, i % partitions, str(i).encode(), payload, ledger.callback(1, len(payload)))
+        backend.flush(delivery_timeout_ms(cfg.kafka) / 1000, count_wire_bytes=False)
+        seconds = time.perf_counter() - t0
+    finally:
+        backend.close()
+    if ledger.delivered_records != records:
+        raise KbitError(f"{topic}: kbit's producer delivered {ledger.delivered_records} of {records} records")
+    return Rate(records / seconds, records * len(payload) / 1e6 / seconds)
+
+
+def _into_scratch(cfg: KbitConfig, produce: Callable[[str], Rate]) -> Rate:
+    """``produce`` into a fresh topic of ``produce.partitions`` partitions, deleted afterwards."""
+    topic = f"kbit-perf-{uuid.uuid4().hex[:8]}"
+    admin.create_topic(cfg.kafka, topic, cfg.produce.partitions)
+    try:
+        return produce(topic)
+    finally:
+        admin.delete_topic(cfg.kafka, topic)
+
+
+def compare_producers(cfg: KbitConfig, manifest: Manifest, repeats: int) -> dict[str, Any]:
+    """ProducerPerformance and kbit's producer at the variant's compression and mean message size, alternating
+    ``repeats`` times, each run into a fresh topic; medians and kbit's ratio."""
+    records, compression = manifest.num_messages, manifest.variant.compression
+    size = max(1, round(manifest.value_bytes / max(1, records)))
+    payload = "".join(random.choices(string.ascii_uppercase, k=size)).encode()
+    tool, kbit = [], []
+    for _ in range(repeats):
+        tool.append(_into_scratch(cfg, lambda topic: producer_performance(cfg, topic, records, size, compression)))
+        kbit.append(_into_scratch(cfg, lambda topic: kbit_producer(cfg, topic, records, payload, compression)))
+    return {
+        "records": records,
+        "record_bytes": size,
+        "settings": producer_settings(cfg, compression),
+        "producer_performance": asdict(_median(tool)),
+        "kbit": asdict(_median(kbit)),
+        "kbit_over_tool": _median(kbit).records_per_s / _median(tool).records_per_s,
+    }
+
+
+def compare_consumers(cfg: KbitConfig, manifest: Manifest, client: ClientName, repeats: int) -> dict[str, Any]:
+    """ConsumerPerformance and kbit's raw fetch and read+decode (fast decoder) with ``client`` on the whole topic,
+    alternating ``repeats`` times after one untimed kbit pass; medians and kbit's ratios."""
+    ranges = whole_topic_blocks(cfg, manifest)
+    codec = select_codec(manifest_codec(manifest, "stock"), "fast")
+    mb = manifest.value_bytes / 1e6
+    tool, fetch, decode = [], [], []
+    with RangeReader(
+        cfg.kafka, cfg.reader.model_copy(update={"decode_processes": 0}), manifest.topic, codec, client
+    ) as r:
+        timed_pass(r, ranges, {"fast": codec})
+        for _ in range(repeats):
+            tool.append(consumer_performance(cfg, manifest.topic, manifest.num_messages))
+            fetched, decoded, fetch_s, decode_s = timed_pass(r, ranges, {"fast": codec})
+            if fetched != manifest.num_messages or decoded["fast"] != manifest.num_records:
+                raise KbitError(f"{manifest.topic}: kbit read {fetched} messages / {decoded['fast']} records")
+            fetch.append(Rate(fetched / fetch_s, mb / fetch_s))
+            decode.append(Rate(fetched / (fetch_s + decode_s["fast"]), mb / (fetch_s + decode_s["fast"])))
+    base = _median(tool).records_per_s
+    return {
+        "client": client,
+        "consumer_performance": asdict(_median(tool)),
+        "kbit_fetch": asdict(_median(fetch)),
+        "kbit_read_decode": asdict(_median(decode)),
+        "fetch_over_tool": _median(fetch).records_per_s / base,
+        "read_decode_over_tool": _median(decode).records_per_s / base,
+    }
+
+
+def _median(rates: list[Rate]) -> Rate:
+    return Rate(statistics.median(r.records_per_s for r in rates), statistics.median(r.mb_per_s for r in rates))
+
+
+def compare(cfg: KbitConfig, manifest: Manifest, kbit_rows: list[dict[str, Any]], repeats: int = 3) -> dict[str, Any]:
+    """The kafka-tools comparison of one variant: each client of ``kbit_rows`` against ConsumerPerformance, and
+    kbit's producer against ProducerPerformance; with the targets that apply."""
+    consumers = [compare_consumers(cfg, manifest, row["client"], repeats) for row in kbit_rows]
+    variant = manifest.variant
+    targets = []
+    for c in consumers:
+        who = f"{variant.name} ({c['client']})"
+        targets.append(_target(f"{who} fetch", TARGET_FETCH_RATIO, c["fetch_over_tool"]))
+        if variant.layout == "bytes":
+            targets.append(_target(f"{who} read+decode", TARGET_DECODE_RATIO, c["read_decode_over_tool"]))
+    return {
+        "variant": variant.name,
+        "topic": manifest.topic,
+        "records": manifest.num_records,
+        "messages": manifest.num_messages,
+        "consumers": consumers,
+        "producer": compare_producers(cfg, manifest, repeats),
+        "targets": targets,
+    }
+
+
+def _target(what: str, limit: float, value: float) -> dict[str, Any]:
+    return {"target": f"{what} >= {limit}x ConsumerPerformance", "value": round(value, 3), "met": value >= limit}
+
+
+def tools_table(comparisons: list[dict[str, Any]]) -> Table:
+    """MB/s of Kafka's tools and kbit per variant, with kbit's ratios (from records/s)."""
+    table = Table(title="kbit vs Apache Kafka's ConsumerPerformance / ProducerPerformance (same topic, same run)")
+    for column in ("variant", "what", "tool MB/s", "kbit MB/s", "kbit ÷ tool"):
+        table.add_column(column, justify="left" if column in ("variant", "what") else "right")
+    for c in comparisons:
+        for r in c["consumers"]:
+            tool = r["consumer_performance"]["mb_per_s"]
+            for what, key, ratio in (
+                ("fetch", "kbit_fetch", "fetch_over_tool"),
+                ("read+decode", "kbit_read_decode", "read_decode_over_tool"),
+            ):
+                table.add_row(
+                    c["variant"],
+                    f"{what} ({r['client']})",
+                    f"{tool:,.1f}",
+                    f"{r[key]['mb_per_s']:,.1f}",
+                    f"{r[ratio]:.2f}",
+                )
+        p = c["producer"]
+        table.add_row(
+            c["variant"],
+            f"produce ({p['settings']['compression.type']}, {p['record_bytes']} B)",
+            f"{p['producer_performance']['mb_per_s']:,.1f}",
+            f"{p['kbit']['mb_per_s']:,.1f}",
+            f"{p['kbit_over_tool']:.2f}",
+        )
+    return table

@@ -1,0 +1,166 @@
+"""Spark's own Kafka source (``spark.read.format("kafka")``) timed on kbit's topic, next to kbit's reader.
+
+Spark reads exactly the manifest's offsets (``startingOffsets``/``endingOffsets`` per partition) and decodes in its
+Python workers through the codec kbit's reader uses (the fast decoder), with ``mapInArrow``, into the same arrays
+(index, label, pixels), which reach the driver as one Arrow table (``toArrow``). The records/s count every record
+that reached the driver. It runs in a process of its own: Spark's jars are fixed when its JVM starts, and the
+source's (``deployments/spark-kafka/pom.xml``, installed by ``scripts/run.sh install``) are added through
+``launch.spark_conf``. Its session is kbit's (``launch`` settings, loopback).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.table import Table
+
+from kbit_core.bench.ray_data_peer import fast_codec
+from kbit_core.config import KbitConfig
+from kbit_core.errors import KbitError
+from kbit_core.kafka.manifest import Manifest
+
+READER = "spark_kafka_source"
+SOURCE_JAR = "spark-sql-kafka-0-10_2.13-*.jar"
+# The driver's side of the probe: the config (with any secret) and the manifest come through stdin.
+SPARK_PROBE = """
+import json, sys
+from kbit_core.bench.spark_kafka_peer import read_here
+print(json.dumps(read_here(json.load(sys.stdin))))
+"""
+
+
+def source_jars() -> list[Path]:
+    """The Spark Kafka source's jars: ``$KBIT_SPARK_KAFKA_LIBS`` or ``<venv>/kafka/spark-source/libs``."""
+    libs = Path(os.environ.get("KBIT_SPARK_KAFKA_LIBS") or Path(sys.prefix) / "kafka" / "spark-source" / "libs")
+    jars = sorted(libs.glob("*.jar"))
+    if not any(j.match(SOURCE_JAR) for j in jars):
+        raise KbitError(
+            f"Spark's Kafka source is not installed ({libs} holds no {SOURCE_JAR}): run `bash scripts/run.sh install` "
+            "(needs Maven), or set KBIT_SPARK_KAFKA_LIBS to a directory holding it and its dependencies"
+        )
+    return jars
+
+
+def measure_spark_source(cfg: KbitConfig, manifest: Manifest, repeats: int = 3) -> dict[str, Any]:
+    """Spark's reader on the manifest's offsets in a fresh process: median records/s over ``repeats`` reads after
+    one untimed warm-up, and the records it returned."""
+    jars = ",".join(str(j) for j in source_jars())
+    spark_cfg = cfg.override({"launch.spark_conf": {**cfg.launch.spark_conf, "spark.jars": jars}})
+    request = {"config": spark_cfg.to_secret_dict(), "manifest": manifest.model_dump_json(), "repeats": repeats}
+    out = subprocess.run(
+        [sys.executable, "-c", SPARK_PROBE], input=json.dumps(request), capture_output=True, text=True, check=False
+    )
+    if out.returncode:
+        raise KbitError(f"Spark's Kafka source failed on {manifest.topic}:\n{out.stderr[-2000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    median_s = statistics.median(result["seconds"])
+    return {
+        "reader": READER,
+        "records": result["records"],
+        "records_missing": manifest.num_records - result["records"],
+        "records_per_s": result["records"] / median_s if median_s > 0 else float("nan"),
+        **result,
+    }
+
+
+def read_here(request: dict[str, Any]) -> dict[str, Any]:
+    """In the probe process: start kbit's SparkSession and read the manifest's ranges ``repeats + 1`` times."""
+    from kbit_core.launch.spark import get_spark, stop_spark  # a Spark JVM of this process's own
+
+    cfg = KbitConfig.from_dict(request["config"])
+    manifest = Manifest.model_validate_json(request["manifest"])
+    started = time.perf_counter()
+    spark = get_spark(cfg)
+    init_s, seconds, records = time.perf_counter() - started, [], 0
+    try:
+        for attempt in range(request["repeats"] + 1):
+            t0 = time.perf_counter()
+            records = _read(spark, cfg, manifest, request["manifest"])
+            if attempt:  # the first read starts Spark's Python workers and their imports
+                seconds.append(time.perf_counter() - t0)
+    finally:
+        stop_spark()
+    return {"records": records, "seconds": seconds, "spark_init_s": init_s}
+
+
+def _read(spark: Any, cfg: KbitConfig, manifest: Manifest, manifest_json: str) -> int:
+    ranges = manifest.ranges()
+    topic = manifest.topic
+    frame = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", cfg.kafka.resolved_bootstrap())
+        .option("subscribe", topic)
+        .option("startingOffsets", json.dumps({topic: {str(p): start for p, (start, _) in ranges.items()}}))
+        .option("endingOffsets", json.dumps({topic: {str(p): stop for p, (_, stop) in ranges.items()}}))
+        .load()
+    )
+    decoded = frame.select("value").mapInArrow(
+        lambda batches: _decode(batches, manifest_json), "index long, label long, pixels binary"
+    )
+    return decoded.toArrow().num_rows
+
+
+def _decode(batches: Iterator[Any], manifest_json: str) -> Iterator[Any]:
+    """Kafka values -> kbit's arrays (each record's pixels one binary value, without copying them per record)."""
+    import pyarrow as pa  # pyspark's dependency, in Spark's Python workers
+
+    codec = fast_codec(manifest_json)
+    for batch in batches:
+        got = codec.decode(batch.column(0).to_pylist())
+        pixels = np.ascontiguousarray(got.pixels)
+        row = pixels[0].nbytes if len(pixels) else 0
+        offsets = np.arange(0, (len(pixels) + 1) * row, row, dtype=np.int32)
+        column = pa.Array.from_buffers(pa.binary(), len(pixels), [None, pa.py_buffer(offsets), pa.py_buffer(pixels)])
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(got.indices, pa.int64()), pa.array(got.labels, pa.int64()), column],
+            ["index", "label", "pixels"],
+        )
+
+
+def compare(cfg: KbitConfig, manifest: Manifest, kbit_rows: list[dict[str, Any]], repeats: int = 3) -> dict[str, Any]:
+    """Spark's Kafka source on ``manifest``'s topic next to kbit's rows for it (one per client, same run):
+    records/s of each, kbit's read+decode rate over Spark's (above 1: kbit is faster), and that target."""
+    spark = measure_spark_source(cfg, manifest, repeats)
+    kbit = {row["client"]: row["decode_records_per_s"] for row in kbit_rows}
+    ratios = {client: rate / spark["records_per_s"] for client, rate in kbit.items()}
+    return {
+        "variant": manifest.variant.name,
+        "topic": manifest.topic,
+        "records": manifest.num_records,
+        "kbit_records_per_s": kbit,
+        "spark": spark,
+        "kbit_over_spark": ratios,
+        "targets": [
+            {
+                "target": f"{manifest.variant.name} ({client}) read+decode faster than {READER}",
+                "value": round(r, 2),
+                "met": r > 1.0,
+            }
+            for client, r in ratios.items()
+        ],
+    }
+
+
+def peer_table(comparisons: list[dict[str, Any]]) -> Table:
+    """kbit's read+decode records/s per client next to Spark's Kafka source, with the ratios."""
+    table = Table(title="kbit's reader vs Spark's Kafka source (records/s, same topic, same run)")
+    for column in ("variant", "reader", "records/s", "kbit ÷ this (per kbit client)", "records left out"):
+        table.add_column(column, justify="left" if column in ("variant", "reader") else "right")
+    for comparison in comparisons:
+        for client, rate in comparison["kbit_records_per_s"].items():
+            table.add_row(comparison["variant"], f"kbit, {client}", f"{rate:,.0f}", "-", "0")
+        spark = comparison["spark"]
+        ratios = " / ".join(f"{r:.2f}x" for r in comparison["kbit_over_spark"].values())
+        table.add_row(
+            comparison["variant"], READER, f"{spark['records_per_s']:,.0f}", ratios, f"{spark['records_missing']:,}"
+        )
+    return table
