@@ -1,0 +1,215 @@
+"""Shaped links, measured: rate, delay and loss on a veth pair of the tests' own (kbs-*), never the bed's kbit-*.
+
+A namespace ``kbs-n1`` (eth0, 10.213.97.11) is joined to the root namespace (kbs-t1, 10.213.97.1) as a bed node is
+joined to the driver; every test shapes both ends with kbit's own functions and measures across the link.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scipy import stats
+
+from kbit_core.testbed import shaping
+from kbit_core.testbed.delay_relay import relay
+from kbit_core.testbed.network import Host
+from kbit_core.testbed.shaping import LinkEnd, LinkShape
+from tests.conftest import free_port
+from tests.testbed import wire_probe
+
+NETNS, ROOT_DEVICE = "kbs-n1", "kbs-t1"
+ROOT_ADDRESS, NODE_ADDRESS = "10.213.97.1", "10.213.97.11"
+PROBE = Path(__file__).with_name("wire_probe.py")
+FRAME_PAYLOAD = 1448 / 1514  # TCP payload per Ethernet frame (MSS with timestamps): tbf counts whole frames
+
+
+@dataclass(frozen=True)
+class Link:
+    root: LinkEnd
+    node: LinkEnd
+    node_host: Host
+
+    def shape(self, shape: LinkShape) -> None:
+        shaping.shape_end(self.root, shape)
+        shaping.shape_end(self.node, shape)
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def _remove_link() -> None:
+    pids = subprocess.run(["ip", "netns", "pids", NETNS], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        os.kill(int(pid), 9)
+    shaping.clear_end(LinkEnd(None, ROOT_DEVICE))
+    subprocess.run(["ip", "netns", "delete", NETNS], capture_output=True)  # takes the veth pair with it
+
+
+@pytest.fixture
+def link() -> Iterator[Link]:
+    """The veth pair, unshaped; removed afterwards with its qdiscs, nft tables and the processes in the namespace."""
+    if sys.platform != "linux" or os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("shaping needs root on Linux and the `ip` command")
+    missing = shaping.missing_prerequisites()
+    if missing:
+        pytest.skip("shaping cannot run here; missing: " + "; ".join(missing))
+    _remove_link()  # what a killed run left
+    try:
+        _ip("netns", "add", NETNS)
+        _ip("link", "add", ROOT_DEVICE, "type", "veth", "peer", "name", "eth0", "netns", NETNS)
+        _ip("addr", "add", f"{ROOT_ADDRESS}/24", "dev", ROOT_DEVICE)
+        _ip("link", "set", ROOT_DEVICE, "up")
+        _ip("-n", NETNS, "addr", "add", f"{NODE_ADDRESS}/24", "dev", "eth0")
+        _ip("-n", NETNS, "link", "set", "eth0", "up")
+        _ip("-n", NETNS, "link", "set", "lo", "up")
+        yield Link(LinkEnd(None, ROOT_DEVICE), LinkEnd(NETNS, "eth0"), Host("kbs-node", NODE_ADDRESS, NETNS))
+    finally:
+        _remove_link()
+
+
+def _in_node(*args: Any) -> subprocess.Popen[str]:
+    argv = ["ip", "netns", "exec", NETNS, sys.executable, str(PROBE), *map(str, args)]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _result(proc: subprocess.Popen[str], timeout_s: float = 60) -> Any:
+    out, err = proc.communicate(timeout=timeout_s)
+    assert proc.returncode == 0, err
+    return json.loads(out.splitlines()[-1])
+
+
+def _await_ready(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None and json.loads(proc.stdout.readline()) == "ready", proc.stderr
+
+
+def _transfer(towards_node: bool, nbytes: int, port: int) -> dict[str, float]:
+    """Raw bytes across the link; the receiving end reports bytes and seconds."""
+    if towards_node:
+        sink = _in_node("sink", NODE_ADDRESS, port)
+        _await_ready(sink)
+        wire_probe.send(NODE_ADDRESS, port, nbytes)
+        return _result(sink)
+    with socket.create_server((ROOT_ADDRESS, port)) as listener:
+        sender = _in_node("send", ROOT_ADDRESS, port, nbytes)
+        received = wire_probe.sink(listener)
+        _result(sender)
+        return received
+
+
+def _goodput_ratio(measured: dict[str, float], shape: LinkShape) -> float:
+    return measured["bytes"] * 8 / measured["seconds"] / (shape.rate_bit_s * FRAME_PAYLOAD)
+
+
+@pytest.mark.parametrize("towards_node", [True, False], ids=["towards-node", "from-node"])
+def test_a_raw_transfer_runs_at_the_configured_rate(link: Link, towards_node: bool):
+    shape = LinkShape(40 * 10**6)
+    unshaped = _transfer(towards_node, 16 << 20, free_port())
+    link.shape(shape)
+    assert _goodput_ratio(unshaped, shape) > 2, "the bare link must be faster than the shaping, or this proves nothing"
+    assert _goodput_ratio(_transfer(towards_node, 8 << 20, free_port()), shape) == pytest.approx(1, abs=0.15)
+
+
+@pytest.mark.parametrize("towards_node", [True, False], ids=["towards-node", "from-node"])
+def test_the_drop_rate_lies_in_its_binomial_interval(link: Link, towards_node: bool):
+    shape, sent, port = LinkShape(10**9, loss=0.05), 4000, free_port()
+    link.shape(shape)
+    if towards_node:
+        counter = _in_node("udp-count", NODE_ADDRESS, port)
+        _await_ready(counter)
+        wire_probe.udp_send(NODE_ADDRESS, port, sent)
+        received = _result(counter)
+    else:
+        with wire_probe.udp_receiver(ROOT_ADDRESS, port) as sock:
+            sender = _in_node("udp-send", ROOT_ADDRESS, port, sent)
+            received = wire_probe.udp_count(sock)
+            _result(sender)
+    low, high = stats.binom.interval(0.999, sent, 1 - shape.loss)
+    assert low <= received <= high, f"{sent - received} of {sent} datagrams lost, configured {shape.loss:.1%}"
+
+
+@pytest.fixture
+def forwarder_to(link: Link) -> Iterator[Any]:
+    """``forwarder_to(address)``: a port on the root end relaying to ``address`` (e.g. the broker on loopback)."""
+    listeners = []
+
+    def start(target: str) -> int:
+        host, port = target.rsplit(":", 1)
+        listener = socket.create_server((ROOT_ADDRESS, 0))
+        listeners.append(listener)
+
+        def accept() -> None:
+            while True:
+                try:
+                    client, _ = listener.accept()
+                except OSError:
+                    return
+                threading.Thread(target=relay, args=(client, (host, int(port)), 0.0, 0), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        return listener.getsockname()[1]
+
+    yield start
+    for listener in listeners:
+        listener.close()
+
+
+def _delay_link(link: Link, shape: LinkShape, tmp_path: Path) -> shaping.Service:
+    link.shape(shape)
+    relay_port = free_port()
+    service = shaping.relay_service(tmp_path, link.node_host, shape, relay_port, {})
+    service.start(timeout_s=20)
+    shaping.redirect_through_relay(NETNS, "eth0", relay_port, shape)
+    return service
+
+
+@pytest.mark.kafka
+def test_a_kafka_request_round_trip_takes_twice_the_delay(link: Link, forwarder_to: Any, broker: Any, tmp_path: Path):
+    """What the shaping adds to the median ApiVersions round trip is two delays (the bare link's round trip, mostly
+    the broker's and the scheduler's time on a busy machine, is measured first and taken off)."""
+    shape = LinkShape(10**9, delay_s=0.02)
+    broker_port = forwarder_to(broker.bootstrap)
+    bare = statistics.median(_result(_in_node("kafka", ROOT_ADDRESS, broker_port, 40)))
+    relay_service = _delay_link(link, shape, tmp_path)
+    try:
+        shaped = statistics.median(_result(_in_node("kafka", ROOT_ADDRESS, broker_port, 40)))
+    finally:
+        relay_service.stop()
+    print(f"round trip: bare {bare * 1e3:.2f} ms, shaped {shaped * 1e3:.2f} ms, delay {shape.delay_s * 1e3:g} ms")
+    assert bare < shape.delay_s, f"the bare link's round trip ({bare * 1e3:.2f} ms) would hide the delay"
+    assert shaped - bare == pytest.approx(2 * shape.delay_s, rel=0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("towards_node", [True, False], ids=["towards-node", "from-node"])
+def test_the_delay_relay_keeps_the_configured_rate(link: Link, tmp_path: Path, towards_node: bool):
+    shape = LinkShape(100 * 10**6, delay_s=0.002)
+    relay_service = _delay_link(link, shape, tmp_path)
+    try:
+        measured = _transfer(towards_node, 24 << 20, free_port())
+    finally:
+        relay_service.stop()
+    assert _goodput_ratio(measured, shape) == pytest.approx(1, abs=0.15)
+
+
+def test_the_shaping_in_force_is_read_back_from_the_kernel(link: Link, tmp_path: Path):
+    assert shaping.shape_in_force(link.root) is None
+    shape = LinkShape.parse("100mbit,2ms,0.1%")
+    relay_service = _delay_link(link, shape, tmp_path)
+    relay_service.stop()
+    assert shaping.shape_in_force(link.node) == shape
+    assert shaping.shape_in_force(link.root) == LinkShape(shape.rate_bit_s, 0.0, shape.loss)
+    shaping.clear_end(link.root)
+    assert shaping.shape_in_force(link.root) is None
