@@ -26,7 +26,7 @@ from kbit_core.config import KafkaConfig
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.kafka.settings import confluent_options
 from kbit_core.service import Service, pid_alive
-from kbit_core.testbed import network, ray_cluster
+from kbit_core.testbed import network, ray_cluster, shaping
 from kbit_core.testbed.certs import certificate_paths, make_certificates
 from kbit_core.testbed.network import Host, TestbedError, Topology
 from kbit_core.testbed.spark_standalone import (
@@ -66,8 +66,8 @@ def missing_prerequisites() -> list[str]:
     return missing
 
 
-def _check_prerequisites() -> None:
-    missing = missing_prerequisites()
+def _check_prerequisites(options: BedOptions) -> None:
+    missing = missing_prerequisites() + (shaping.missing_prerequisites() if options.link else [])
     if missing:
         raise TestbedError("the multi-host test bed cannot run on this machine; missing: " + "; ".join(missing))
 
@@ -141,6 +141,12 @@ class _Processes:
             )
             for node in self.topology.nodes
         ]
+        shape = shaping.LinkShape.parse(options.link) if options.link else None
+        self.delay_relays = [
+            shaping.relay_service(run_dir, node, shape, options.delay_relay_port, marker)
+            for node in self.topology.nodes
+            if shape is not None and shape.delay_s > 0
+        ]
         head_node, *worker_nodes = self.topology.nodes
         self.ray_head_address = f"{head_node.address}:{options.ray_head_port}"
         self.ray_token = ray_env.own_token_file(Path(bed_dir).resolve())
@@ -182,6 +188,7 @@ class _Processes:
             (self.master, driver),
             *zip(self.workers, self.topology.nodes),
             *zip(self.ray_nodes, self.topology.nodes),
+            *zip(self.delay_relays, self.topology.nodes),
         ]
 
 
@@ -191,7 +198,8 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
     Returns the running bed's state unchanged when it is already up; a half-made or crashed bed is
     removed first. On failure everything made so far is removed and the error carries the log tail.
     """
-    _check_prerequisites()
+    shape = shaping.LinkShape.parse(options.link) if options.link else None
+    _check_prerequisites(options)
     bed_dir = Path(bed_dir).resolve()
     current = status(bed_dir)
     if current.up and current.state is not None:
@@ -208,6 +216,9 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
     topo = procs.topology
     try:
         network.create(topo)
+        if shape is not None:
+            links = [shaping.link_ends(n) for n in topo.nodes]
+            shaping.shape_links(links, shape, procs.delay_relays, options.delay_relay_port)
         certs = make_certificates(bed_dir / "certs", topo.driver.address, [topo.driver.name, socket.gethostname()])
         procs.broker.start()
         procs.tls_front.start(timeout_s=30)
@@ -299,6 +310,8 @@ def status(bed_dir: Path) -> BedStatus:
             )
         )
     workers = alive_workers(state.driver.address, options.master_webui_port) if result.bridge else {}
+    if result.bridge:
+        result.links = {n.name: shaping.link_in_force(*shaping.link_ends(n)) for n in procs.topology.nodes}
     result.alive_workers = sorted(workers)
     if procs.ray_nodes and result.bridge:
         result.ray_nodes = ray_cluster.alive_nodes(procs.ray_head_address, procs.ray_token)
@@ -376,6 +389,7 @@ def down(bed_dir: Path | None = None) -> list[str]:
         _terminate(leftovers)
         removed.append(f"{len(set(leftovers))} leftover process(es)")
     removed += network.destroy()
+    removed += shaping.remove_loss_tables("kbit-")  # the root-side veth ends are kbit-<node> (Host.veth)
     if bed_dir is not None:
         state_path(bed_dir).unlink(missing_ok=True)
     return removed

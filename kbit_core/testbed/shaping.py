@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -182,6 +183,50 @@ def clear_end(end: LinkEnd) -> None:
     _run(end.argv("tc", "qdisc", "del", "dev", end.device, "root"), check=False)
     if shutil.which("nft"):
         _run(end.argv("nft", "delete", "table", "netdev", end.table), check=False)
+
+
+def remove_loss_tables(device_prefix: str) -> list[str]:
+    """Delete the root namespace's loss tables of devices named ``device_prefix``*: a netdev table outlives its
+    device (its chain just loses the hook), so removing the links leaves them behind."""
+    if shutil.which("nft") is None:
+        return []
+    listing = json.loads(_run(["nft", "-j", "list", "tables", "netdev"], check=False).stdout or "{}")
+    prefix = LinkEnd(None, device_prefix).table
+    names = [t["table"]["name"] for t in listing.get("nftables", []) if "table" in t]
+    stale = [name for name in names if name.startswith(prefix)]
+    for name in stale:
+        _run(["nft", "delete", "table", "netdev", name], check=False)
+    return [f"nft table netdev {name}" for name in stale]
+
+
+def link_ends(node: Host) -> tuple[LinkEnd, LinkEnd]:
+    """A bed node's link: the root-side veth end (kbit-<node>), then the node's eth0."""
+    assert node.netns is not None and node.veth is not None
+    return LinkEnd(None, node.veth), LinkEnd(node.netns, "eth0")
+
+
+def shape_links(
+    links: Sequence[tuple[LinkEnd, LinkEnd]], shape: LinkShape, relays: Sequence[Service], relay_port: int
+) -> None:
+    """Shape both ends of every (root end, node end) link; start each node's delay relay (``relays``: one per link,
+    or none without a delay) and redirect the node's TCP through it."""
+    for root_end, node_end in links:
+        shape_end(root_end, shape)
+        shape_end(node_end, shape)
+    for (_, node_end), relay in zip(links, relays):
+        assert node_end.netns is not None
+        relay.start(timeout_s=30)
+        redirect_through_relay(node_end.netns, node_end.device, relay_port, shape)
+
+
+def link_in_force(root_end: LinkEnd, node_end: LinkEnd) -> str:
+    """``kbit cluster status``'s words for the shaping the kernel applies on a link, read at both ends."""
+    towards, away = shape_in_force(root_end), shape_in_force(node_end)
+    if towards is None and away is None:
+        return "unshaped"
+    if towards is None or away is None or (towards.rate_bit_s, towards.loss) != (away.rate_bit_s, away.loss):
+        return f"shaped unevenly: towards the node {towards and towards.describe()}, from it {away and away.describe()}"
+    return away.describe()
 
 
 def redirect_through_relay(netns: str, device: str, relay_port: int, shape: LinkShape) -> None:

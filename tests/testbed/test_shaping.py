@@ -41,9 +41,9 @@ class Link:
     node: LinkEnd
     node_host: Host
 
-    def shape(self, shape: LinkShape) -> None:
-        shaping.shape_end(self.root, shape)
-        shaping.shape_end(self.node, shape)
+    def shape(self, shape: LinkShape, relays: tuple[shaping.Service, ...] = (), relay_port: int = 0) -> None:
+        """As the bed shapes each node's link."""
+        shaping.shape_links([(self.root, self.node)], shape, relays, relay_port)
 
 
 def _ip(*args: str) -> None:
@@ -167,11 +167,9 @@ def forwarder_to(link: Link) -> Iterator[Any]:
 
 
 def _delay_link(link: Link, shape: LinkShape, tmp_path: Path) -> shaping.Service:
-    link.shape(shape)
     relay_port = free_port()
     service = shaping.relay_service(tmp_path, link.node_host, shape, relay_port, {})
-    service.start(timeout_s=20)
-    shaping.redirect_through_relay(NETNS, "eth0", relay_port, shape)
+    link.shape(shape, (service,), relay_port)
     return service
 
 
@@ -205,11 +203,19 @@ def test_the_delay_relay_keeps_the_configured_rate(link: Link, tmp_path: Path, t
 
 
 def test_the_shaping_in_force_is_read_back_from_the_kernel(link: Link, tmp_path: Path):
-    assert shaping.shape_in_force(link.root) is None
+    assert shaping.link_in_force(link.root, link.node) == "unshaped"
     shape = LinkShape.parse("100mbit,2ms,0.1%")
-    relay_service = _delay_link(link, shape, tmp_path)
-    relay_service.stop()
+    _delay_link(link, shape, tmp_path).stop()
     assert shaping.shape_in_force(link.node) == shape
     assert shaping.shape_in_force(link.root) == LinkShape(shape.rate_bit_s, 0.0, shape.loss)
-    shaping.clear_end(link.root)
-    assert shaping.shape_in_force(link.root) is None
+    assert shaping.link_in_force(link.root, link.node) == shape.describe()
+    shaping.shape_end(link.root, LinkShape(10**9))
+    assert shaping.link_in_force(link.root, link.node).startswith("shaped unevenly: towards the node 1 gbit/s")
+
+
+def test_removing_the_links_leaves_no_loss_table(link: Link):
+    """A netdev table outlives its device: `kbit cluster down` removes those of its links by name."""
+    link.shape(LinkShape(10**9, loss=0.01))
+    subprocess.run(["ip", "link", "delete", ROOT_DEVICE], check=True)
+    assert shaping.remove_loss_tables("kbs-t") == [f"nft table netdev {link.root.table}"]
+    assert shaping.remove_loss_tables("kbs-t") == []

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+from typer.testing import CliRunner
+
+from kbit_core.cli import app
 from kbit_core.testbed.network import TestbedError
 from kbit_core.testbed.shaping import LinkEnd, LinkShape, delay_ruleset, loss_ruleset, tbf_command
 
@@ -56,3 +60,10 @@ def test_commands_carry_the_shape():
     rules = delay_ruleset("eth0", 7999, shape)
     assert "redirect to :7999" in rules and "tcp dport != 7999" in rules and 'comment "delay 2ms"' in rules
     assert shape.describe() == "100 mbit/s, 2 ms each way (TCP), 0.1% loss, in both directions"
+
+
+def test_cluster_up_refuses_a_bad_link_before_touching_anything(tmp_path: Path):
+    result = CliRunner().invoke(app, ["cluster", "up", "--set", f"workdir={tmp_path}", "--link", "100mbps,2ms"])
+    assert result.exit_code == 1
+    assert "--link '100mbps,2ms': rate '100mbps' needs a number and one of bit, kbit, mbit, gbit" in result.output
+    assert not (tmp_path / "testbed").exists()
