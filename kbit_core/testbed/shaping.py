@@ -160,6 +160,7 @@ def delay_ruleset(device: str, relay_port: int, shape: LinkShape) -> str:
     """
     comment = f'comment "delay {shape.delay_s * 1e3:g}ms"'
     return (
+        f"table ip {DELAY_TABLE}\ndelete table ip {DELAY_TABLE}\n"  # replaces an earlier one in the same transaction
         f"table ip {DELAY_TABLE} {{\n"
         f"  chain out {{ type nat hook output priority -100;\n"
         f'    oifname "{device}" meta mark != {RELAY_MARK:#x} meta l4proto tcp redirect to :{relay_port} {comment};\n'
@@ -179,10 +180,13 @@ def shape_end(end: LinkEnd, shape: LinkShape) -> None:
 
 
 def clear_end(end: LinkEnd) -> None:
-    """Remove the end's qdisc and loss table (the device itself stays). Idempotent."""
+    """Remove the end's qdisc, loss table and (in a namespace) the delay relay's redirect; the device stays.
+    Idempotent."""
     _run(end.argv("tc", "qdisc", "del", "dev", end.device, "root"), check=False)
     if shutil.which("nft"):
         _run(end.argv("nft", "delete", "table", "netdev", end.table), check=False)
+        if end.netns is not None:
+            _run(end.argv("nft", "delete", "table", "ip", DELAY_TABLE), check=False)
 
 
 def remove_loss_tables(device_prefix: str) -> list[str]:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,14 +59,9 @@ def _remove_link() -> None:
     subprocess.run(["ip", "netns", "delete", NETNS], capture_output=True)  # takes the veth pair with it
 
 
-@pytest.fixture
-def link() -> Iterator[Link]:
+@contextmanager
+def veth_link() -> Iterator[Link]:
     """The veth pair, unshaped; removed afterwards with its qdiscs, nft tables and the processes in the namespace."""
-    if sys.platform != "linux" or os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("shaping needs root on Linux and the `ip` command")
-    missing = shaping.missing_prerequisites()
-    if missing:
-        pytest.skip("shaping cannot run here; missing: " + "; ".join(missing))
     _remove_link()  # what a killed run left
     try:
         _ip("netns", "add", NETNS)
@@ -80,93 +76,105 @@ def link() -> Iterator[Link]:
         _remove_link()
 
 
-def _in_node(*args: Any) -> subprocess.Popen[str]:
+@pytest.fixture
+def link() -> Iterator[Link]:
+    if sys.platform != "linux" or os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("shaping needs root on Linux and the `ip` command")
+    missing = shaping.missing_prerequisites()
+    if missing:
+        pytest.skip("shaping cannot run here; missing: " + "; ".join(missing))
+    with veth_link() as made:
+        yield made
+
+
+def in_node(*args: Any) -> subprocess.Popen[str]:
     argv = ["ip", "netns", "exec", NETNS, sys.executable, str(PROBE), *map(str, args)]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _result(proc: subprocess.Popen[str], timeout_s: float = 60) -> Any:
+def result_of(proc: subprocess.Popen[str], timeout_s: float = 60) -> Any:
     out, err = proc.communicate(timeout=timeout_s)
     assert proc.returncode == 0, err
     return json.loads(out.splitlines()[-1])
 
 
-def _await_ready(proc: subprocess.Popen[str]) -> None:
+def await_ready(proc: subprocess.Popen[str]) -> None:
     assert proc.stdout is not None and json.loads(proc.stdout.readline()) == "ready", proc.stderr
 
 
-def _transfer(towards_node: bool, nbytes: int, port: int) -> dict[str, float]:
+def transfer(towards_node: bool, nbytes: int, port: int) -> dict[str, float]:
     """Raw bytes across the link; the receiving end reports bytes and seconds."""
     if towards_node:
-        sink = _in_node("sink", NODE_ADDRESS, port)
-        _await_ready(sink)
+        sink = in_node("sink", NODE_ADDRESS, port)
+        await_ready(sink)
         wire_probe.send(NODE_ADDRESS, port, nbytes)
-        return _result(sink)
+        return result_of(sink)
     with socket.create_server((ROOT_ADDRESS, port)) as listener:
-        sender = _in_node("send", ROOT_ADDRESS, port, nbytes)
+        sender = in_node("send", ROOT_ADDRESS, port, nbytes)
         received = wire_probe.sink(listener)
-        _result(sender)
+        result_of(sender)
         return received
 
 
-def _goodput_ratio(measured: dict[str, float], shape: LinkShape) -> float:
+def goodput_ratio(measured: dict[str, float], shape: LinkShape) -> float:
     return measured["bytes"] * 8 / measured["seconds"] / (shape.rate_bit_s * FRAME_PAYLOAD)
 
 
 @pytest.mark.parametrize("towards_node", [True, False], ids=["towards-node", "from-node"])
 def test_a_raw_transfer_runs_at_the_configured_rate(link: Link, towards_node: bool):
     shape = LinkShape(40 * 10**6)
-    unshaped = _transfer(towards_node, 16 << 20, free_port())
+    unshaped = transfer(towards_node, 16 << 20, free_port())
     link.shape(shape)
-    assert _goodput_ratio(unshaped, shape) > 2, "the bare link must be faster than the shaping, or this proves nothing"
-    assert _goodput_ratio(_transfer(towards_node, 8 << 20, free_port()), shape) == pytest.approx(1, abs=0.15)
+    assert goodput_ratio(unshaped, shape) > 2, "the bare link must be faster than the shaping, or this proves nothing"
+    assert goodput_ratio(transfer(towards_node, 8 << 20, free_port()), shape) == pytest.approx(1, abs=0.15)
+
+
+def datagrams_received(towards_node: bool, sent: int, port: int) -> int:
+    """Of ``sent`` UDP datagrams across the link, how many arrived."""
+    if towards_node:
+        counter = in_node("udp-count", NODE_ADDRESS, port)
+        await_ready(counter)
+        wire_probe.udp_send(NODE_ADDRESS, port, sent)
+        return result_of(counter)
+    with wire_probe.udp_receiver(ROOT_ADDRESS, port) as sock:
+        sender = in_node("udp-send", ROOT_ADDRESS, port, sent)
+        received = wire_probe.udp_count(sock)
+        result_of(sender)
+        return received
 
 
 @pytest.mark.parametrize("towards_node", [True, False], ids=["towards-node", "from-node"])
 def test_the_drop_rate_lies_in_its_binomial_interval(link: Link, towards_node: bool):
     shape, sent, port = LinkShape(10**9, loss=0.05), 4000, free_port()
     link.shape(shape)
-    if towards_node:
-        counter = _in_node("udp-count", NODE_ADDRESS, port)
-        _await_ready(counter)
-        wire_probe.udp_send(NODE_ADDRESS, port, sent)
-        received = _result(counter)
-    else:
-        with wire_probe.udp_receiver(ROOT_ADDRESS, port) as sock:
-            sender = _in_node("udp-send", ROOT_ADDRESS, port, sent)
-            received = wire_probe.udp_count(sock)
-            _result(sender)
+    received = datagrams_received(towards_node, sent, port)
     low, high = stats.binom.interval(0.999, sent, 1 - shape.loss)
     assert low <= received <= high, f"{sent - received} of {sent} datagrams lost, configured {shape.loss:.1%}"
 
 
-@pytest.fixture
-def forwarder_to(link: Link) -> Iterator[Any]:
-    """``forwarder_to(address)``: a port on the root end relaying to ``address`` (e.g. the broker on loopback)."""
-    listeners = []
+def forward(target: str) -> socket.socket:
+    """A listening port on the root end relaying to ``target`` (e.g. the broker on loopback); close it to stop."""
+    host, port = target.rsplit(":", 1)
+    listener = socket.create_server((ROOT_ADDRESS, 0))
 
-    def start(target: str) -> int:
-        host, port = target.rsplit(":", 1)
-        listener = socket.create_server((ROOT_ADDRESS, 0))
-        listeners.append(listener)
+    def accept() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=relay, args=(client, (host, int(port)), 0.0, 0), daemon=True).start()
 
-        def accept() -> None:
-            while True:
-                try:
-                    client, _ = listener.accept()
-                except OSError:
-                    return
-                threading.Thread(target=relay, args=(client, (host, int(port)), 0.0, 0), daemon=True).start()
-
-        threading.Thread(target=accept, daemon=True).start()
-        return listener.getsockname()[1]
-
-    yield start
-    for listener in listeners:
-        listener.close()
+    threading.Thread(target=accept, daemon=True).start()
+    return listener
 
 
-def _delay_link(link: Link, shape: LinkShape, tmp_path: Path) -> shaping.Service:
+def kafka_round_trip(port: int, count: int = 40) -> float:
+    """Median seconds of an ApiVersions request from the node to the root end's ``port``."""
+    return statistics.median(result_of(in_node("kafka", ROOT_ADDRESS, port, count)))
+
+
+def delay_link(link: Link, shape: LinkShape, tmp_path: Path) -> shaping.Service:
     relay_port = free_port()
     service = shaping.relay_service(tmp_path, link.node_host, shape, relay_port, {})
     link.shape(shape, (service,), relay_port)
@@ -174,17 +182,18 @@ def _delay_link(link: Link, shape: LinkShape, tmp_path: Path) -> shaping.Service
 
 
 @pytest.mark.kafka
-def test_a_kafka_request_round_trip_takes_twice_the_delay(link: Link, forwarder_to: Any, broker: Any, tmp_path: Path):
+def test_a_kafka_request_round_trip_takes_twice_the_delay(link: Link, broker: Any, tmp_path: Path):
     """What the shaping adds to the median ApiVersions round trip is two delays (the bare link's round trip, mostly
     the broker's and the scheduler's time on a busy machine, is measured first and taken off)."""
     shape = LinkShape(10**9, delay_s=0.02)
-    broker_port = forwarder_to(broker.bootstrap)
-    bare = statistics.median(_result(_in_node("kafka", ROOT_ADDRESS, broker_port, 40)))
-    relay_service = _delay_link(link, shape, tmp_path)
-    try:
-        shaped = statistics.median(_result(_in_node("kafka", ROOT_ADDRESS, broker_port, 40)))
-    finally:
-        relay_service.stop()
+    with forward(broker.bootstrap) as forwarder:
+        broker_port = forwarder.getsockname()[1]
+        bare = kafka_round_trip(broker_port)
+        relay_service = delay_link(link, shape, tmp_path)
+        try:
+            shaped = kafka_round_trip(broker_port)
+        finally:
+            relay_service.stop()
     print(f"round trip: bare {bare * 1e3:.2f} ms, shaped {shaped * 1e3:.2f} ms, delay {shape.delay_s * 1e3:g} ms")
     assert bare < shape.delay_s, f"the bare link's round trip ({bare * 1e3:.2f} ms) would hide the delay"
     assert shaped - bare == pytest.approx(2 * shape.delay_s, rel=0.2)
@@ -194,18 +203,18 @@ def test_a_kafka_request_round_trip_takes_twice_the_delay(link: Link, forwarder_
 @pytest.mark.parametrize("towards_node", [True, False], ids=["towards-node", "from-node"])
 def test_the_delay_relay_keeps_the_configured_rate(link: Link, tmp_path: Path, towards_node: bool):
     shape = LinkShape(100 * 10**6, delay_s=0.002)
-    relay_service = _delay_link(link, shape, tmp_path)
+    relay_service = delay_link(link, shape, tmp_path)
     try:
-        measured = _transfer(towards_node, 24 << 20, free_port())
+        measured = transfer(towards_node, 24 << 20, free_port())
     finally:
         relay_service.stop()
-    assert _goodput_ratio(measured, shape) == pytest.approx(1, abs=0.15)
+    assert goodput_ratio(measured, shape) == pytest.approx(1, abs=0.15)
 
 
 def test_the_shaping_in_force_is_read_back_from_the_kernel(link: Link, tmp_path: Path):
     assert shaping.link_in_force(link.root, link.node) == "unshaped"
     shape = LinkShape.parse("100mbit,2ms,0.1%")
-    _delay_link(link, shape, tmp_path).stop()
+    delay_link(link, shape, tmp_path).stop()
     assert shaping.shape_in_force(link.node) == shape
     assert shaping.shape_in_force(link.root) == LinkShape(shape.rate_bit_s, 0.0, shape.loss)
     assert shaping.link_in_force(link.root, link.node) == shape.describe()
