@@ -68,7 +68,7 @@ def _report(st: BedStatus, as_json: bool) -> None:
             if s.ray_address
             else "\nRay: not installed, not started"
         )
-        + "".join(f"\nlink {name}: {shaping}" for name, shaping in st.links.items())
+        + "".join(f"\nlink {name}: {shape}" for name, shape in st.links.items())
         + f"\nstate file: {s.bed_dir / 'state.json'}"
     )
 
