@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import queue
 import socket
 import struct
@@ -23,6 +24,7 @@ log = logging.getLogger("kbit.delay_relay")
 _CHUNK = 256 * 1024
 _QUEUED_CHUNKS = 256  # per direction: a slow receiver stops the reading side instead of filling memory
 _SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h
+_NICENESS = -10
 
 
 def original_destination(conn: socket.socket) -> tuple[str, int]:
@@ -119,6 +121,10 @@ def main() -> None:
     parser.add_argument("--mark", type=int, required=True, help="socket mark of upstream connections (not redirected)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:  # the relay stands for the wire, which waits for no CPU: wake it ahead of the bed's services
+        os.setpriority(os.PRIO_PROCESS, 0, _NICENESS)
+    except PermissionError:
+        log.warning("could not raise the relay's priority (niceness %d); its delays may overshoot more", _NICENESS)
     serve(args.listen.split(","), args.port, args.delay_ms / 1e3, args.mark)
 
 
