@@ -141,12 +141,7 @@ class _Processes:
             )
             for node in self.topology.nodes
         ]
-        shape = shaping.LinkShape.parse(options.link) if options.link else None
-        self.delay_relays = [
-            shaping.relay_service(run_dir, node, shape, options.delay_relay_port, marker)
-            for node in self.topology.nodes
-            if shape is not None and shape.delay_s > 0
-        ]
+        self.delay_relays = shaping.delay_relays(run_dir, self.topology.nodes, options, marker)
         head_node, *worker_nodes = self.topology.nodes
         self.ray_head_address = f"{head_node.address}:{options.ray_head_port}"
         self.ray_token = ray_env.own_token_file(Path(bed_dir).resolve())

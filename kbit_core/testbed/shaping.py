@@ -25,6 +25,7 @@ from pathlib import Path
 
 from kbit_core.service import Service
 from kbit_core.testbed.network import Host, TestbedError, in_host
+from kbit_core.testbed.state import BedOptions
 
 _RATE_UNITS = {"bit": Decimal(1), "kbit": Decimal(10**3), "mbit": Decimal(10**6), "gbit": Decimal(10**9)}
 _DELAY_UNITS = {"us": Decimal("1e-6"), "ms": Decimal("1e-3"), "s": Decimal(1)}
@@ -278,3 +279,11 @@ def relay_service(run_dir: Path, host: Host, shape: LinkShape, port: int, env: d
         port=port,
         error_type=TestbedError,
     )
+
+
+def delay_relays(run_dir: Path, nodes: Sequence[Host], options: BedOptions, env: dict[str, str]) -> list[Service]:
+    """One delay relay per node when the bed's ``link`` has a delay; none otherwise."""
+    shape = LinkShape.parse(options.link) if options.link else None
+    if shape is None or shape.delay_s == 0:
+        return []
+    return [relay_service(run_dir, node, shape, options.delay_relay_port, env) for node in nodes]
