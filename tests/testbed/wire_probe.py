@@ -34,28 +34,18 @@ def send(host: str, port: int, nbytes: int) -> None:
             conn.sendall(payload)
 
 
-def _recv_exactly(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        part = conn.recv(n - len(data))
-        if not part:
-            raise ConnectionError("the broker closed the connection")
-        data += part
-    return data
-
-
 def kafka_round_trips(host: str, port: int, count: int) -> list[float]:
     """Seconds per ApiVersions v0 request (a real Kafka request, answered by the broker) on one connection."""
     client_id = b"kbit-shaping-probe"
     times = []
-    with socket.create_connection((host, port)) as conn:
+    with socket.create_connection((host, port)) as conn, conn.makefile("rb") as responses:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for correlation in range(count + 1):
             header = struct.pack("!hhih", 18, 0, correlation, len(client_id)) + client_id
             start = time.monotonic()
             conn.sendall(struct.pack("!i", len(header)) + header)
-            (size,) = struct.unpack("!i", _recv_exactly(conn, 4))
-            (answered,) = struct.unpack("!i", _recv_exactly(conn, size)[:4])
+            (size,) = struct.unpack("!i", responses.read(4))  # a buffered read returns all n bytes (short at EOF)
+            (answered,) = struct.unpack("!i", responses.read(size)[:4])
             assert answered == correlation, f"response to request {answered}, expected {correlation}"
             times.append(time.monotonic() - start)
     return times[1:]  # the first one also paid for the connection's set-up
