@@ -241,6 +241,8 @@ def redirect_through_relay(netns: str, device: str, relay_port: int, shape: Link
 def shape_in_force(end: LinkEnd) -> LinkShape | None:
     """The shaping the kernel applies at ``end`` (its tbf rate, its loss rule and, in a namespace with the delay
     relay's redirect, the delay), read back from tc and nft; None when the end is not shaped."""
+    if shutil.which("tc") is None:  # then nothing can have shaped it
+        return None
     qdiscs = json.loads(_run(end.argv("tc", "-j", "qdisc", "show", "dev", end.device), check=False).stdout or "[]")
     tbf = next((q for q in qdiscs if q.get("kind") == "tbf" and q.get("root")), None)
     if tbf is None:
