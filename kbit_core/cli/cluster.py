@@ -69,6 +69,7 @@ def _report(st: BedStatus, as_json: bool) -> None:
             if s.ray_address
             else "\nRay: not installed, not started"
         )
+        + "".join(f"\nlink {name}: {shape}" for name, shape in st.links.items())
         + f"\nstate file: {s.bed_dir / 'state.json'}"
     )
 
@@ -85,13 +86,20 @@ def up(
         int, typer.Option(help="Client port (SASL_SSL) of the broker on every bed address.")
     ] = 19093,
     client_auth: Annotated[bool, typer.Option(help="Require client certificates (mutual TLS).")] = True,
+    link: Annotated[
+        str | None,
+        typer.Option(
+            help="Shape every link in both directions: RATE[,DELAY[,LOSS]], e.g. 1gbit,0.5ms or 100mbit,2ms,0.1% "
+            "(docs/network.md)."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create the hosts, start Apache Kafka on every host (TLS, SCRAM users, ACLs), the Spark standalone master and
     workers and (with the `ray` extra) a Ray node on each node host; wait until healthy."""
     bed_dir = _bed_dir(config, sets)
     was_up = run_guarded(bed_status, bed_dir).up
-    options = BedOptions(subnet=subnet, nodes=nodes, broker_port=broker_port, client_auth=client_auth)
+    options = BedOptions(subnet=subnet, nodes=nodes, broker_port=broker_port, client_auth=client_auth, link=link)
     with out.status("starting the test bed (three Kafka brokers, then Spark and Ray)..."):
         run_guarded(bed_up, bed_dir, options)
     if was_up and not as_json:

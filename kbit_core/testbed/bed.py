@@ -27,7 +27,7 @@ from kbit_core.errors import BrokerError
 from kbit_core.kafka.apache_broker import kafka_libs
 from kbit_core.kafka.settings import confluent_options
 from kbit_core.service import Service, pid_alive
-from kbit_core.testbed import network, ray_cluster
+from kbit_core.testbed import network, ray_cluster, shaping
 from kbit_core.testbed.certs import certificate_paths, make_certificates
 from kbit_core.testbed.kafka_bed import TRAIN_USER, BedKafkaPorts, bed_kafka, create_users_and_acls, password_path
 from kbit_core.testbed.network import Host, TestbedError, Topology
@@ -72,8 +72,8 @@ def missing_prerequisites() -> list[str]:
     return missing
 
 
-def _check_prerequisites() -> None:
-    missing = missing_prerequisites()
+def _check_prerequisites(options: BedOptions) -> None:
+    missing = missing_prerequisites() + (shaping.missing_prerequisites() if options.link else [])
     if missing:
         raise TestbedError("the multi-host test bed cannot run on this machine; missing: " + "; ".join(missing))
 
@@ -103,6 +103,7 @@ class _Processes:
             )
             for node in self.topology.nodes
         ]
+        self.delay_relays = shaping.delay_relays(run_dir, self.topology.nodes, options, marker)
         head_node, *worker_nodes = self.topology.nodes
         self.ray_head_address = f"{head_node.address}:{options.ray_head_port}"
         self.ray_token = ray_env.own_token_file(Path(bed_dir).resolve())
@@ -143,16 +144,19 @@ class _Processes:
             (self.master, driver),
             *zip(self.workers, self.topology.nodes),
             *zip(self.ray_nodes, self.topology.nodes),
+            *zip(self.delay_relays, self.topology.nodes),
         ]
 
 
 def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180.0) -> BedState:
-    """Create the network, certificates, TLS broker, Spark master and workers; wait until all are healthy.
+    """Create the network (shaped with ``options.link``), certificates, Kafka brokers, Spark master and workers; wait
+    until all are healthy.
 
     Returns the running bed's state unchanged when it is already up; a half-made or crashed bed is
     removed first. On failure everything made so far is removed and the error carries the log tail.
     """
-    _check_prerequisites()
+    shape = shaping.LinkShape.parse(options.link) if options.link else None
+    _check_prerequisites(options)
     bed_dir = Path(bed_dir).resolve()
     current = status(bed_dir)
     if current.up and current.state is not None:
@@ -169,6 +173,9 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
     topo = procs.topology
     try:
         network.create(topo)
+        if shape is not None:
+            links = [shaping.link_ends(n) for n in topo.nodes]
+            shaping.shape_links(links, shape, procs.delay_relays, options.delay_relay_port)
         certs = make_certificates(
             bed_dir / "certs", [h.address for h in topo.hosts], [*(h.name for h in topo.hosts), socket.gethostname()]
         )
@@ -276,6 +283,8 @@ def status(bed_dir: Path) -> BedStatus:
             )
         )
     workers = alive_workers(state.driver.address, options.master_webui_port) if result.bridge else {}
+    if result.bridge:
+        result.links = {n.name: shaping.link_in_force(*shaping.link_ends(n)) for n in procs.topology.nodes}
     result.alive_workers = sorted(workers)
     if procs.ray_nodes and result.bridge:
         result.ray_nodes = ray_cluster.alive_nodes(procs.ray_head_address, procs.ray_token)
@@ -355,6 +364,7 @@ def down(bed_dir: Path | None = None) -> list[str]:
         _terminate(leftovers)
         removed.append(f"{len(set(leftovers))} leftover process(es)")
     removed += network.destroy()
+    removed += shaping.remove_loss_tables("kbit-")  # the root-side veth ends are kbit-<node> (Host.veth)
     if bed_dir is not None:
         state_path(bed_dir).unlink(missing_ok=True)
         # the brokers' logs and the SCRAM passwords go with the bed: the next `up` formats a fresh cluster

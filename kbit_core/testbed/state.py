@@ -33,6 +33,8 @@ class BedOptions:
     ray_head_port: int = 6380
     ray_client_port: int = 10001
     ray_object_store_mb: int = 256
+    link: str | None = None  # RATE[,DELAY[,LOSS]]: every bed link shaped in both directions (shaping.py)
+    delay_relay_port: int = 19400  # in each node's namespace, with a delay in ``link``
 
 
 class BedHost(BaseModel):
@@ -108,6 +110,7 @@ class BedStatus:
     ray_nodes: list[str] = field(default_factory=list)
     bridge: bool = False
     namespaces: list[str] = field(default_factory=list)
+    links: dict[str, str] = field(default_factory=dict)  # node -> the shaping in force on its link
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -118,6 +121,7 @@ class BedStatus:
             "ray_nodes": self.ray_nodes,
             "bridge": self.bridge,
             "namespaces": self.namespaces,
+            "links": self.links,
         }
 
 
