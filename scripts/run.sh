@@ -43,6 +43,16 @@ install_torch() {
   "$VENV/bin/pip" install -q "${extra[@]}" "torch==2.13.0"
 }
 
+install_nftables() {
+  # The bed's shaped links drop packets with nftables (docs/network.md); the shaping tests skip without `nft`. As root
+  # on Debian it comes from apt, once; elsewhere this says what to install and the suite goes on.
+  command -v nft >/dev/null 2>&1 && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get install -y -q nftables || { apt-get update -q && apt-get install -y -q nftables; }; } >/dev/null 2>&1 && return 0
+  fi
+  echo "kbit: no \`nft\` (apt-get install nftables): the shaped-link tests skip" >&2
+}
+
 gpu_present() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
 install() {
@@ -77,6 +87,7 @@ case "${1:-}" in
   test)
     install test,ray
     check_java
+    install_nftables
     # The suite's broker is Apache Kafka. In CI (or with KBIT_REQUIRE_APACHE_KAFKA=1) a failed install fails the run;
     # elsewhere the suite falls back to Tansu, and the tests that need Apache Kafka skip.
     if ! install_kafka; then

@@ -316,6 +316,25 @@ def evaluate_targets(rows: Sequence[DataPlaneRow], rss: dict[str, Any] | None) -
     return out
 
 
+def run_meta(bench_cfg: KbitConfig, repeats: int) -> dict[str, Any]:
+    """Where and on what the run measured: host, dataset, reader settings and the broker behind every figure."""
+    return {
+        "created_at": datetime.now(UTC).isoformat(),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "dataset": bench_cfg.dataset.name,
+        "records": bench_cfg.dataset.num_records,
+        "partitions": bench_cfg.produce.partitions,
+        "repeats": repeats,
+        "block_records": bench_cfg.shard.block_records,
+        "decode_processes": bench_cfg.reader.decode_processes,
+        "per_rank_batch": bench_cfg.train.global_batch_size,
+        "broker": admin.describe_broker(bench_cfg.kafka),
+        "broker_kind": "tansu" if bench_cfg.kafka.tansu else "apache-kafka",
+    }
+
+
 def run_data_plane(
     cfg: KbitConfig,
     *,
@@ -357,21 +376,7 @@ def run_data_plane(
                     drop_topic(bench_cfg, manifest)
     rss = measure_stream_rss(cfg, rss_sizes, keep_topics, progress) if rss_sizes else None
     return {
-        "meta": {
-            "created_at": datetime.now(UTC).isoformat(),
-            "host": platform.node(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "dataset": bench_cfg.dataset.name,
-            "records": bench_cfg.dataset.num_records,
-            "partitions": bench_cfg.produce.partitions,
-            "repeats": repeats,
-            "block_records": bench_cfg.shard.block_records,
-            "decode_processes": bench_cfg.reader.decode_processes,
-            "per_rank_batch": bench_cfg.train.global_batch_size,
-            "broker": admin.describe_broker(bench_cfg.kafka),
-            "broker_kind": "tansu" if bench_cfg.kafka.tansu else "apache-kafka",
-        },
+        "meta": run_meta(bench_cfg, repeats),
         "rows": [asdict(r) for r in rows],
         "rss": rss,
         "targets": evaluate_targets(rows, rss)

@@ -25,6 +25,31 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+# The peers a run can be compared with, in the order of their options: (comparison, its terminal table).
+PEERS = {
+    "kafka_tools": (kafka_tools_module.compare, kafka_tools_module.tools_table),
+    "ray_read_kafka": (ray_data_peer.compare, ray_data_peer.peer_table),
+    "spark_kafka_source": (spark_kafka_peer.compare, spark_kafka_peer.peer_table),
+}
+
+
+RayPeerOpt = Annotated[
+    bool,
+    typer.Option("--ray-peer", help="Also read each topic with ray.data.read_kafka (the `ray` extra) and compare."),
+]
+SparkPeerOpt = Annotated[
+    bool,
+    typer.Option("--spark-peer", help="Also read each topic with Spark's Kafka source (spark.read.format('kafka'))."),
+]
+KafkaToolsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--kafka-tools",
+        help="Also run Apache Kafka's ConsumerPerformance and ProducerPerformance on each topic and compare.",
+    ),
+]
+
+
 def bench_data(
     config: ConfigOpt = None,
     sets: SetOpt = None,
@@ -43,23 +68,9 @@ def bench_data(
         str, typer.Option("--rss-records", help="Small,large topic sizes for the RSS check.")
     ] = "60000,600000",
     keep_topics: Annotated[bool, typer.Option("--keep-topics", help="Keep the topics this run produced.")] = False,
-    ray_peer: Annotated[
-        bool,
-        typer.Option("--ray-peer", help="Also read each topic with ray.data.read_kafka (the `ray` extra) and compare."),
-    ] = False,
-    spark_peer: Annotated[
-        bool,
-        typer.Option(
-            "--spark-peer", help="Also read each topic with Spark's Kafka source (spark.read.format('kafka'))."
-        ),
-    ] = False,
-    kafka_tools: Annotated[
-        bool,
-        typer.Option(
-            "--kafka-tools",
-            help="Also run Apache Kafka's ConsumerPerformance and ProducerPerformance on each topic and compare.",
-        ),
-    ] = False,
+    ray_peer: RayPeerOpt = False,
+    spark_peer: SparkPeerOpt = False,
+    kafka_tools: KafkaToolsOpt = False,
     output: Annotated[Path | None, typer.Option("--out", "-o", help="Write the results JSON here.")] = None,
     markdown: Annotated[Path | None, typer.Option("--markdown", help="Write the tables as markdown here.")] = None,
     as_json: JsonOpt = False,
@@ -70,6 +81,7 @@ def bench_data(
     for client in clients or []:
         if client not in ("confluent", "kafka-python"):
             raise typer.BadParameter(f"unknown client {client!r}; use confluent or kafka-python")
+    wanted = [name for name, on in zip(PEERS, (kafka_tools, ray_peer, spark_peer), strict=True) if on]
     results = run_guarded(
         data_plane.run_data_plane,
         cfg,
@@ -80,15 +92,7 @@ def bench_data(
         rss_sizes=_sizes(rss_records) if rss else None,
         keep_topics=keep_topics,
         progress=not as_json,
-        peers={
-            name: compare
-            for name, compare, chosen in (
-                ("kafka_tools", kafka_tools_module.compare, kafka_tools),
-                ("ray_read_kafka", ray_data_peer.compare, ray_peer),
-                ("spark_kafka_source", spark_kafka_peer.compare, spark_peer),
-            )
-            if chosen
-        },
+        peers={name: PEERS[name][0] for name in wanted},
     )
     if output:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -98,15 +102,16 @@ def bench_data(
         markdown.write_text(data_plane_report.markdown(results))
     if as_json:
         print_json(results)
-        return
+    else:
+        _print_tables(results, wanted, output)
+
+
+def _print_tables(results: dict, peers: list[str], output: Path | None) -> None:
+    """The run's tables for the terminal: the rows, the targets, then each peer's comparison."""
     out.print(data_plane_report.results_table(results))
     out.print(data_plane_report.targets_table(results))
-    if kafka_tools:
-        out.print(kafka_tools_module.tools_table(results["kafka_tools"]))
-    if ray_peer:
-        out.print(ray_data_peer.peer_table(results["ray_read_kafka"]))
-    if spark_peer:
-        out.print(spark_kafka_peer.peer_table(results["spark_kafka_source"]))
+    for name in peers:
+        out.print(PEERS[name][1](results[name]))
     if output:
         out.print(f"results: {output}")
 

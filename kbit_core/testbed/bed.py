@@ -28,7 +28,7 @@ from kbit_core.kafka.apache_broker import kafka_libs
 from kbit_core.kafka.settings import confluent_options
 from kbit_core.service import Service, pid_alive
 from kbit_core.testbed import network, ray_cluster, shaping
-from kbit_core.testbed.certs import certificate_paths, make_certificates
+from kbit_core.testbed.certs import BedCertificates, certificate_paths, make_certificates
 from kbit_core.testbed.kafka_bed import TRAIN_USER, BedKafkaPorts, bed_kafka, create_users_and_acls, password_path
 from kbit_core.testbed.network import Host, TestbedError, Topology
 from kbit_core.testbed.spark_standalone import (
@@ -82,6 +82,7 @@ class _Processes:
     """The bed's processes (as Services) for a bed directory and options; used by up, status and down alike."""
 
     def __init__(self, bed_dir: Path, options: BedOptions) -> None:
+        self.options = options
         self.topology = Topology.build(options.subnet, options.nodes)
         run_dir = Path(bed_dir).resolve() / "run"
         marker = {MARKER_ENV: str(Path(bed_dir).resolve())}
@@ -148,6 +149,28 @@ class _Processes:
         ]
 
 
+def _bed_state(bed_dir: Path, procs: _Processes, certs: BedCertificates, kafka_up_s: float) -> BedState:
+    """What a running bed's clients need: addresses, the brokers' bootstrap and credentials, Spark and Ray."""
+    topo, options = procs.topology, procs.options
+    return BedState(
+        bed_dir=bed_dir,
+        subnet=str(topo.subnet),
+        driver=BedHost(name=topo.driver.name, address=topo.driver.address, netns=None),
+        nodes=[BedHost(name=n.name, address=n.address, netns=n.netns) for n in topo.nodes],
+        master_url=procs.master.url or "",
+        master_webui=f"http://{topo.driver.address}:{options.master_webui_port}",
+        broker_bootstrap=procs.kafka.bootstrap,
+        broker_up_s=round(kafka_up_s, 1),
+        sasl_username=TRAIN_USER,
+        sasl_password_file=password_path(bed_dir, TRAIN_USER),
+        ssl_cafile=certs.ca,
+        ssl_certfile=certs.client_cert if options.client_auth else None,
+        ssl_keyfile=certs.client_key if options.client_auth else None,
+        ray_address=procs.ray_nodes[0].url if procs.ray_nodes else None,
+        options=asdict(options),
+    )
+
+
 def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180.0) -> BedState:
     """Create the network (shaped with ``options.link``), certificates, Kafka brokers, Spark master and workers; wait
     until all are healthy.
@@ -188,23 +211,7 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
         )
         if procs.ray_nodes:
             _start_ray(procs, timeout_s)
-        state = BedState(
-            bed_dir=bed_dir,
-            subnet=str(topo.subnet),
-            driver=BedHost(name=topo.driver.name, address=topo.driver.address, netns=None),
-            nodes=[BedHost(name=n.name, address=n.address, netns=n.netns) for n in topo.nodes],
-            master_url=procs.master.url or "",
-            master_webui=f"http://{topo.driver.address}:{options.master_webui_port}",
-            broker_bootstrap=procs.kafka.bootstrap,
-            broker_up_s=round(kafka_up_s, 1),
-            sasl_username=TRAIN_USER,
-            sasl_password_file=password_path(bed_dir, TRAIN_USER),
-            ssl_cafile=certs.ca,
-            ssl_certfile=certs.client_cert if options.client_auth else None,
-            ssl_keyfile=certs.client_key if options.client_auth else None,
-            ray_address=procs.ray_nodes[0].url if procs.ray_nodes else None,
-            options=asdict(options),
-        )
+        state = _bed_state(bed_dir, procs, certs, kafka_up_s)
         _probe_broker(state, procs)
     except BaseException:
         down(bed_dir)
