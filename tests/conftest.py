@@ -4,6 +4,7 @@ Ray head per test session."""
 
 from __future__ import annotations
 
+import copy
 import faulthandler
 import os
 import shutil
@@ -209,7 +210,8 @@ def make_config(broker: EmbeddedBroker, tmp_path: Path) -> Callable[..., KbitCon
             "kafka": {"embedded": embedded},
             "tracking": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
         }
-        data = deep_merge(data, overrides or {})
+        # a copy: the dotted keys below write into nested dicts, which must not be a shared constant's (SMALL_TRAINING)
+        data = deep_merge(data, copy.deepcopy(overrides or {}))
         for key, value in dotted.items():
             node = data
             *parents, leaf = key.split("__")

@@ -2,7 +2,7 @@
 ``train.activation_checkpointing``, on the same model, batch and seed.
 
 Each configuration runs in a fresh process of its own (a one-rank gloo group), so one's peak cannot hide the
-other's. On CPU the peak is the process's peak resident set size (``ru_maxrss``) above its resident set just before
+other's. On CPU the peak is the process's peak resident set size (VmHWM) above its resident set just before
 the first step; on CUDA it is ``torch.cuda.max_memory_allocated`` above the allocation before it.
 
     python -m kbit_core.bench.activation_memory [--dim 128 --depth 6 --batch 256] [-o FILE]
@@ -14,7 +14,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import resource
 import tempfile
 import time
 from pathlib import Path
@@ -42,7 +41,11 @@ def _resident_mb() -> float:
 def _peak_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so a process spawned from a large one (a test
+    # session several GB in) would report its parent's peak; VmHWM belongs to this process image alone.
+    with open("/proc/self/status") as status:
+        hwm_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    return hwm_kib / 1024
 
 
 def _current_mb(device: torch.device) -> float:
