@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
+from kbit_core.bench.peer_table import peer_table as reader_table
+from kbit_core.bench.peer_table import ratios_text
 from kbit_core.config import KbitConfig
 from kbit_core.formats.fast import select_codec
 from kbit_core.kafka.manifest import Manifest, manifest_codec
@@ -111,19 +113,16 @@ def compare(cfg: KbitConfig, manifest: Manifest, kbit_rows: list[dict[str, Any]]
 
 def peer_table(comparisons: list[dict[str, Any]]) -> Table:
     """kbit's read+decode records/s per client next to read_kafka's, as shipped and tuned, with the ratios."""
-    table = Table(title="kbit's reader vs ray.data.read_kafka (records/s, same topic, same run)")
-    for column in ("variant", "reader", "records/s", "kbit ÷ this (per kbit client)", "records left out"):
-        table.add_column(column, justify="left" if column in ("variant", "reader") else "right")
-    for comparison in comparisons:
-        for client, rate in comparison["kbit_records_per_s"].items():
-            table.add_row(comparison["variant"], f"kbit, {client}", f"{rate:,.0f}", "-", "0")
-        for row in comparison["ray"]:
-            ratios = " / ".join(f"{by[row['reader']]:.2f}x" for by in comparison["kbit_over_ray"].values())
-            table.add_row(
-                comparison["variant"],
+    return reader_table(
+        "kbit's reader vs ray.data.read_kafka (records/s, same topic, same run)",
+        comparisons,
+        lambda c: (
+            (
                 row["reader"],
-                f"{row['records_per_s']:,.0f}",
-                ratios,
-                f"{row['records_missing']:,}",
+                row["records_per_s"],
+                ratios_text(by[row["reader"]] for by in c["kbit_over_ray"].values()),
+                row["records_missing"],
             )
-    return table
+            for row in c["ray"]
+        ),
+    )

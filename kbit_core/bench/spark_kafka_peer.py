@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
+from kbit_core.bench.peer_table import peer_table as reader_table
+from kbit_core.bench.peer_table import ratios_text
 from kbit_core.bench.ray_data_peer import fast_codec
 from kbit_core.config import KbitConfig
 from kbit_core.errors import KbitError
@@ -152,15 +154,15 @@ def compare(cfg: KbitConfig, manifest: Manifest, kbit_rows: list[dict[str, Any]]
 
 def peer_table(comparisons: list[dict[str, Any]]) -> Table:
     """kbit's read+decode records/s per client next to Spark's Kafka source, with the ratios."""
-    table = Table(title="kbit's reader vs Spark's Kafka source (records/s, same topic, same run)")
-    for column in ("variant", "reader", "records/s", "kbit ÷ this (per kbit client)", "records left out"):
-        table.add_column(column, justify="left" if column in ("variant", "reader") else "right")
-    for comparison in comparisons:
-        for client, rate in comparison["kbit_records_per_s"].items():
-            table.add_row(comparison["variant"], f"kbit, {client}", f"{rate:,.0f}", "-", "0")
-        spark = comparison["spark"]
-        ratios = " / ".join(f"{r:.2f}x" for r in comparison["kbit_over_spark"].values())
-        table.add_row(
-            comparison["variant"], READER, f"{spark['records_per_s']:,.0f}", ratios, f"{spark['records_missing']:,}"
-        )
-    return table
+    return reader_table(
+        "kbit's reader vs Spark's Kafka source (records/s, same topic, same run)",
+        comparisons,
+        lambda c: [
+            (
+                READER,
+                c["spark"]["records_per_s"],
+                ratios_text(c["kbit_over_spark"].values()),
+                c["spark"]["records_missing"],
+            )
+        ],
+    )
