@@ -29,6 +29,7 @@ from kbit_core.bench.ray_data_peer import fast_codec
 from kbit_core.config import KbitConfig
 from kbit_core.errors import KbitError
 from kbit_core.kafka.manifest import Manifest
+from kbit_core.launch.spark import get_spark, stop_spark
 
 READER = "spark_kafka_source"
 SOURCE_JAR = "spark-sql-kafka-0-10_2.13-*.jar"
@@ -76,8 +77,6 @@ def measure_spark_source(cfg: KbitConfig, manifest: Manifest, repeats: int = 3) 
 
 def read_here(request: dict[str, Any]) -> dict[str, Any]:
     """In the probe process: start kbit's SparkSession and read the manifest's ranges ``repeats + 1`` times."""
-    from kbit_core.launch.spark import get_spark, stop_spark  # a Spark JVM of this process's own
-
     cfg = KbitConfig.from_dict(request["config"])
     manifest = Manifest.model_validate_json(request["manifest"])
     started = time.perf_counter()
