@@ -39,6 +39,7 @@ EAGER_CONNECT = {"enable.sparse.connections": False}
 # How long one poll waits for a bounds probe's answer (a fetch answered with nothing raises no event to return on):
 # briefly while an answer is due, then longer, so a broker that is down is not asked a thousand times a second.
 PROBE_POLL_S = 0.001
+LEADER_ELECTION_S = 30.0  # how long a replicated cluster is given to elect a dead leader's successor
 PROBE_DUE_S = 0.05
 SLOW_PROBE_POLL_S = 0.05
 AUTHORIZATION_FAILED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED})
@@ -294,13 +295,26 @@ def list_offsets(
 ) -> dict[int, tuple[int, int]]:
     """partition -> (ListOffsets(EARLIEST), ListOffsets(LATEST)); Tansu may answer the latter short."""
     timeout = min(METADATA_TIMEOUT_S, kcfg.request_timeout_s)
+    deadline = time.monotonic() + LEADER_ELECTION_S
+    while True:
+        try:
+            return {
+                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
+                for p in partitions
+            }
+        except KafkaException as exc:
+            # A replicated cluster moves a dead broker's partitions to a new leader within its broker session
+            # timeout: ask again meanwhile. A single broker has no one to take over, so its failure is final.
+            if time.monotonic() > deadline or not _several_brokers(consumer, timeout):
+                raise unreachable(kcfg, f"listing offsets of {topic}: {exc.args[0].str()}") from None
+
+
+def _several_brokers(consumer: Consumer, timeout: float) -> bool:
+    """Whether the cluster's metadata lists more than one broker (False when none answers)."""
     try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
-            for p in partitions
-        }
-    except KafkaException as exc:
-        raise unreachable(kcfg, f"listing offsets of {topic}: {exc.args[0].str()}") from None
+        return len(consumer.list_topics(timeout=timeout).brokers) > 1
+    except KafkaException:
+        return False
 
 
 def offset_bounds(
