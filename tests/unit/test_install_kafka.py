@@ -13,6 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "install_kafka.sh"
 POM = REPO / "deployments" / "kafka" / "pom.xml"
+SPARK_POM = REPO / "deployments" / "spark-kafka" / "pom.xml"
 
 
 def run(dest: Path, path_dirs: list[Path], **env: str) -> subprocess.CompletedProcess[str]:
@@ -32,7 +33,7 @@ def tools(tmp_path: Path) -> Path:
     """A PATH directory with the shell tools the script uses and a stand-in `java`, but no `mvn`."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("sha256sum", "cut", "cat", "sed", "mkdir", "rm", "mv", "tail", "dirname"):
+    for name in ("sha256sum", "cut", "cat", "sed", "mkdir", "rm", "mv", "tail", "dirname", "realpath"):
         found = shutil.which(name)
         assert found, name
         (bin_dir / name).symlink_to(found)
@@ -42,9 +43,14 @@ def tools(tmp_path: Path) -> Path:
 
 
 def installed(dest: Path, digest: str) -> None:
+    """Kafka's jars with the stamp ``digest``, and Spark's Kafka source up to date beside them."""
     (dest / "libs").mkdir(parents=True)
     (dest / "libs" / "kafka_2.13-4.4.0.jar").write_bytes(b"")
     (dest / ".pom-digest").write_text(digest + "\n")
+    spark = dest / "spark-source"
+    (spark / "libs").mkdir(parents=True)
+    (spark / "libs" / "spark-sql-kafka-0-10_2.13-4.2.0.jar").write_bytes(b"")
+    (spark / ".pom-digest").write_text(hashlib.sha256(SPARK_POM.read_bytes()).hexdigest() + "\n")
 
 
 def test_a_matching_stamp_skips_maven(tmp_path: Path, tools: Path) -> None:
@@ -58,7 +64,7 @@ def test_a_changed_pom_needs_maven_and_says_so(tmp_path: Path, tools: Path) -> N
     done = run(tmp_path / "kafka", [tools])
     assert done.returncode == 2
     assert done.stderr.strip() == (
-        "kbit: installing Apache Kafka needs Maven 3.6+ (apt-get install maven), or "
+        "kbit: installing Apache Kafka 4.4.0 needs Maven 3.6+ (apt-get install maven), or "
         "KAFKA_HOME set to an unpacked Kafka 4.x"
     )
 
