@@ -273,7 +273,11 @@ class KafkaPythonProducer(ProducerBackend):
         return int(metric.value()) if metric is not None else None
 
     def close(self) -> None:
-        self._producer.close(timeout=5)
+        # After a failure the batches still queued cannot be delivered: closing drops them instead of raising.
+        try:
+            self._producer.close(timeout=5)
+        except kafka.errors.KafkaTimeoutError as exc:
+            log.info("closing the producer: %s", exc)
 
     def max_message_bytes(self) -> int:
         return KAFKA_PYTHON_MAX_REQUEST_SIZE
