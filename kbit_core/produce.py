@@ -148,7 +148,7 @@ def _reusable(cfg: KbitConfig, topic: str, identity: DataIdentity) -> Manifest |
             "(manifest != request):\n  " + "\n  ".join(diffs)
         )
     admin.refuse_compacted(cfg.kafka, topic)
-    check = check_topic_and_records(cfg.kafka, saved)
+    check = check_topic_and_records(cfg.kafka, saved, verified_at=cfg.manifest_dir / f".{topic}.verified")
     if check.problems:
         raise ManifestMismatchError(
             f"topic {topic!r} no longer holds its manifest {source}: {'; '.join(check.problems)}; "

@@ -5,23 +5,37 @@ partition's manifest keeps a content digest (:func:`~kbit_core.kafka.manifest.re
 messages at their offsets); this module reads the manifest's ranges once and compares. Where a digest differs it
 also names the first message out of place, from the order kbit produces in (message m is keyed by its first
 record index and goes to partition m % P).
+
+Reading a whole topic on every reuse costs as much as fetching it, so a check that found the records exact is
+remembered beside the manifest, keyed by the topic's id and its partitions' earliest and end offsets: a Kafka log
+is append-only, so while none of those moved (a topic deleted and made again gets a new id), the records have not
+changed and are not read again. A topic whose broker reports no id is read every time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import time
 import uuid
+from pathlib import Path
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from kbit_core.config import KafkaConfig
 from kbit_core.kafka import admin
 from kbit_core.kafka.admin import TopicCheck
 from kbit_core.kafka.manifest import Manifest, PartitionManifest, digest_hex, message_digest, record_digest
 
+log = logging.getLogger(__name__)
+
 # A read that makes no progress for this long is reported instead of waited out.
 STALL_S = 10.0
+# Kafka's "no id" (a broker that does not report topic ids).
+NULL_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 
 
 @dataclasses.dataclass
@@ -113,14 +127,48 @@ def _take(manifest: Manifest, read: _PartitionRead, offset: int, key: bytes | No
     read.next_offset = offset + 1
 
 
-def check_topic_and_records(kcfg: KafkaConfig, manifest: Manifest) -> TopicCheck:
-    """:func:`admin.check_topic`, then, when the offsets match, :func:`check_records`."""
+def check_topic_and_records(kcfg: KafkaConfig, manifest: Manifest, verified_at: Path | None = None) -> TopicCheck:
+    """:func:`admin.check_topic`, then, when the offsets match, :func:`check_records` — unless ``verified_at``
+    records that an earlier check found these records exact and the topic's state has not moved since."""
     check = admin.check_topic(kcfg, manifest)
     if not check.holds_manifest:
         return check
+    state = topic_state(kcfg, manifest, check) if verified_at is not None else None
+    if state is not None and _load_json(verified_at) == state:
+        log.info("topic %s: records verified before (same topic id and offsets), not read again", manifest.topic)
+        return check
     differing = check_records(kcfg, manifest)
+    if state is not None and not differing:
+        verified_at.parent.mkdir(parents=True, exist_ok=True)
+        verified_at.write_text(json.dumps(state, sort_keys=True))
     return dataclasses.replace(
         check,
         problems=[*check.problems, *differing.values()],
         differing=check.differing | frozenset(differing),
     )
+
+
+def topic_state(kcfg: KafkaConfig, manifest: Manifest, check: TopicCheck) -> dict[str, Any] | None:
+    """What must stay the same for ``manifest``'s records to be unchanged: the topic's id, every partition's
+    earliest and end offset, and the manifest itself; None when the broker reports no topic id."""
+    client = AdminClient(admin.client_options(kcfg))
+    future = client.describe_topics(TopicCollection([manifest.topic]), request_timeout=kcfg.request_timeout_s)
+    try:
+        topic_id = str(future[manifest.topic].result().topic_id or "")
+    except KafkaException:
+        return None  # not answered: read the records instead
+    if topic_id in ("", NULL_TOPIC_ID):
+        return None
+    return {
+        "topic_id": topic_id,
+        "earliest": {str(p): o for p, o in sorted(check.earliest.items())},
+        "ends": {str(p): o for p, o in sorted(check.ends.items())},
+        "manifest": manifest.model_dump(mode="json"),
+    }
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

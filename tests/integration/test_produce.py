@@ -115,11 +115,15 @@ def test_kafka_python_backend_produces_the_same_layout(cfg: KbitConfig) -> None:
     assert_topic_holds_dataset(cfg, manifest)
 
 
-def test_matching_topic_is_reused_without_producing(cfg: KbitConfig) -> None:
+def test_matching_topic_is_reused_without_producing(cfg: KbitConfig, caplog: pytest.LogCaptureFixture) -> None:
     first = produce_dataset(cfg, progress=False)
     again = produce_dataset(cfg, progress=False)
     assert again == first  # same created_at: loaded, not produced again
     assert admin.exact_end_offsets(cfg.kafka, cfg.produce.topic) == {p: r[1] for p, r in first.ranges().items()}
+    # The records were read and found exact once: while the topic's id and offsets stay, they are not read again
+    with caplog.at_level(logging.INFO, logger="kbit_core.kafka.contents"):
+        assert produce_dataset(cfg, progress=False) == first
+    assert "records verified before" in caplog.text
 
 
 def test_different_request_raises_mismatch_until_recreate(cfg: KbitConfig) -> None:
@@ -144,6 +148,7 @@ def test_foreign_topic_without_manifest_is_not_overwritten(cfg: KbitConfig) -> N
 def test_changed_records_at_unchanged_offsets_break_reuse_and_inspect(cfg: KbitConfig, tmp_path: Path) -> None:
     """Issue 21 defect 4: drop one record and duplicate another, so every offset still matches the manifest."""
     manifest = produce_dataset(cfg, progress=False)
+    assert produce_dataset(cfg, progress=False) == manifest  # a reuse that found the records exact, remembered
     messages = read_back(cfg.kafka, manifest)
     in_partition_1 = [m for m in messages if m[0] == 1]
     tampered = [m for m in messages if m not in in_partition_1]
