@@ -18,8 +18,12 @@ out = Console()
 
 def _table(services: list[ServiceStatus]) -> Table:
     table = Table(title="kbit stack")
-    for col in ("service", "state", "pid", "url", "log"):
-        table.add_column(col, overflow="fold")  # URLs and paths are copied from here: never elide them
+    # URLs and paths are copied from here: never elide them; a URL stays on one line (a link to click), the log
+    # path folds when the terminal is narrow.
+    for col in ("service", "state", "pid"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("url", no_wrap=True, min_width=max((len(s.url or "-") for s in services), default=3))
+    table.add_column("log", overflow="fold")
     for s in services:
         state = "[green]running[/]" if s.running else "[red]stopped[/]"
         table.add_row(s.name, state, str(s.pid or "-"), s.url or "-", str(s.log_path or "-"))
