@@ -669,6 +669,12 @@ class BenchConfig(Section):
     engines: list[Literal["spark", "ray", "torchrun"]] | None = Field(
         None, description="Launchers to measure under, a matrix dimension; unset = launch.engine only."
     )
+    networks: list[str] | None = Field(
+        None,
+        description="Network profiles to measure on, a matrix dimension run on the test bed (its links re-shaped "
+        "between networks): 'loopback' (unshaped) or RATE[-DELAY[-LOSS]], e.g. 10gbit-0.2ms, 1gbit-0.5ms, "
+        "100mbit-2ms; unset = the links as they are.",
+    )
 
 
 def default_bench_variants() -> list[DataVariant]:

@@ -30,6 +30,7 @@ from typing import Any
 
 from kbit_core.config import KbitConfig
 from kbit_core.kafka.manifest import Manifest
+from kbit_core.testbed.shaping import LOOPBACK
 from kbit_core.train.distributed import all_gather, init_process_group, read_env, teardown
 from kbit_core.train.engine_factory import build_engine
 from kbit_core.train.loop import SplitLoaders, Trainer, steps_per_epoch
@@ -63,6 +64,7 @@ class Sample:
     records_per_message: int
     client: str
     decoder: str  # reader.decoder: kbit's fast path or the format's stock library
+    network: str  # the network profile of the bed's links (bench.networks), loopback when not shaped
     batch_size: int
     world_size: int
     rank: int
@@ -100,6 +102,7 @@ class Task:
     batch_size: int
     manifest_json: str
     decoder: str = "fast"
+    network: str = LOOPBACK  # the network profile the bed's links were shaped to (bench.networks)
 
 
 def cell_config(base: KbitConfig, task: Task) -> KbitConfig:
@@ -170,6 +173,7 @@ def _measure_task(base: KbitConfig, task: Task, env: Any, train_epoch: bool) -> 
             "records_per_message": variant.records_per_message,
             "client": task.client,
             "decoder": task.decoder,
+            "network": task.network,
             "batch_size": task.batch_size,
             "train_epoch_s": float("nan"),
             "train_samples_per_s": float("nan"),

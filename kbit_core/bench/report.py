@@ -18,9 +18,11 @@ import numpy as np
 import pandas as pd
 
 from kbit_core.bench.compare import METRICS, compare_configs
+from kbit_core.bench.crossover import network_markdown, network_section
 from kbit_core.bench.measure import COUNTERS, SAMPLE_COLUMNS, STAGES
 from kbit_core.bench.stats import BoxStats, boxplot_stats, rate_median
 from kbit_core.errors import StatisticsError
+from kbit_core.testbed.shaping import LOOPBACK
 
 RAW_CSV = "raw_timings.csv"
 STATS_JSON = "stats.json"
@@ -28,7 +30,9 @@ SUMMARY_MD = "summary.md"
 BOXPLOT_PNG = "boxplot.png"
 MEAN_STD_PNG = "mean_std.png"
 STAGES_PNG = "stages.png"
-CONFIG_FIELDS = ("format", "layout", "compression", "records_per_message", "client", "batch_size", "world_size")
+CONFIG_FIELDS = (
+    "format", "layout", "compression", "records_per_message", "client", "batch_size", "world_size", "network",
+)  # fmt: skip
 RANKING_METRIC = "makespan"
 SIZE_COLUMNS = ("value B/record", "wire B/record")
 
@@ -74,6 +78,8 @@ def read_timings(path: Path) -> pd.DataFrame:
     if not path.is_file():
         raise StatisticsError(f"raw timings file not found: {path}")
     frame = pd.read_csv(path, float_precision="round_trip")
+    if "network" not in frame.columns:  # a report from before the network axis: its links were not shaped
+        frame["network"] = LOOPBACK
     missing = [c for c in SAMPLE_COLUMNS if c not in frame.columns]
     if missing:
         raise StatisticsError(f"raw timings file {path} lacks column(s) {missing}")
@@ -186,6 +192,8 @@ def write_report(
     for name, wire in metadata.get("wire_bytes_per_record", {}).items():
         if name in doc["throughput"]:
             doc["throughput"][name]["wire_bytes_per_record"] = wire
+    if metadata.get("networks"):
+        doc["network"] = network_section(doc, metadata["networks"], resamples=bootstrap_resamples, seed=seed)
     doc["metadata"] = {
         **metadata,
         "order": iteration_orders(timings),
@@ -239,7 +247,7 @@ def significance_label(entry: Mapping[str, Any]) -> str:
 def markdown_summary(doc: Mapping[str, Any]) -> str:
     """Narrow tables (they fit MLflow's artifact viewer): the ranking by makespan per iteration with its test
     against the fastest, the per-rank view, stages and counters, fastest first."""
-    return ranking_markdown(doc) + details_markdown(doc)
+    return ranking_markdown(doc) + network_markdown(doc.get("network")) + details_markdown(doc)
 
 
 def ranking_markdown(doc: Mapping[str, Any]) -> str:

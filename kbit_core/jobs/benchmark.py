@@ -9,8 +9,10 @@ launch stay off the clock.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kbit_core import testbed
 from kbit_core.bench.measure import Sample, Task, measure_iteration
 from kbit_core.bench.report import ReportFiles, load_stats, timings_frame, write_report
 from kbit_core.config import DataVariant, KbitConfig
@@ -28,6 +31,7 @@ from kbit_core.kafka.local import embedded_broker
 from kbit_core.kafka.manifest import manifest_path
 from kbit_core.launch import launch
 from kbit_core.produce import ensure_topics
+from kbit_core.testbed.shaping import LOOPBACK, network_shape
 from kbit_core.tracking import make_tracker, run_environment
 
 log = logging.getLogger(__name__)
@@ -45,33 +49,38 @@ class Cell:
     name: str
     engine: str = "spark"
     decoder: str = "fast"
+    network: str = LOOPBACK
 
 
 def matrix(cfg: KbitConfig) -> list[Cell]:
-    """variants × clients × decoders × batch sizes × world sizes × engines; names stay short when a sweep has one
-    value.
+    """variants × clients × decoders × batch sizes × world sizes × engines × networks; names stay short when a sweep
+    has one value.
 
     The client is always part of the name (``avro_list_lz4.confluent``); ``.<decoder>``/``.b<N>``/``.w<N>``/
-    ``.<engine>`` appear only when bench.decoders / batch_sizes / world_sizes / engines are set, so names are
-    stable across runs of one profile.
+    ``.<engine>``/``@<network>`` appear only when bench.decoders / batch_sizes / world_sizes / engines / networks
+    are set, so names are stable across runs of one profile.
     """
     b = cfg.bench
     batch_sizes = b.batch_sizes or [cfg.train.global_batch_size]
     world_sizes = b.world_sizes or [cfg.launch.num_processes]
     engines = b.engines or [cfg.launch.engine]
     decoders = b.decoders or [cfg.reader.decoder]
+    networks = b.networks or [LOOPBACK]
+    for i, network in enumerate(networks):
+        network_shape(network, where=f"bench.networks[{i}]")  # refuses a bad name before anything runs
     cells = []
     for engine, ws in itertools.product(engines, world_sizes):
         for bs in batch_sizes:
             if bs < ws:
                 raise ConfigError(f"bench.batch_sizes has {bs}, smaller than world size {ws}")
-            for variant, client, decoder in itertools.product(b.variants, b.clients, decoders):
+            for network, variant, client, decoder in itertools.product(networks, b.variants, b.clients, decoders):
                 name = f"{variant.name}.{client}"
                 name += f".{decoder}" if b.decoders else ""
                 name += f".b{bs}" if b.batch_sizes else ""
                 name += f".w{ws}" if b.world_sizes else ""
                 name += f".{engine}" if b.engines else ""
-                cells.append(Cell(variant, client, bs, ws, name, engine, decoder))
+                name += f"@{network}" if b.networks else ""
+                cells.append(Cell(variant, client, bs, ws, name, engine, decoder, network))
     names = [c.name for c in cells]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -122,29 +131,68 @@ class BenchResult:
         }
 
 
-def run_iterations(cfg: KbitConfig, cells: list[Cell], manifests: dict[str, str], *, progress: bool) -> list[dict]:
-    """Warm-up then measured iterations, one job per iteration, world size and engine; all raw rows.
+@contextlib.contextmanager
+def shaped_bed(cfg: KbitConfig) -> Iterator[Callable[[str], None]]:
+    """A function that shapes the test bed's links to a network profile, when bench.networks is set; the links
+    are put back as they were at the end. Without bench.networks the links stay as they are (nothing is needed)."""
+    if not cfg.bench.networks:
+        yield lambda network: None
+        return
+    bed_dir = testbed.running_bed_dir()
+    state = testbed.load_state(bed_dir) if bed_dir else None
+    if bed_dir is None or state is None:
+        raise ConfigError("bench.networks shapes the test bed's links: bring it up first (`kbit cluster up`)")
 
-    Every engine runs the same measurement function (``measure_iteration``) on the same tasks.
+    def shape(network: str) -> None:
+        link = network_shape(network)
+        testbed.reshape(bed_dir, link and link.spec())
+        log.info("bed links shaped for network %s", network)
+
+    try:
+        yield shape
+    finally:
+        testbed.reshape(bed_dir, state.options.get("link"))
+
+
+def run_iterations(cfg: KbitConfig, cells: list[Cell], manifests: dict[str, str], *, progress: bool) -> list[dict]:
+    """Per network (the bed's links shaped to it), warm-up then measured iterations, one job per iteration, world
+    size and engine; all raw rows.
+
+    Every engine runs the same measurement function (``measure_iteration``) on the same tasks. Each job opens its
+    connections after the links were shaped.
     """
     b = cfg.bench
     launchers = sorted({(c.world_size, c.engine) for c in cells})
-    jobs = [(i, ws, engine) for i in range(b.warmup_iterations + b.iterations) for ws, engine in launchers]
+    networks = list(dict.fromkeys(c.network for c in cells))
+    iterations = range(b.warmup_iterations + b.iterations)
+    jobs = [(net, i, ws, engine) for net in networks for i in iterations for ws, engine in launchers]
     rows: list[dict[str, Any]] = []
-    with Progress(
-        TextColumn("[bold]bench[/] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        disable=not progress,
-    ) as bar:
+    with (
+        Progress(
+            TextColumn("[bold]bench[/] {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            disable=not progress,
+        ) as bar,
+        shaped_bed(cfg) as shape,
+    ):
         task = bar.add_task("", total=len(jobs))
-        for index, ws, engine in jobs:
+        shaped = None
+        for network, index, ws, engine in jobs:
+            if network != shaped:
+                shape(shaped := network)
             iteration = index - b.warmup_iterations
             label = f"warm-up {index + 1}" if iteration < 0 else f"iteration {iteration + 1}/{b.iterations}"
-            bar.update(task, description=f"{label} (world size {ws}, {engine})")
-            order = [c for c in iteration_order(cfg, cells, index) if (c.world_size, c.engine) == (ws, engine)]
-            tasks = [asdict(Task(c.name, c.client, c.batch_size, manifests[c.name], c.decoder)) for c in order]
+            bar.update(task, description=f"{label} (world size {ws}, {engine}, {network})")
+            order = [
+                c
+                for c in iteration_order(cfg, cells, index)
+                if (c.world_size, c.engine, c.network) == (ws, engine, network)
+            ]
+            tasks = [
+                asdict(Task(c.name, c.client, c.batch_size, manifests[c.name], c.decoder, c.network)) for c in order
+            ]
             job_cfg = cfg.override({"launch.num_processes": ws, "launch.engine": engine})
             samples = launch(
                 measure_iteration, job_cfg, tasks, iteration, iteration < 0, b.train_epoch, result_type=list[Sample]
@@ -152,6 +200,11 @@ def run_iterations(cfg: KbitConfig, cells: list[Cell], manifests: dict[str, str]
             rows += [asdict(sample) for sample in samples]
             bar.advance(task)
     return rows
+
+
+def network_rates(networks: list[str]) -> dict[str, int | None]:
+    """Each network profile's link rate in bit/s (None: unshaped), for the report's network section."""
+    return {n: shape.rate_bit_s if (shape := network_shape(n)) else None for n in networks}
 
 
 def run_benchmark(cfg: KbitConfig, *, progress: bool = True) -> BenchResult:
@@ -190,6 +243,7 @@ def run_benchmark(cfg: KbitConfig, *, progress: bool = True) -> BenchResult:
                 "launch": cfg.launch.model_dump(mode="json"),
                 "dataset": cfg.dataset.model_dump(mode="json"),
                 "partitions": cfg.produce.partitions,
+                **({"networks": network_rates(b.networks)} if b.networks else {}),
                 "topics": {c.name: m.topic for c, m in zip(cells, manifests)},
                 "wire_bytes_per_record": {
                     c.name: m.wire_bytes / m.num_records

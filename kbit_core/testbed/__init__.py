@@ -2,10 +2,11 @@
 
 API: ``up(bed_dir, BedOptions()) -> BedState``, ``down(bed_dir) -> list[str]``,
 ``status(bed_dir) -> BedStatus``, ``load_state(bed_dir) -> BedState | None``, ``running_bed_dir() -> Path | None``
+``reshape(bed_dir, link)``
 and ``require_bed_for(addresses)``, the guard to call before connecting to any configured address.
 """
 
-from kbit_core.testbed.bed import down, missing_prerequisites, require_bed_for, running_bed_dir, status, up
+from kbit_core.testbed.bed import down, missing_prerequisites, require_bed_for, reshape, running_bed_dir, status, up
 from kbit_core.testbed.network import TestbedError
 from kbit_core.testbed.state import DEFAULT_SUBNET, BedOptions, BedState, BedStatus, load_state, state_path
 
@@ -19,6 +20,7 @@ __all__ = [
     "load_state",
     "missing_prerequisites",
     "require_bed_for",
+    "reshape",
     "running_bed_dir",
     "state_path",
     "status",

@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
@@ -216,6 +216,36 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
     except BaseException:
         down(bed_dir)
         raise
+    state_path(bed_dir).write_text(state.model_dump_json(indent=2))
+    return state
+
+
+def reshape(bed_dir: Path, link: str | None) -> BedState:
+    """Shape the running bed's links to ``link`` (``--link``'s text; None: unshaped) without restarting it.
+
+    The delay relays of the old shape stop (connections through them break: clients reconnect, Kafka's do) and
+    those of the new one start; a connection made before a delay was set stays undelayed (the redirect applies
+    to new connections), so callers that measure open their connections afterwards. The state file records the
+    shape, so `status` and `down` see what is in force.
+    """
+    bed_dir = Path(bed_dir).resolve()
+    state = load_state(bed_dir)
+    if state is None:
+        raise TestbedError(f"no test bed is up at {bed_dir}: `kbit cluster up` first")
+    old = BedOptions(**state.options)
+    options = replace(old, link=link)
+    shape = shaping.LinkShape.parse(link) if link else None
+    _check_prerequisites(options)
+    for relay in _Processes(bed_dir, old).delay_relays:
+        relay.stop()
+    procs = _Processes(bed_dir, options)
+    links = [shaping.link_ends(n) for n in procs.topology.nodes]
+    for ends in links:
+        for end in ends:
+            shaping.clear_end(end)
+    if shape is not None:
+        shaping.shape_links(links, shape, procs.delay_relays, options.delay_relay_port)
+    state = state.model_copy(update={"options": asdict(options)})
     state_path(bed_dir).write_text(state.model_dump_json(indent=2))
     return state
 

@@ -36,6 +36,7 @@ MAX_DELAY_S = 10.0
 RELAY_MARK = 0x6B62  # the relay's own upstream connections carry this mark and are not redirected again
 DELAY_TABLE = "kbit_delay"
 _FORMAT = "RATE[,DELAY[,LOSS]], e.g. 1gbit,0.5ms or 100mbit,2ms,0.1%"
+LOOPBACK = "loopback"  # the network profile of a bed whose links are not shaped
 
 
 @dataclass(frozen=True)
@@ -47,11 +48,11 @@ class LinkShape:
     loss: float = 0.0
 
     @classmethod
-    def parse(cls, spec: str, where: str = "--link") -> LinkShape:
+    def parse(cls, spec: str, where: str = "--link", separator: str = ",") -> LinkShape:
         """``RATE[,DELAY[,LOSS]]``: rate in bit/kbit/mbit/gbit per second, delay in us/ms/s, loss in %."""
-        parts = [p.strip().lower() for p in spec.split(",")]
+        parts = [p.strip().lower() for p in spec.split(separator)]
         if not 1 <= len(parts) <= 3 or not all(parts):
-            raise TestbedError(f"{where} {spec!r}: expected {_FORMAT}")
+            raise TestbedError(f"{where} {spec!r}: expected {_FORMAT.replace(',', separator)}")
         rate = _number_with_unit(parts[0], _RATE_UNITS, where, spec, "rate")
         delay = _number_with_unit(parts[1], _DELAY_UNITS, where, spec, "delay") if len(parts) > 1 else 0.0
         loss = _percentage(parts[2], where, spec) if len(parts) > 2 else 0.0
@@ -73,6 +74,12 @@ class LinkShape:
             f"{_human_rate(self.rate_bit_s)}, {self.delay_s * 1e3:g} ms each way (TCP), "
             f"{self.loss * 100:g}% loss, in both directions"
         )
+
+
+def network_shape(name: str, where: str = "bench.networks") -> LinkShape | None:
+    """The link of a benchmark's network profile: ``loopback`` (links unshaped: None) or ``RATE[-DELAY[-LOSS]]``,
+    e.g. ``10gbit-0.2ms``, ``1gbit-0.5ms``, ``100mbit-2ms`` (``--link`` with dashes: a name that fits a file)."""
+    return None if name == LOOPBACK else LinkShape.parse(name, where, separator="-")
 
 
 def _number_with_unit(text: str, units: dict[str, Decimal], where: str, spec: str, what: str) -> float:

@@ -59,6 +59,7 @@ def synthetic_rows(
                             records_per_message=1,
                             client="confluent",
                             decoder="fast",
+                            network="loopback",
                             batch_size=64,
                             world_size=world_size,
                             rank=rank,
