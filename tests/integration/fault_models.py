@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -115,5 +118,35 @@ def kill_leader(
         leader = meta.topics[topic].partitions[0].leader
         os.kill(int(Path(run_dir, f"kafka-{leader}.pid").read_text()), signal.SIGKILL)
         Path(run_dir, "killed").write_text(str(leader))
+
+    return FaultAt(_cnn(image_shape, num_classes), rank=0, at_call=at_step, fault=fault)
+
+
+OUTAGE_TABLE = "kbit_outage"
+
+
+def drop_link_once(
+    *, image_shape: tuple[int, ...], num_classes: int, at_step: int, seconds: float, marker: str
+) -> nn.Module:
+    """Rank 0 cuts its host's link at training step ``at_step`` of the first attempt only: every packet arriving at
+    the namespace's eth0 is dropped (an nftables netdev table) for ``seconds``, then the link is back. Training goes
+    on meanwhile; ``marker`` records when the link went down and came back (Unix seconds)."""
+
+    def restore_after() -> None:
+        down = time.time()
+        time.sleep(seconds)
+        subprocess.run(["nft", "delete", "table", "netdev", OUTAGE_TABLE], check=True, capture_output=True)
+        Path(marker).write_text(f"{down} {time.time()}")
+
+    def fault() -> None:
+        if Path(marker).exists():
+            return
+        Path(marker).write_text("down")
+        ruleset = (
+            f"table netdev {OUTAGE_TABLE} {{\n"
+            f'  chain ingress {{ type filter hook ingress device "eth0" priority -10; drop; }}\n}}\n'
+        )
+        subprocess.run(["nft", "-f", "-"], input=ruleset, text=True, check=True, capture_output=True)
+        threading.Thread(target=restore_after, name="link-outage").start()
 
     return FaultAt(_cnn(image_shape, num_classes), rank=0, at_call=at_step, fault=fault)
