@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from kbit_core.bench.measure import SAMPLE_COLUMNS, Sample
-from kbit_core.bench.report import ReportFiles, read_timings, rebuild_report, timings_frame, write_report
+from kbit_core.bench.report import ReportFiles, load_stats, read_timings, rebuild_report, timings_frame, write_report
 from kbit_core.cli.bench import results_table
 from kbit_core.errors import ConfigError, StatisticsError
 
@@ -266,3 +266,23 @@ def test_the_results_table_is_whole_in_a_narrow_terminal(tmp_path: Path, width: 
     makespan = doc["makespan"]["statistical_analysis"][CONFIGS[0]]
     assert f"1. {CONFIGS[0]}" in text and f"{makespan['median']:.4f}" in text and "reference" in text
     assert f"[{makespan['median_ci_low']:.3f}, {makespan['median_ci_high']:.3f}]" in text
+
+
+def test_a_network_axis_adds_the_networks_section(tmp_path: Path) -> None:
+    names = ("avro_list_lz4.confluent", "avro_list_none.confluent")
+    rows = []
+    for network in ("loopback", "100mbit-2ms"):
+        for row in synthetic_rows(configs=names, iterations=3, warmup=0):
+            rows.append({**row, "config": f"{row['config']}@{network}", "network": network})
+    meta = {"iterations": 3, "warmup": 0, "world_size": 2, "networks": {"loopback": None, "100mbit-2ms": 10**8}}
+    files = write_report(timings_frame(rows), meta, tmp_path, bootstrap_resamples=200, seed=0)
+    stats = load_stats(files.stats_json)
+    assert stats["configurations"]["avro_list_lz4.confluent@100mbit-2ms"]["network"] == "100mbit-2ms"
+    assert set(stats["network"]["fastest"]) == {"loopback", "100mbit-2ms"}
+    [crossover] = stats["network"]["crossovers"]
+    assert crossover["codec"].startswith("avro_list lz4 vs none")
+    assert "## Networks" in files.summary_md.read_text()
+    # a CSV from before the network axis reads as loopback
+    frame = read_timings(files.raw_csv).drop(columns="network")
+    frame.to_csv(tmp_path / "old.csv", index=False)
+    assert set(read_timings(tmp_path / "old.csv")["network"]) == {"loopback"}
