@@ -165,16 +165,20 @@ def delay_ruleset(device: str, relay_port: int, shape: LinkShape) -> str:
 
     Connections the node opens are redirected on output, connections to the node on prerouting; the relay's own
     upstream connections carry :data:`RELAY_MARK`, and the relay's port itself is left alone (its health probe).
+    Only a connection's opening SYN is redirected: when the table appears on a bed that is already running
+    (``bed.reshape``), conntrack picks its open connections up mid-stream as new ones, and redirecting those to the
+    relay would reset them (the Spark workers' links to their master).
     """
     comment = f'comment "delay {shape.delay_s * 1e3:g}ms"'
+    opening = "tcp flags & (syn | ack) == syn"
     return (
         f"table ip {DELAY_TABLE}\ndelete table ip {DELAY_TABLE}\n"  # replaces an earlier one in the same transaction
         f"table ip {DELAY_TABLE} {{\n"
         f"  chain out {{ type nat hook output priority -100;\n"
-        f'    oifname "{device}" meta mark != {RELAY_MARK:#x} meta l4proto tcp redirect to :{relay_port} {comment};\n'
+        f'    oifname "{device}" meta mark != {RELAY_MARK:#x} {opening} redirect to :{relay_port} {comment};\n'
         f"  }}\n"
         f"  chain pre {{ type nat hook prerouting priority -100;\n"
-        f'    iifname "{device}" tcp dport != {relay_port} redirect to :{relay_port} {comment};\n'
+        f'    iifname "{device}" tcp dport != {relay_port} {opening} redirect to :{relay_port} {comment};\n'
         f"  }}\n}}\n"
     )
 

@@ -59,6 +59,8 @@ def test_commands_carry_the_shape():
     assert LinkEnd(None, "kbit-node1").table == "kbit_loss_kbit_node1"
     rules = delay_ruleset("eth0", 7999, shape)
     assert "redirect to :7999" in rules and "tcp dport != 7999" in rules and 'comment "delay 2ms"' in rules
+    # only openings: a connection picked up mid-stream when the table appears must not be sent to the relay
+    assert rules.count("tcp flags & (syn | ack) == syn redirect") == 2
     assert shape.describe() == "100 mbit/s, 2 ms each way (TCP), 0.1% loss, in both directions"
 
 
