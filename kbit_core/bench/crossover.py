@@ -184,11 +184,13 @@ def network_section(
         for compression, codec in sorted(by_compression.items()):
             if compression == UNCOMPRESSED or set(codec) != set(reference):
                 continue
-            label = f"{'_'.join(str(k) for k in key[:2])} {compression} vs none ({', '.join(str(k) for k in key[2:])})"
+            fields = dict(zip(_PAIR_FIELDS, key))
+            base = f"{fields['format']}_{fields['layout']}"
+            label = f"{base} {compression} vs none ({fields['client']}, batch {fields['batch_size']}, world {fields['world_size']})"
             found = crossover(
                 {_rate(rates[net]): samples[name] for net, name in reference.items()},
                 {_rate(rates[net]): samples[name] for net, name in codec.items()},
-                names=(label, f"{'_'.join(str(k) for k in key[:2])} none"),
+                names=(label, f"{base} none"),
                 resamples=resamples,
                 seed=seed,
             )
