@@ -111,6 +111,12 @@ def test_pipeline_two_stages_by_two_data_parallel_follows_the_unsplit_loss_curve
     assert sorted(p.name for p in (tmp_path / "run").glob("read-by-rank*")) == ["read-by-rank0", "read-by-rank1"]
     np.testing.assert_allclose(result["loss_curve"], unsplit_runs["plain"]["loss_curve"], rtol=PIPELINE_LOSS_RTOL)
     assert result["test_accuracy"] == pytest.approx(unsplit_runs["plain"]["test_accuracy"], abs=0.01)
+    # The evaluation loss comes from the last stage's logits (a report of 0 was once suspected): it is the unsplit
+    # model's, positive and below a uniform guess's log(classes).
+    for split in ("val_loss", "test_loss"):
+        pipelined_loss, unsplit_loss = np.ravel(result[split]), np.ravel(unsplit_runs["plain"][split])
+        assert np.all((pipelined_loss > 0.1) & (pipelined_loss < np.log(NUM_CLASSES))), (split, pipelined_loss)
+        np.testing.assert_allclose(pipelined_loss, unsplit_loss, rtol=10 * PIPELINE_LOSS_RTOL)
     assert ckpt.latest_checkpoint(tmp_path / "run" / "ckpt").name == "step-00000016"
 
 
