@@ -47,9 +47,8 @@ def check_training(cfg: KbitConfig) -> Preflight:
     source = open_source(cfg.dataset)
     report = check_produce(cfg, cfg.produce.topic_for(cfg.dataset), cfg.produce.variant, source.num_records)
     check_writable(cfg.run_dir, "workdir")
-    # A pipeline's first stages read the data: the shards are planned for its data-parallel ranks.
-    data_ranks = cfg.launch.num_processes // cfg.train.pipeline.stages
-    check_shards(cfg, source.num_records, cfg.produce.variant, data_ranks, cfg.train.global_batch_size)
+    # Under a pipeline or tensor parallelism one process per data-parallel rank reads: the shards are planned for those.
+    check_shards(cfg, source.num_records, cfg.produce.variant, cfg.data_parallel_size, cfg.train.global_batch_size)
     check_ranks_fit_cores(cfg, cfg.launch.num_processes, "launch.num_processes", report)
     num_params = _check_model(cfg, source.image_shape, source.num_classes)
     directory = cfg.run_dir / cfg.checkpoint.dir if cfg.checkpoint.dir is not None else None

@@ -412,7 +412,9 @@ class Trainer:
             **{f"val_{name}": [h[f"val_{name}"] for h in st.history if f"val_{name}" in h] for name in self.metric_fns},
             **{f"test_{name}": test[name] if test else None for name in self.metric_fns},
             "pipeline_stages": self.cfg.train.pipeline.stages,
-            "data_parallel_size": self.env.world_size // self.cfg.train.pipeline.stages,
+            "tensor_parallel_size": self.cfg.train.tensor_parallel.size,
+            "data_parallel_size": self.env.world_size
+            // (self.cfg.train.pipeline.stages * self.cfg.train.tensor_parallel.size),
             "samples_per_s": last.get("train_samples_per_s"),
             "data_wait_fraction": last.get("train_data_wait_fraction"),
             "peak_memory_mb": max((h["train_peak_memory_mb"] for h in st.history), default=None),
