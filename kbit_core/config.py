@@ -396,43 +396,32 @@ class TrainConfig(Section):
     tensor_parallel: TensorParallelConfig = TensorParallelConfig()
 
     @model_validator(mode="after")
-    def _check_tensor_parallel(self) -> TrainConfig:
-        if self.tensor_parallel.size == 1:
-            return self
-        conflicts = [
-            setting
-            for setting, conflict in (
+    def _check_model_parallel(self) -> TrainConfig:
+        if self.tensor_parallel.size > 1:
+            _refuse_conflicts(
+                f"train.tensor_parallel.size={self.tensor_parallel.size}",
                 ("train.pipeline.stages > 1", self.pipeline.stages > 1),
                 ("train.ema_decay", self.ema_decay is not None),
-                ("train.grad_clip_norm (the norm of sharded and whole parameters together)", self.grad_clip_norm),
+                ("train.grad_clip_norm (the norm of sharded and whole parameters together)", bool(self.grad_clip_norm)),
                 ("train.precision=fp16", self.precision == "fp16"),
                 ("train.mode=continuous", self.mode == "continuous"),
             )
-            if conflict
-        ]
-        if conflicts:
-            raise ValueError(
-                f"train.tensor_parallel.size={self.tensor_parallel.size} does not work with {', '.join(conflicts)}"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _check_pipeline(self) -> TrainConfig:
-        if self.pipeline.stages == 1:
-            return self
-        conflicts = [
-            setting
-            for setting, conflict in (
+        if self.pipeline.stages > 1:
+            _refuse_conflicts(
+                f"train.pipeline.stages={self.pipeline.stages}",
                 ("train.grad_accum_steps > 1 (use train.pipeline.micro_batches)", self.grad_accum_steps > 1),
                 ("train.ema_decay", self.ema_decay is not None),
                 ("train.nan_policy=skip (a pipeline steps inside one call)", self.nan_policy == "skip"),
                 ("train.mode=continuous", self.mode == "continuous"),
             )
-            if conflict
-        ]
-        if conflicts:
-            raise ValueError(f"train.pipeline.stages={self.pipeline.stages} does not work with {', '.join(conflicts)}")
         return self
+
+
+def _refuse_conflicts(feature: str, *settings: tuple[str, bool]) -> None:
+    """ValueError naming every setting in ``settings`` that is on and does not work with ``feature``."""
+    conflicts = [setting for setting, on in settings if on]
+    if conflicts:
+        raise ValueError(f"{feature} does not work with {', '.join(conflicts)}")
 
 
 class StreamConfig(Section):

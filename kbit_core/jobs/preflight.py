@@ -26,6 +26,7 @@ from kbit_core.config import KbitConfig
 from kbit_core.datasets import open_source
 from kbit_core.train.checkpoint import resolve_resume
 from kbit_core.train.models import build_model
+from kbit_core.train.tensor_parallel import splittable_blocks
 from kbit_core.train.user_code import resolve_all
 
 log = logging.getLogger(__name__)
@@ -108,10 +109,13 @@ def _worker_import_path() -> Iterator[None]:
 
 def _check_model(cfg: KbitConfig, image_shape: Sequence[int], num_classes: int) -> int:
     """Import and build ``train.model`` for the dataset's images as every rank will, and import the loss, metrics,
-    optimizer and scheduler named by import path; the model's number of parameters."""
+    optimizer and scheduler named by import path, and check that tensor parallelism can split the model; the
+    model's number of parameters."""
     with _worker_import_path():
         model = build_model(cfg.train.model, tuple(image_shape), num_classes)
         resolve_all(cfg.train)
+    if cfg.train.tensor_parallel.size > 1:
+        splittable_blocks(model, cfg.train.tensor_parallel.size)
     return sum(p.numel() for p in model.parameters())
 
 

@@ -52,22 +52,27 @@ BLOCK_PLAN = {
 }
 
 
-def parallelize_blocks(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
-    """Split every EncoderBlock of ``model`` over the 1-D ``mesh`` (in place); ConfigError when it has none, or
-    when its heads or hidden units do not split evenly."""
+def splittable_blocks(model: nn.Module, size: int) -> list[EncoderBlock]:
+    """The EncoderBlocks of ``model`` that ``size`` tensor-parallel ranks split; ConfigError when it has none, or
+    when their heads or hidden units do not split evenly (the driver's preflight asks too)."""
     blocks = [module for module in model.modules() if isinstance(module, EncoderBlock)]
     if not blocks:
         raise ConfigError(
             f"train.tensor_parallel needs a transformer (vit, token_transformer, or a model built of "
             f"kbit_core.train.transformer.EncoderBlock); {type(model).__name__} has no EncoderBlock"
         )
-    size = mesh.size()
     for block in blocks:
         heads, hidden = block.attn.q.out_features // block.attn.head_dim, block.mlp[0].out_features
         if heads % size or hidden % size:
             raise ConfigError(
                 f"train.tensor_parallel.size={size} does not divide the model's {heads} heads and {hidden} MLP units"
             )
+    return blocks
+
+
+def parallelize_blocks(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    """Split every EncoderBlock of ``model`` over the 1-D ``mesh`` (in place)."""
+    for block in splittable_blocks(model, mesh.size()):
         parallelize_module(block, mesh, BLOCK_PLAN)
     return model
 
