@@ -127,10 +127,10 @@ def test_pipeline_two_stages_by_two_data_parallel_follows_the_unsplit_loss_curve
 def test_tensor_parallel_two_by_two_data_parallel_follows_the_unsplit_loss_curve(tmp_path: Path, unsplit_runs) -> None:
     """Each block's attention and MLP split over 2 tensor-parallel ranks (DTensor), × 2 data-parallel ranks on 4
     processes: the same samples per step as DDP on 2 ranks, read only by each group's first rank (0 and 2), and the
-    same loss curve within TENSOR_PARALLEL_LOSS_RTOL; the checkpoint holds the whole model, which loads unsplit."""
-    split = vit_config(
-        tmp_path, launch={"num_processes": 4}, train={"tensor_parallel": {"size": 2}}, checkpoint={"dir": "ckpt"}
-    )
+    same loss curve within TENSOR_PARALLEL_LOSS_RTOL; the checkpoint holds the whole model, which loads unsplit, and
+    a resume from it mid-epoch continues exactly."""
+    layout = {"launch": {"num_processes": 4}, "train": {"tensor_parallel": {"size": 2}}}
+    split = vit_config(tmp_path, **layout, checkpoint={"dir": "ckpt", "every_steps": 6, "keep_last": 10})
     (result,) = run_ranks(4, [(split, tmp_path / "run")])
     assert result["engine"] == "tensor-parallel" and result["world_size"] == 4
     assert result["tensor_parallel_size"] == 2 and result["data_parallel_size"] == 2
@@ -141,6 +141,10 @@ def test_tensor_parallel_two_by_two_data_parallel_follows_the_unsplit_loss_curve
     final = ckpt.latest_checkpoint(tmp_path / "run" / "ckpt")
     model = build_model(ModelConfig(**VIT), IMAGE_SHAPE, NUM_CLASSES)
     model.load_state_dict(ckpt.read_file(final)[ckpt.MODEL])  # strict: every weight whole, none a shard
+    # ... and loads back into the shards, optimizer state too: resumed 6 steps in, the run ends exactly the same.
+    mid = final.parent / "step-00000006.pt"
+    (resumed,) = run_ranks(4, [(vit_config(tmp_path, **layout, checkpoint={"resume": str(mid)}), tmp_path / "resumed")])
+    assert resumed["loss_curve"] == result["loss_curve"] and resumed["test_loss"] == result["test_loss"]
 
 
 @pytest.mark.slow
