@@ -113,7 +113,7 @@ def kbit_producer(cfg: KbitConfig, topic: str, records: int, payload: bytes, com
     """kbit's producer backend sending ``payload`` ``records`` times round-robin over the topic's partitions,
     every delivery report settled; timed from the first send to the end of the flush."""
     partitions = cfg.produce.partitions
-    ledger = DeliveryLedger(topic, partitions)
+    ledger = DeliveryLedger(topic, partitions, cfg.kafka)
     backend = make_producer(cfg.kafka, cfg.produce, compression)  # type: ignore[arg-type]
     try:
         t0 = time.perf_counter()
