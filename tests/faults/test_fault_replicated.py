@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.own_broker]
 
 # The controller fences a broker that stopped heartbeating after broker.session.timeout.ms (default 9 s) and only
 # then moves its leaderships and shrinks the in-sync replicas: 3 s keeps each kill's failover short.
-FAST_FAILOVER = {"broker.session.timeout.ms": "3000", "broker.heartbeat.interval.ms": "500"}
+FAST_FAILOVER = {"broker.session.timeout.ms": "3000"}
 
 
 @pytest.fixture(scope="module")
