@@ -24,7 +24,7 @@ __all__ = ["ClusterNode", "KafkaCluster"]
 # A metadata round trip of the readiness check.
 READY_TIMEOUT_S = 2.0
 # The nodes' JIT stops at C1: three brokers starting together on 2 cores took 25 CPU-seconds to serve with the full
-# JIT and 12 with C1 only (65 s and 28 s of wall time at load 29; TLS and SCRAM on, measured 2026-11-25). The
+# JIT and 12 with C1 only (65 s and 28 s of wall time at load 25-29; TLS and SCRAM on, measured 2026-11-25). The
 # clusters serve the test bed and the fault tests, never a throughput ceiling: the single local broker that
 # `kbit bench-data` measures keeps the full JIT.
 CLUSTER_JVM_OPTS = ("-XX:TieredStopAtLevel=1",)
