@@ -350,6 +350,15 @@ class PipelineConfig(Section):
     )
 
 
+class TensorParallelConfig(Section):
+    size: int = Field(
+        1,
+        ge=1,
+        description="Tensor-parallel ranks (torch DTensor): each transformer block's attention and MLP split by "
+        "heads and hidden units across them; ranks = size × data-parallel ranks.",
+    )
+
+
 class TrainConfig(Section):
     mode: Literal["batch", "continuous"] = Field(
         "batch",
@@ -384,24 +393,35 @@ class TrainConfig(Section):
         False, description="Recompute each top-level block's activations in backward (DDP: torch.utils.checkpoint)."
     )
     pipeline: PipelineConfig = PipelineConfig()
+    tensor_parallel: TensorParallelConfig = TensorParallelConfig()
 
     @model_validator(mode="after")
-    def _check_pipeline(self) -> TrainConfig:
-        if self.pipeline.stages == 1:
-            return self
-        conflicts = [
-            setting
-            for setting, conflict in (
+    def _check_model_parallel(self) -> TrainConfig:
+        if self.tensor_parallel.size > 1:
+            _refuse_conflicts(
+                f"train.tensor_parallel.size={self.tensor_parallel.size}",
+                ("train.pipeline.stages > 1", self.pipeline.stages > 1),
+                ("train.ema_decay", self.ema_decay is not None),
+                ("train.grad_clip_norm (the norm of sharded and whole parameters together)", bool(self.grad_clip_norm)),
+                ("train.precision=fp16", self.precision == "fp16"),
+                ("train.mode=continuous", self.mode == "continuous"),
+            )
+        if self.pipeline.stages > 1:
+            _refuse_conflicts(
+                f"train.pipeline.stages={self.pipeline.stages}",
                 ("train.grad_accum_steps > 1 (use train.pipeline.micro_batches)", self.grad_accum_steps > 1),
                 ("train.ema_decay", self.ema_decay is not None),
                 ("train.nan_policy=skip (a pipeline steps inside one call)", self.nan_policy == "skip"),
                 ("train.mode=continuous", self.mode == "continuous"),
             )
-            if conflict
-        ]
-        if conflicts:
-            raise ValueError(f"train.pipeline.stages={self.pipeline.stages} does not work with {', '.join(conflicts)}")
         return self
+
+
+def _refuse_conflicts(feature: str, *settings: tuple[str, bool]) -> None:
+    """ValueError naming every setting in ``settings`` that is on and does not work with ``feature``."""
+    conflicts = [setting for setting, on in settings if on]
+    if conflicts:
+        raise ValueError(f"{feature} does not work with {', '.join(conflicts)}")
 
 
 class StreamConfig(Section):
@@ -753,6 +773,11 @@ class KbitConfig(Section):
         return self.workdir.resolve()
 
     @property
+    def data_parallel_size(self) -> int:
+        """Data-parallel ranks: the processes over pipeline stages × tensor-parallel size (readers of distinct data)."""
+        return self.launch.num_processes // (self.train.pipeline.stages * self.train.tensor_parallel.size)
+
+    @property
     def manifest_dir(self) -> Path:
         return self.run_dir / "manifests"
 
@@ -822,12 +847,30 @@ class KbitConfig(Section):
                 f"({', '.join(librdkafka_only)} = kafka-python)"
             )
         self._check_pipeline_layout()
+        self._check_tensor_parallel_layout()
         if self.train.global_batch_size < self.launch.num_processes:
             raise ValueError(
                 f"train.global_batch_size={self.train.global_batch_size} is smaller than "
                 f"launch.num_processes={self.launch.num_processes}"
             )
         return self
+
+    def _check_tensor_parallel_layout(self) -> None:
+        size = self.train.tensor_parallel.size
+        if size == 1:
+            return
+        if self.deepspeed.enabled:
+            raise ValueError(f"train.tensor_parallel.size={size} runs on torch's DTensor: set deepspeed.enabled=false")
+        if self.launch.num_processes % size:
+            raise ValueError(
+                f"launch.num_processes={self.launch.num_processes} is not a multiple of train.tensor_parallel.size={size}"
+            )
+        data_parallel = self.launch.num_processes // size
+        if self.train.global_batch_size % data_parallel:
+            raise ValueError(
+                f"train.global_batch_size={self.train.global_batch_size} does not split into {data_parallel} "
+                "data-parallel ranks"
+            )
 
     def _check_pipeline_layout(self) -> None:
         stages, micro = self.train.pipeline.stages, self.train.pipeline.micro_batches

@@ -62,7 +62,7 @@ def _send_dataset(
     per_message = variant.records_per_message
     # chunks hold whole messages, so message numbering and grouping continue across chunks
     chunk = per_message * max(1, CHUNK_RECORDS // per_message)
-    ledger = DeliveryLedger(topic, partitions)
+    ledger = DeliveryLedger(topic, partitions, cfg.kafka)
     message_no = 0
     with tqdm(
         total=source.num_records,

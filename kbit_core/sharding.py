@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Literal
 
@@ -292,11 +292,20 @@ class Block:
 
     range: OffsetRange
     shuffle_key: tuple[int, ...] | None
+    # Only samples first:stop of the permuted block (a piece of a block an elastic resume re-planned); stop None: all.
+    first: int = 0
+    stop: int | None = None
 
     def permutation(self, num_samples: int) -> np.ndarray:
-        if self.shuffle_key is None:
-            return np.arange(num_samples)
-        return np.random.default_rng(self.shuffle_key).permutation(num_samples)
+        """The order the block's decoded samples are yielded in (only those of this piece)."""
+        order = np.arange(num_samples)
+        if self.shuffle_key is not None:
+            order = np.random.default_rng(self.shuffle_key).permutation(num_samples)
+        return order[self.first : self.stop]
+
+    def single_record_count(self) -> int:
+        """The samples this piece yields when every message holds one record."""
+        return (len(self.range) if self.stop is None else self.stop) - self.first
 
 
 def _cut(ranges: Iterable[OffsetRange], block_size: int) -> Iterator[OffsetRange]:
@@ -319,3 +328,34 @@ def block_order(shard: RankShard, seed: int, epoch: int, block_size: int, shuffl
     order = rng.permutation(len(blocks))
     keys = rng.integers(0, 2**63 - 1, size=len(blocks))
     return [Block(blocks[i], (int(keys[j]),)) for j, i in enumerate(order)]
+
+
+def remainder_pieces(orders: Sequence[Sequence[Block]], done: int, yielded: int, world_size: int) -> list[list[Block]]:
+    """An epoch interrupted at one world size, re-planned for ``world_size`` ranks (one record per message).
+
+    ``orders`` are the old ranks' block orders for the epoch; each old rank had yielded the first ``done`` of its
+    ``yielded`` records. What is left, old rank after old rank, is cut into ``world_size`` contiguous runs whose
+    lengths differ by at most one (a block split between two ranks becomes two pieces), so every record the epoch
+    still owes is yielded exactly once.
+    """
+    left: list[Block] = []
+    for blocks in orders:
+        position = 0
+        for block in blocks:
+            first, stop = max(done - position, 0), min(yielded - position, len(block.range))
+            if first < stop:
+                left.append(replace(block, first=first, stop=stop))
+            position += len(block.range)
+    total = sum(piece.single_record_count() for piece in left)
+    quota = [total // world_size + (1 if r < total % world_size else 0) for r in range(world_size)]
+    out: list[list[Block]] = [[] for _ in range(world_size)]
+    rank = 0
+    for piece in left:
+        while piece.single_record_count():
+            while not quota[rank]:
+                rank += 1
+            take = min(quota[rank], piece.single_record_count())
+            out[rank].append(replace(piece, stop=piece.first + take))
+            quota[rank] -= take
+            piece = replace(piece, first=piece.first + take)
+    return out

@@ -39,6 +39,10 @@ TARGET_FETCH_RATIO = 0.9  # kbit's raw fetch over ConsumerPerformance
 TARGET_DECODE_RATIO = 0.8  # read+decode of a bytes layout over ConsumerPerformance
 TOOL_TIMEOUT_S = 600
 MIB = 2**20
+# Before the timed repeats each reader reads the topic once untimed, so that neither meets a cold page cache (the
+# topic's segments, the tool's jars) or the broker's cold fetch path in a timed run. Each ConsumerPerformance run
+# still starts a JVM of its own, whose JIT warm-up is inside its timed region.
+WARMUP = "one untimed pass of kbit's reader and one untimed ConsumerPerformance run before the timed repeats"
 _PRODUCER_SUMMARY = re.compile(r"^(\d+) records sent, ([\d.]+) records/sec \(")
 
 
@@ -113,7 +117,7 @@ def kbit_producer(cfg: KbitConfig, topic: str, records: int, payload: bytes, com
     """kbit's producer backend sending ``payload`` ``records`` times round-robin over the topic's partitions,
     every delivery report settled; timed from the first send to the end of the flush."""
     partitions = cfg.produce.partitions
-    ledger = DeliveryLedger(topic, partitions)
+    ledger = DeliveryLedger(topic, partitions, cfg.kafka)
     backend = make_producer(cfg.kafka, cfg.produce, compression)  # type: ignore[arg-type]
     try:
         t0 = time.perf_counter()
@@ -160,7 +164,7 @@ def compare_producers(cfg: KbitConfig, manifest: Manifest, repeats: int) -> dict
 
 def compare_consumers(cfg: KbitConfig, manifest: Manifest, client: ClientName, repeats: int) -> dict[str, Any]:
     """ConsumerPerformance and kbit's raw fetch and read+decode (fast decoder) with ``client`` on the whole topic,
-    alternating ``repeats`` times after one untimed kbit pass; medians and kbit's ratios."""
+    alternating ``repeats`` times after one untimed pass of each (WARMUP); medians and kbit's ratios."""
     ranges = whole_topic_blocks(cfg, manifest)
     codec = select_codec(manifest_codec(manifest, "stock"), "fast")
     mb = manifest.value_bytes / 1e6
@@ -169,6 +173,7 @@ def compare_consumers(cfg: KbitConfig, manifest: Manifest, client: ClientName, r
         cfg.kafka, cfg.reader.model_copy(update={"decode_processes": 0}), manifest.topic, codec, client
     ) as r:
         timed_pass(r, ranges, {"fast": codec})
+        consumer_performance(cfg, manifest.topic, manifest.num_messages)
         for _ in range(repeats):
             tool.append(consumer_performance(cfg, manifest.topic, manifest.num_messages))
             fetched, decoded, fetch_s, decode_s = timed_pass(r, ranges, {"fast": codec})
@@ -179,6 +184,7 @@ def compare_consumers(cfg: KbitConfig, manifest: Manifest, client: ClientName, r
     base = _median(tool).records_per_s
     return {
         "client": client,
+        "warmup": WARMUP,
         "consumer_performance": asdict(_median(tool)),
         "kbit_fetch": asdict(_median(fetch)),
         "kbit_read_decode": asdict(_median(decode)),

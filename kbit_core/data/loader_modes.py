@@ -75,13 +75,12 @@ class EagerMode:
         self._ranges: tuple[OffsetRange, ...] = ()
 
     def load(self) -> dict[OffsetRange, Any]:
-        """Read and decode the whole shard, once per shard."""
-        shard = self.schedule.shard
-        if self._decoded is None or self._ranges != shard.ranges:
+        """Read and decode the whole shard (or the pieces a resharded epoch reads), once per set of ranges."""
+        unique = tuple(sorted({b.range for b in self.schedule.blocks_in_offset_order()}))
+        if self._decoded is None or self._ranges != unique:
             t0 = time.perf_counter()
-            unique = sorted({b.range for b in self.schedule.blocks_in_offset_order()})
             self._decoded = dict(self.reader.read(unique))
-            self._ranges = shard.ranges
+            self._ranges = unique
             self.stats.load_seconds += time.perf_counter() - t0
         return self._decoded
 

@@ -26,6 +26,7 @@ from kbit_core.config import KbitConfig
 from kbit_core.datasets import open_source
 from kbit_core.train.checkpoint import resolve_resume
 from kbit_core.train.models import build_model
+from kbit_core.train.tensor_parallel import splittable_blocks
 from kbit_core.train.user_code import resolve_all
 
 log = logging.getLogger(__name__)
@@ -47,9 +48,8 @@ def check_training(cfg: KbitConfig) -> Preflight:
     source = open_source(cfg.dataset)
     report = check_produce(cfg, cfg.produce.topic_for(cfg.dataset), cfg.produce.variant, source.num_records)
     check_writable(cfg.run_dir, "workdir")
-    # A pipeline's first stages read the data: the shards are planned for its data-parallel ranks.
-    data_ranks = cfg.launch.num_processes // cfg.train.pipeline.stages
-    check_shards(cfg, source.num_records, cfg.produce.variant, data_ranks, cfg.train.global_batch_size)
+    # Under a pipeline or tensor parallelism one process per data-parallel rank reads: the shards are planned for those.
+    check_shards(cfg, source.num_records, cfg.produce.variant, cfg.data_parallel_size, cfg.train.global_batch_size)
     check_ranks_fit_cores(cfg, cfg.launch.num_processes, "launch.num_processes", report)
     num_params = _check_model(cfg, source.image_shape, source.num_classes)
     directory = cfg.run_dir / cfg.checkpoint.dir if cfg.checkpoint.dir is not None else None
@@ -109,10 +109,13 @@ def _worker_import_path() -> Iterator[None]:
 
 def _check_model(cfg: KbitConfig, image_shape: Sequence[int], num_classes: int) -> int:
     """Import and build ``train.model`` for the dataset's images as every rank will, and import the loss, metrics,
-    optimizer and scheduler named by import path; the model's number of parameters."""
+    optimizer and scheduler named by import path, and check that tensor parallelism can split the model; the
+    model's number of parameters."""
     with _worker_import_path():
         model = build_model(cfg.train.model, tuple(image_shape), num_classes)
         resolve_all(cfg.train)
+    if cfg.train.tensor_parallel.size > 1:
+        splittable_blocks(model, cfg.train.tensor_parallel.size)
     return sum(p.numel() for p in model.parameters())
 
 

@@ -9,6 +9,7 @@ Tansu it keeps topics across restarts (``run_dir/kafka/data``, formatted once wi
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import re
 import shutil
@@ -78,6 +79,13 @@ def java_binary() -> str:
         raise BrokerError(
             "Apache Kafka needs Java 17 or newer: install e.g. openjdk-17-jre-headless (or set JAVA_HOME)"
         )
+    return _checked_java(java)
+
+
+@functools.cache
+def _checked_java(java: str) -> str:
+    """``java`` once it said it is Java 17 or newer; asked once a process (`java -version` is a JVM start, and the
+    nodes of a cluster start together)."""
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
     except (OSError, subprocess.SubprocessError) as exc:
@@ -160,9 +168,11 @@ class ApacheKafkaBroker(ServiceBroker):
         overrides: dict[str, str] | None = None,
         launch: Callable[[list[str]], list[str]] | None = None,
         ready: Callable[[], bool] | None = None,
+        jvm_opts: tuple[str, ...] = (),
     ) -> None:
         """``advertised`` (host:port) is what metadata tells clients to connect to, when that is not the listener;
-        ``env`` is added to the process environment; ``threads`` sizes the network and I/O thread pools."""
+        ``env`` is added to the process environment; ``threads`` sizes the network and I/O thread pools;
+        ``jvm_opts`` follow JVM_OPTS on the broker's command line."""
         self.run_dir = Path(run_dir)
         self.host, self.port = host, port
         self.controller_port = controller_port if controller_port is not None else port + 1
@@ -171,7 +181,7 @@ class ApacheKafkaBroker(ServiceBroker):
         self.node_id = node_id
         self.voters = voters or f"{node_id}@{host}:{self.controller_port}"
         self.overrides = dict(overrides or {})
-        self.launch, self.ready = launch, ready
+        self.launch, self.ready, self.jvm_opts = launch, ready, jvm_opts
         self.home = self.run_dir / name
         self.data_dir = self.home / "data"
         self.properties_path = self.home / "server.properties"
@@ -208,6 +218,7 @@ class ApacheKafkaBroker(ServiceBroker):
                 f"-Xms{self.heap_min}",
                 f"-Xmx{self.heap_max}",
                 *JVM_OPTS,
+                *self.jvm_opts,
                 f"-Dlog4j2.configurationFile={self.log4j_path}",
                 f"-Dkafka.logs.dir={self.server_log_path.parent}",
                 # Log4j would stop at SIGTERM, before the broker logs its own shutdown

@@ -24,7 +24,7 @@ from kafka.metrics.stats import Total
 
 from kbit_core.config import ClientName, Compression, KafkaConfig, ProduceConfig
 from kbit_core.errors import BrokerError, ConfigError, TopicError
-from kbit_core.kafka import admin
+from kbit_core.kafka import admin, replicas
 from kbit_core.kafka.manifest import PartitionManifest, digest_hex, record_digest
 from kbit_core.kafka.settings import kafka_python_options
 
@@ -312,10 +312,12 @@ class _PartitionTally:
 
 
 class DeliveryLedger:
-    """Accumulates delivery reports (possibly from a client thread) into exact per-partition offsets."""
+    """Accumulates delivery reports (possibly from a client thread) into exact per-partition offsets. With the
+    cluster's ``kcfg``, a failed delivery's error also names a partition whose in-sync replicas are too few."""
 
-    def __init__(self, topic: str, partitions: int) -> None:
+    def __init__(self, topic: str, partitions: int, kcfg: KafkaConfig | None = None) -> None:
         self.topic = topic
+        self._kcfg = kcfg
         self._tallies = [_PartitionTally() for _ in range(partitions)]
         self._errors: dict[int, list[str]] = {}
         self._lock = threading.Lock()
@@ -343,15 +345,20 @@ class DeliveryLedger:
             self.delivered_records += num_records
 
     def raise_errors(self) -> None:
-        """BrokerError naming the topic, each failed partition and its first error."""
+        """BrokerError, one line, naming the topic, each failed partition, its first error and, when the cluster
+        says so, NOT_ENOUGH_REPLICAS with the partition's in-sync replicas."""
         with self._lock:
             if not self._errors:
                 return
-            lines = [
-                f"{self.topic}[{p}]: {len(errs)} message(s) failed, first error: {errs[0]}"
-                for p, errs in sorted(self._errors.items())
-            ]
-        raise BrokerError("delivery failed:\n  " + "\n  ".join(lines))
+            errors = {p: (len(errs), errs[0]) for p, errs in sorted(self._errors.items())}
+        reasons = replicas.not_enough_replicas(self._kcfg, self.topic, errors) if self._kcfg else {}
+        parts = [
+            f"{self.topic}[{p}]: {count} message(s) failed: {reasons[p]} (the client's error: {first})"
+            if p in reasons
+            else f"{self.topic}[{p}]: {count} message(s) failed, first error: {first}"
+            for p, (count, first) in errors.items()
+        ]
+        raise BrokerError("delivery failed: " + "; ".join(parts))
 
     def partitions(self) -> list[PartitionManifest]:
         self.raise_errors()

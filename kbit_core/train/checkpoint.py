@@ -89,6 +89,12 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return None
 
 
+def fixes_world_size(cfg: KbitConfig) -> bool:
+    """Whether a batch-mode checkpoint resumes only at the world size that wrote it (see Trainer._check_elastic)."""
+    train = cfg.train
+    return train.mode == "batch" and (cfg.deepspeed.enabled or train.tensor_parallel.size > 1)
+
+
 def lineage_settings(cfg: KbitConfig) -> dict[str, Any]:
     """The settings a checkpoint can only be resumed under: what defines the model, its data and its trajectory.
 
@@ -105,8 +111,9 @@ def lineage_settings(cfg: KbitConfig) -> dict[str, Any]:
         "produce.variant": cfg.produce.variant.model_dump(mode="json"),
         "produce.partitions": cfg.produce.partitions,
         "shard": cfg.shard.model_dump(mode="json"),
-        # A stream checkpoint keeps positions per partition, so any world size may continue it.
-        "launch.num_processes": cfg.launch.num_processes if cfg.train.mode == "batch" else None,
+        # A stream checkpoint keeps positions per partition, and a DDP one is re-planned (Trainer._restore), so
+        # any world size may continue them; DeepSpeed's partitions and a tensor-parallel layout fix it.
+        "launch.num_processes": cfg.launch.num_processes if fixes_world_size(cfg) else None,
         "deepspeed": [cfg.deepspeed.enabled, cfg.deepspeed.zero_stage if cfg.deepspeed.enabled else None],
         "train.model": train.model.model_dump(mode="json"),
         "train.optim": train.optim.model_dump(mode="json"),

@@ -106,7 +106,14 @@ class DDPEngine(Engine):
             model = checkpoint_blocks(model)
         self.module = model.to(env.device)
         self.ddp = DistributedDataParallel(self.module, device_ids=[env.device] if env.device.type == "cuda" else None)
-        lr = effective_lr(train.optim, env.world_size, train.grad_accum_steps)
+        self._build_training_state(cfg, env, env.world_size, steps_per_epoch, total_steps)
+
+    def _build_training_state(
+        self, cfg: KbitConfig, env: DistEnv, data_parallel_size: int, steps_per_epoch: int, total_steps: int
+    ) -> None:
+        """Optimizer (over ``self.module``'s parameters as wrapped), schedule, precision, loss scaler and EMA."""
+        train = cfg.train
+        lr = effective_lr(train.optim, data_parallel_size, train.grad_accum_steps)
         self.optimizer = build_optimizer(self.module.parameters(), train.optim, lr)
         self.scheduler = build_scheduler(self.optimizer, train.optim, steps_per_epoch, total_steps)
         self.precision = Precision(train.precision, env.device)

@@ -1,4 +1,4 @@
-"""Picks the engine for a run: DDP, DeepSpeed ZeRO, or DeepSpeed's pipeline engine."""
+"""Picks the engine for a run: DDP, DeepSpeed ZeRO, DeepSpeed's pipeline engine, or torch tensor parallelism."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from kbit_core.config import KbitConfig
 from kbit_core.train.distributed import DistEnv
 from kbit_core.train.engine import DDPEngine, DeepSpeedEngine, Engine
 from kbit_core.train.pipeline import PipelineEngine
+from kbit_core.train.tensor_parallel import TensorParallelEngine
 
 
 def build_engine(
@@ -20,8 +21,10 @@ def build_engine(
     total_steps: int,
     deepspeed: ModuleType | None,
 ) -> Engine:
-    """DeepSpeed's pipeline engine when ``train.pipeline.stages`` > 1, DeepSpeed ZeRO when ``deepspeed`` is given
+    """Tensor parallelism when ``train.tensor_parallel.size`` > 1; DeepSpeed's pipeline engine when ``train.pipeline.stages`` > 1, DeepSpeed ZeRO when ``deepspeed`` is given
     (DeepSpeed enabled and importable), else DDP."""
+    if cfg.train.tensor_parallel.size > 1:
+        return TensorParallelEngine(model, cfg, env, steps_per_epoch, total_steps)
     if deepspeed is None:
         return DDPEngine(model, cfg, env, steps_per_epoch, total_steps)
     engine_type = PipelineEngine if cfg.train.pipeline.stages > 1 else DeepSpeedEngine

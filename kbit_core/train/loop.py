@@ -169,25 +169,38 @@ class Trainer:
 
     def _restore(self, path: Path, meta: dict[str, Any]) -> None:
         ranks = meta[ckpt.RANKS]
-        if len(ranks) != self.env.world_size:
-            raise ConfigError(
-                f"checkpoint {path} was written by {len(ranks)} ranks; this run has "
-                f"{self.env.world_size} (each rank's data shard would differ)"
-            )
         self.state = TrainState(**meta[ckpt.TRAIN_STATE])
-        mine = ranks[self.env.rank]
-        ckpt.set_rng_state(mine["rng"], self.env.device)
+        if len(ranks) == self.env.world_size:
+            mine = ranks[self.env.rank]
+            ckpt.set_rng_state(mine["rng"], self.env.device)
+            loader_state = mine["loader"]
+        else:  # elastic: each rank keeps the random stream it was seeded with; the epoch's rest is re-planned
+            self._check_elastic(path, len(ranks))
+            loader_state = {"resharded_from": [rank["loader"] for rank in ranks]}
         if self.state.batch_in_epoch:
             self.loaders.train.set_epoch(self.state.epoch)
-            self.loaders.train.load_state_dict(mine["loader"])
+            self.loaders.train.load_state_dict(loader_state)
         for loss in self.state.loss_curve:
             self.spikes.observe(loss)
         if self.checkpointer is not None and self.state.best is not None:
             self.checkpointer.keep(ckpt.checkpoint_name(self.state.best["step"]))
 
+    def _check_elastic(self, path: Path, num_ranks: int) -> None:
+        """Only plain data parallelism resumes at another world size (see ckpt.fixes_world_size)."""
+        if ckpt.fixes_world_size(self.cfg):
+            raise ConfigError(
+                f"checkpoint {path} was written by {num_ranks} ranks; this run has {self.env.world_size}: under "
+                "DeepSpeed (its ZeRO partitions are per rank; a universal checkpoint would re-partition them, not "
+                "built) or tensor parallelism a resume needs the same world size"
+            )
+
     def _resumed_note(self, path: Path, num_ranks: int) -> str:
+        elastic = (
+            f", written by {num_ranks} ranks, now {self.env.world_size}" if num_ranks != self.env.world_size else ""
+        )
         return (
             f"resumed from {path}: epoch {self.state.epoch}, batch {self.state.batch_in_epoch}, step {self.state.step}"
+            f"{elastic}"
         )
 
     # ---- evaluation --------------------------------------------------------------------------------------
@@ -412,7 +425,9 @@ class Trainer:
             **{f"val_{name}": [h[f"val_{name}"] for h in st.history if f"val_{name}" in h] for name in self.metric_fns},
             **{f"test_{name}": test[name] if test else None for name in self.metric_fns},
             "pipeline_stages": self.cfg.train.pipeline.stages,
-            "data_parallel_size": self.env.world_size // self.cfg.train.pipeline.stages,
+            "tensor_parallel_size": self.cfg.train.tensor_parallel.size,
+            "data_parallel_size": self.env.world_size
+            // (self.cfg.train.pipeline.stages * self.cfg.train.tensor_parallel.size),
             "samples_per_s": last.get("train_samples_per_s"),
             "data_wait_fraction": last.get("train_data_wait_fraction"),
             "peak_memory_mb": max((h["train_peak_memory_mb"] for h in st.history), default=None),

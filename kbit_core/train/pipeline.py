@@ -1,16 +1,13 @@
 """Pipeline parallelism: DeepSpeed's PipelineModule cut into ``train.pipeline.stages`` stages × data parallel.
 
 DeepSpeed lays ranks out pipe-major: rank = stage × data_parallel_size + data_parallel_rank. Only the first stage
-of each pipeline reads data, and the shard planner plans for the data-parallel ranks (not for every process): the
-first stage's loaders are the ones a data-parallel run of ``data_parallel_size`` ranks would have. The labels
-travel with the activations from stage to stage (a non-float tensor gets no gradient), so the last stage, which
-computes the loss, reads nothing either; the other stages iterate placeholders of the same length.
+of each pipeline reads data (kbit_core/train/layout.py). The labels travel with the activations from stage to
+stage (a non-float tensor gets no gradient), so the last stage, which computes the loss, reads nothing either.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from itertools import repeat
 from pathlib import Path
 from types import ModuleType
@@ -20,79 +17,12 @@ import torch
 from torch import Tensor, nn
 
 from kbit_core.config import KbitConfig
-from kbit_core.data.loader import LoaderStats
 from kbit_core.errors import ConfigError
-from kbit_core.train.distributed import DistEnv, broadcast_from_main
+from kbit_core.train.distributed import DistEnv
 from kbit_core.train.engine import DeepSpeedEngine
-from kbit_core.train.loop import SplitLoaders
+from kbit_core.train.layout import data_layout
 from kbit_core.train.metrics import BatchStats, batch_sums, reduce_sums
 from kbit_core.train.user_code import LossFn
-
-LoaderFactory = Callable[[KbitConfig, DistEnv], SplitLoaders]
-
-
-@dataclasses.dataclass(frozen=True)
-class PipelinePosition:
-    stage: int
-    data_parallel_rank: int
-    data_parallel_size: int
-
-
-def pipeline_position(cfg: KbitConfig, env: DistEnv) -> PipelinePosition:
-    """This rank's stage and data-parallel rank, in DeepSpeed's pipe-major layout (``PipeDataParallelTopology``)."""
-    data_parallel_size = env.world_size // cfg.train.pipeline.stages
-    return PipelinePosition(env.rank // data_parallel_size, env.rank % data_parallel_size, data_parallel_size)
-
-
-class PlaceholderLoader:
-    """Stands for a split's loader on a stage that reads no data: as many (empty, empty) batches as the first
-    stage's loader yields, so every stage runs the same steps."""
-
-    def __init__(self, length: int) -> None:
-        self.length = length
-        self.position = 0
-        self.stats = LoaderStats()
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        empty = torch.empty(0)
-        while self.position < self.length:
-            self.position += 1
-            yield empty, empty
-
-    def set_epoch(self, epoch: int) -> None:
-        self.position = 0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.position = state["position"]
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-
-def stage_loaders(cfg: KbitConfig, env: DistEnv, make_loaders: LoaderFactory) -> SplitLoaders:
-    """Collective: this rank's loaders. Without a pipeline, ``make_loaders(cfg, env)``; with one, the first stage's
-    loaders for its data-parallel rank, and placeholders of the same lengths (rank 0's, sent to all) elsewhere."""
-    if cfg.train.pipeline.stages == 1:
-        return make_loaders(cfg, env)
-    position = pipeline_position(cfg, env)
-    loaders = None
-    if position.stage == 0:
-        data_env = dataclasses.replace(env, rank=position.data_parallel_rank, world_size=position.data_parallel_size)
-        loaders = make_loaders(cfg, data_env)
-    shape = broadcast_from_main(
-        {"lengths": {name: len(loader) for name, loader in loaders.splits().items()}, "plan": loaders.plan}
-        if loaders is not None
-        else None
-    )
-    if loaders is not None:
-        return loaders
-    return SplitLoaders(**{name: PlaceholderLoader(n) for name, n in shape["lengths"].items()}, plan=shape["plan"])
 
 
 class CarryLabels(nn.Module):
@@ -136,11 +66,11 @@ class PipelineEngine(DeepSpeedEngine):
             tuple[Tensor, Tensor, Tensor]
         ] = []  # the last stage's (loss, logits, labels) per micro-batch
         self.micro_batches = cfg.train.pipeline.micro_batches
-        self.position = pipeline_position(cfg, env)
+        self.position = data_layout(cfg, env)
         super().__init__(deepspeed, model, cfg, env, steps_per_epoch, total_steps)
         self.name = f"deepspeed-pipeline-zero{cfg.deepspeed.zero_stage}"
         if (self.ds.stage_id, self.ds.grid.get_data_parallel_id()) != (
-            self.position.stage,
+            self.position.model_parallel_rank,
             self.position.data_parallel_rank,
         ):
             raise ConfigError(f"DeepSpeed placed rank {env.rank} differently from kbit's pipe-major layout")
@@ -165,7 +95,7 @@ class PipelineEngine(DeepSpeedEngine):
         return loss
 
     def _micro_batches(self, x: Tensor, y: Tensor, count: int) -> Iterator[Any]:
-        if self.position.stage == 0:
+        if self.position.model_parallel_rank == 0:
             return iter([((xs, ys), None) for xs, ys in zip(x.chunk(count), y.chunk(count), strict=True)])
         return repeat((None, None))
 

@@ -15,21 +15,45 @@ from kbit_core.errors import ConfigError
 ImageShape = tuple[int, int, int]
 
 
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with separate query, key, value and output projections.
+
+    Separate projections (not nn.MultiheadAttention's fused one) are what tensor parallelism splits: q, k and v by
+    output features (whole heads per rank), the output projection by input features. The head count is read off
+    the projections' width at run time, so a rank holding some of the heads attends with those.
+    """
+
+    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.head_dim, self.dropout = dim // heads, dropout
+        self.q, self.k, self.v, self.out = (nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch, length, _ = x.shape
+
+        def heads(projected: Tensor) -> Tensor:  # [B, L, h·d] -> [B, h, L, d]
+            return projected.view(batch, length, -1, self.head_dim).transpose(1, 2)
+
+        attended = nn.functional.scaled_dot_product_attention(
+            heads(self.q(x)), heads(self.k(x)), heads(self.v(x)), dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.out(attended.transpose(1, 2).reshape(batch, length, -1))
+
+
 class EncoderBlock(nn.Module):
     """Pre-norm self-attention and MLP, each with a residual connection."""
 
     def __init__(self, dim: int, heads: int, mlp_ratio: int, dropout: float) -> None:
         super().__init__()
         self.attn_norm = nn.LayerNorm(dim)
-        self.attn = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
+        self.attn = SelfAttention(dim, heads, dropout)
         self.mlp_norm = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(
             nn.Linear(dim, dim * mlp_ratio), nn.GELU(), nn.Dropout(dropout), nn.Linear(dim * mlp_ratio, dim)
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        normed = self.attn_norm(x)
-        x = x + self.attn(normed, normed, normed, need_weights=False)[0]
+        x = x + self.attn(self.attn_norm(x))
         return x + self.mlp(self.mlp_norm(x))
 
 

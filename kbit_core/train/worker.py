@@ -23,9 +23,9 @@ from kbit_core.train.distributed import (
     teardown,
 )
 from kbit_core.train.engine_factory import build_engine
+from kbit_core.train.layout import LoaderFactory, layout_loaders
 from kbit_core.train.loop import SplitLoaders, Trainer, steps_per_epoch
 from kbit_core.train.models import ImageShape, build_model
-from kbit_core.train.pipeline import LoaderFactory, stage_loaders
 from kbit_core.train.rank_data import rank_loaders
 
 RESULT_FILE = "train_result.json"
@@ -84,7 +84,7 @@ def _train(
     num_classes: int,
     trainer_type: type[Trainer],
 ) -> dict[str, Any]:
-    loaders = stage_loaders(cfg, env, make_loaders)
+    loaders = layout_loaders(cfg, env, make_loaders)
     try:
         return _fit(cfg, env, deepspeed, run_dir, loaders, image_shape, num_classes, trainer_type)
     finally:

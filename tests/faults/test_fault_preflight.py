@@ -75,6 +75,10 @@ def config(tmp_path, **sections) -> KbitConfig:
             r"^train.optim.schedule='tests.integration.user_pieces:halve_every': tests.integration.user_pieces has "
             r"no callable 'halve_every'$",
         ),
+        (
+            {"train__tensor_parallel": {"size": 2}},
+            r"^train.tensor_parallel needs a transformer .* has no EncoderBlock$",
+        ),
     ],
     ids=[
         "misspelled-loss",
@@ -90,6 +94,7 @@ def config(tmp_path, **sections) -> KbitConfig:
         "split-without-data",
         "batch-larger-than-shard",
         "missing-resume-checkpoint",
+        "tensor-parallel-without-a-transformer",
     ],
 )
 def test_training_preconditions_fail_fast_naming_the_setting(tmp_path, record_property, sections, message):

@@ -111,6 +111,9 @@ def test_an_interrupted_produce_deletes_its_partial_topic_and_says_so(broker, tm
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
+        # Ctrl-C reaches a command run in a terminal; a suite started in the background (`cmd &` in a script) passes
+        # SIGINT on ignored, and Python then installs no KeyboardInterrupt handler: the child would never see it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     cfg = make_config(workdir=str(workdir))
     deadline = time.monotonic() + 60

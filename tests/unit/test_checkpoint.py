@@ -160,7 +160,7 @@ def test_resume_latest_continues_only_a_compatible_unfinished_lineage(
     finished.write_file("step-00000009", state(9))
     finished.finish()
     other = KbitConfig.from_dict(
-        {"checkpoint": {"dir": "ckpt"}, "launch": {"num_processes": 4}, "train": {"global_batch_size": 64}}
+        {"checkpoint": {"dir": "ckpt"}, "launch": {"num_processes": 4}, "train": {"global_batch_size": 32}}
     )
     foreign, _ = ckpt.open_lineage(other, tmp_path, is_main=True, sharded=False)
     foreign.write_file("step-00000020", state(20))
@@ -170,11 +170,24 @@ def test_resume_latest_continues_only_a_compatible_unfinished_lineage(
     assert resume_from == crashed_file
     assert writer.directory == crashed.directory, "the resumed run keeps writing its own lineage"
     log = caplog.text
-    assert f"{foreign.directory}: it was written with other settings (launch.num_processes: 4 != 2" in log
+    assert f"{foreign.directory}: it was written with other settings (train.global_batch_size: 32 != 64" in log
     assert f"not resuming lineage {finished.directory}: it finished training" in log
     assert f"resuming lineage {crashed.directory.name} from {crashed_file}" in log
     # A rank other than 0 resolves the same checkpoint and gets no writer.
     assert ckpt.open_lineage(config(resume="latest"), tmp_path, is_main=False, sharded=False) == (None, crashed_file)
+
+
+def test_a_ddp_lineage_continues_at_another_world_size_and_a_deepspeed_one_does_not(tmp_path: Path) -> None:
+    """Batch-mode DDP checkpoints are re-planned on resume (elastic), so the world size is no lineage setting;
+    DeepSpeed's per-rank partitions and a tensor-parallel layout keep it one."""
+    crashed, _ = ckpt.open_lineage(config(), tmp_path, is_main=True, sharded=False)
+    crashed_file = crashed.write_file("step-00000004", state(4))
+    three = KbitConfig.from_dict({"checkpoint": {"dir": "ckpt", "resume": "latest"}, "launch": {"num_processes": 3}})
+    assert ckpt.open_lineage(three, tmp_path, is_main=False, sharded=False) == (None, crashed_file)
+    for fixed in ({"deepspeed": {"enabled": True}}, {"train": {"tensor_parallel": {"size": 2}}}):
+        two, four = (KbitConfig.from_dict({"launch": {"num_processes": n}, **fixed}) for n in (2, 4))
+        assert ckpt.lineage_settings(two)["launch.num_processes"] == 2
+        assert ckpt.lineage_settings(two) != ckpt.lineage_settings(four)
 
 
 def test_unwritable_checkpoint_dir_is_a_config_error(tmp_path: Path) -> None:

@@ -318,6 +318,22 @@ def test_the_broker_kind_says_where_tansu_workarounds_apply() -> None:
             r"does not work with train.grad_accum_steps > 1 \(use train.pipeline.micro_batches\), train.ema_decay",
         ),
         ({"checkpoint": {"keep_best": "val_loss"}}, "checkpoint.keep_best needs checkpoint.dir"),
+        (
+            {"train": {"tensor_parallel": {"size": 2}}, "deepspeed": {"enabled": True}},
+            "train.tensor_parallel.size=2 runs on torch's DTensor: set deepspeed.enabled=false",
+        ),
+        (
+            {"train": {"tensor_parallel": {"size": 2}}, "launch": {"num_processes": 3}},
+            "launch.num_processes=3 is not a multiple of train.tensor_parallel.size=2",
+        ),
+        (
+            {"train": {"tensor_parallel": {"size": 2}, "global_batch_size": 33}, "launch": {"num_processes": 4}},
+            "train.global_batch_size=33 does not split into 2 data-parallel ranks",
+        ),
+        (
+            {"train": {"tensor_parallel": {"size": 2}, "grad_clip_norm": 1.0, "ema_decay": 0.9}},
+            r"tensor_parallel.size=2 does not work with train.ema_decay, train.grad_clip_norm \(the norm",
+        ),
     ],
 )
 def test_pipeline_and_keep_best_settings_that_cannot_work_are_named(sections: dict, message: str) -> None:

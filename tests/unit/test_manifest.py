@@ -12,11 +12,12 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from kbit_core.cli.data import partitions_table
-from kbit_core.config import DataVariant
+from kbit_core.config import DataVariant, KafkaConfig
 from kbit_core.errors import BrokerError, TopicError
 from kbit_core.kafka.admin import TopicCheck
 from kbit_core.kafka.manifest import DataIdentity, DatasetInfo, Manifest, PartitionManifest, manifest_path
 from kbit_core.kafka.producers import DeliveryLedger
+from tests.conftest import free_port
 
 DATASET = DatasetInfo(name="synthetic_digits", seed=0, num_records=10, image_shape=(1, 28, 28), num_classes=10)
 
@@ -160,6 +161,19 @@ def test_ledger_names_each_failed_partition() -> None:
     ledger.callback(1, 5)(2, -1, "Broker: Message size too large")
     with pytest.raises(BrokerError, match=r"topic-a\[2\]: 2 message\(s\) failed, first error: Broker: Message size"):
         ledger.partitions()
+
+
+def test_ledger_keeps_the_clients_error_when_the_cluster_cannot_say_why() -> None:
+    """With the cluster's settings the ledger asks for the failed partitions' in-sync replicas; a cluster that does
+    not answer (nothing listens there) leaves the one-line error as the client gave it."""
+    kcfg = KafkaConfig(bootstrap_servers=f"127.0.0.1:{free_port()}", request_timeout_s=1)
+    ledger = DeliveryLedger("topic-c", 2, kcfg)
+    ledger.callback(1, 5)(1, -1, "Local: Message timed out")
+    with pytest.raises(BrokerError) as caught:
+        ledger.raise_errors()
+    assert (
+        str(caught.value) == "delivery failed: topic-c[1]: 1 message(s) failed, first error: Local: Message timed out"
+    )
 
 
 def test_ledger_refuses_offsets_with_gaps() -> None:

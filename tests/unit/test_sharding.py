@@ -15,6 +15,7 @@ from kbit_core.sharding import (
     block_order,
     parse_offset_strings,
     plan,
+    remainder_pieces,
     split_counts,
 )
 
@@ -269,3 +270,33 @@ def test_parse_offset_strings_inclusive_to_half_open_and_back():
 def test_block_order_rejects_zero_block_size():
     with pytest.raises(ValueError, match="block_size must be >= 1"):
         block_order(_shard(10), 0, 0, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    old_world=st.integers(1, 4),
+    new_world=st.integers(1, 5),
+    per_rank=st.integers(1, 60),
+    block=st.integers(1, 9),
+    done_fraction=st.floats(0, 1),
+)
+def test_remainder_pieces_owe_every_unread_record_once_in_near_equal_runs(
+    old_world: int, new_world: int, per_rank: int, block: int, done_fraction: float
+) -> None:
+    """An epoch interrupted after ``done`` of each old rank's ``yielded`` records, re-planned for another world size:
+    the pieces hold exactly the records still owed (by their place in each block's permuted order), the ranks'
+    shares differ by at most one."""
+    p = plan({0: (0, per_rank * old_world)}, [1.0], old_world)
+    orders = [block_order(p.shard("train", r), 5, 1, block) for r in range(old_world)]
+    yielded = per_rank - per_rank % 3  # a batch of 3: the tail is never yielded
+    done = int(done_fraction * yielded)
+
+    def records(blocks) -> list[tuple[int, int, int]]:  # (partition, first offset of the block, permuted sample)
+        return [(b.range.partition, b.range.start, int(i)) for b in blocks for i in b.permutation(len(b.range))]
+
+    owed = [rec for blocks in orders for rec in records(blocks)[done:yielded]]
+    pieces = remainder_pieces(orders, done, yielded, new_world)
+    got = [rec for mine in pieces for rec in records(mine)]
+    assert got == owed
+    shares = [sum(b.single_record_count() for b in mine) for mine in pieces]
+    assert max(shares) - min(shares) <= 1 and len(pieces) == new_world
