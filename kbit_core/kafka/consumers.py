@@ -7,6 +7,7 @@ committed, and an offset outside the log is an error rather than a silent reset 
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from abc import ABC, abstractmethod
@@ -40,6 +41,11 @@ class RawRecord(NamedTuple):
     partition: int
     offset: int
     value: bytes | None
+
+
+# RawRecord from a (partition, offset, value) tuple without a Python frame per record (NamedTuple's own __new__ is
+# Python code)
+_AS_RAW_RECORD = functools.partial(tuple.__new__, RawRecord)
 
 
 class ConsumerBackend(ABC):
@@ -151,8 +157,22 @@ class ConfluentConsumer(ConsumerBackend):
         self._consumer.assign([confluent_kafka.TopicPartition(topic, p, o) for p, o in starts.items()])
 
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
+        messages = self._consumer.consume(num_messages=max_records, timeout=timeout_s)
+        errors = list(map(confluent_kafka.Message.error, messages))
+        if errors.count(None) == len(errors):
+            # The usual poll, built without a Python loop per message: that per-message work was the largest
+            # share of the fetch on the rank's interpreter lock (docs/data_plane_benchmark.md, issue 23).
+            columns = zip(
+                map(confluent_kafka.Message.partition, messages),
+                map(confluent_kafka.Message.offset, messages),
+                map(confluent_kafka.Message.value, messages),
+            )
+            return list(map(_AS_RAW_RECORD, columns))
+        return self._with_errors(messages)
+
+    def _with_errors(self, messages: list[confluent_kafka.Message]) -> list[RawRecord]:
         out: list[RawRecord] = []
-        for msg in self._consumer.consume(num_messages=max_records, timeout=timeout_s):
+        for msg in messages:
             err = msg.error()
             if err is None:
                 out.append(RawRecord(msg.partition(), msg.offset(), msg.value()))
