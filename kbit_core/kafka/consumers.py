@@ -8,7 +8,9 @@ committed, and an offset outside the log is an error rather than a silent reset 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
+import operator
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -159,7 +161,8 @@ class ConfluentConsumer(ConsumerBackend):
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
         messages = self._consumer.consume(num_messages=max_records, timeout=timeout_s)
         errors = list(map(confluent_kafka.Message.error, messages))
-        if errors.count(None) == len(errors):
+        # identity, not ==: KafkaError's == against None leaves a TypeError pending (a SystemError later)
+        if all(map(operator.is_, errors, itertools.repeat(None))):
             # The usual poll, built without a Python loop per message: that per-message work was the largest
             # share of the fetch on the rank's interpreter lock (docs/data_plane_benchmark.md, issue 23).
             columns = zip(
@@ -168,12 +171,13 @@ class ConfluentConsumer(ConsumerBackend):
                 map(confluent_kafka.Message.value, messages),
             )
             return list(map(_AS_RAW_RECORD, columns))
-        return self._with_errors(messages)
+        return self._with_errors(messages, errors)
 
-    def _with_errors(self, messages: list[confluent_kafka.Message]) -> list[RawRecord]:
+    def _with_errors(
+        self, messages: list[confluent_kafka.Message], errors: list[confluent_kafka.KafkaError | None]
+    ) -> list[RawRecord]:
         out: list[RawRecord] = []
-        for msg in messages:
-            err = msg.error()
+        for msg, err in zip(messages, errors):
             if err is None:
                 out.append(RawRecord(msg.partition(), msg.offset(), msg.value()))
                 continue
