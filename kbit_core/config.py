@@ -376,6 +376,13 @@ class TrainConfig(Section):
     nan_policy: Literal["fail", "skip"] = "fail"
     loss_spike_factor: float = Field(10.0, gt=1)
     max_steps_per_epoch: int | None = Field(None, ge=1)
+    stand_in_step_ms: float | None = Field(
+        None,
+        ge=0,
+        description="Benchmarks only (`kbit bench-train --fast-consumer`): no model is trained; each step is a busy "
+        "wait of this many ms holding the interpreter lock (0: none), standing in for a fast GPU step so the "
+        "loader's own ceiling shows.",
+    )
     seed: int = 0
     deterministic: bool = True
     model: ModelConfig = ModelConfig()

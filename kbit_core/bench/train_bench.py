@@ -28,6 +28,7 @@ from rich.table import Table
 from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.errors import ConfigError, DistributedError
 from kbit_core.kafka.local import embedded_broker
+from kbit_core.kafka.manifest import Manifest
 from kbit_core.launch import launch
 from kbit_core.launch.ray_train import ensure_ray
 from kbit_core.launch.spark import get_spark
@@ -75,17 +76,12 @@ def run_train_bench(
     launches = {
         name: functools.partial(launch_first_step, base.override(launcher)) for name, launcher in launchers.items()
     }
-    other_variants = list({v.name: v for v in variants if v.name != base.produce.variant.name}.values())
-    for variant in other_variants:
-        trainings[stream_name(variant)] = stream.override({"produce": {"variant": variant.model_dump()}})
+    other_variants = stream_variants(trainings, stream, variants)
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name in trainings}
     overheads: dict[str, list[float | None]] = {name: [] for name in launches}
     order = random.Random(cfg.bench.seed)
     with embedded_broker(base):
-        manifest = produce_dataset(base, progress=False)
-        manifests = {name: manifest.model_dump_json() for name in trainings}
-        for variant in other_variants:
-            manifests[stream_name(variant)] = produce_dataset(base, variant, progress=False).model_dump_json()
+        manifest, manifests = produce_topics(base, trainings, other_variants)
         _start_runtimes(base, launchers)
         with Progress(transient=True) as progress:
             task = progress.add_task("train bench", total=repeats * (len(trainings) + len(launches)))
@@ -101,7 +97,32 @@ def run_train_bench(
                         overheads[name].append(_measure_launch(name, launches[name]))
                     progress.advance(task)
     results = _summarize(base, manifest.topic, ds_name, samples, overheads, repeats, other_variants)
-    target = output or Path(cfg.bench.output_dir).resolve() / RESULTS_FILE
+    return write_results(results, output or Path(cfg.bench.output_dir).resolve() / RESULTS_FILE)
+
+
+def stream_variants(
+    trainings: dict[str, KbitConfig], stream: KbitConfig, variants: Sequence[DataVariant]
+) -> list[DataVariant]:
+    """Add a streamed training of each of ``variants`` other than ``stream``'s own to ``trainings``; returns those."""
+    others = list({v.name: v for v in variants if v.name != stream.produce.variant.name}.values())
+    for variant in others:
+        trainings[stream_name(variant)] = stream.override({"produce": {"variant": variant.model_dump()}})
+    return others
+
+
+def produce_topics(
+    cfg: KbitConfig, trainings: dict[str, KbitConfig], other_variants: Sequence[DataVariant]
+) -> tuple[Manifest, dict[str, str]]:
+    """Produce the config's topic and one per other variant; the config's manifest, and each training's as JSON."""
+    manifest = produce_dataset(cfg, progress=False)
+    manifests = {name: manifest.model_dump_json() for name in trainings}
+    for variant in other_variants:
+        manifests[stream_name(variant)] = produce_dataset(cfg, variant, progress=False).model_dump_json()
+    return manifest, manifests
+
+
+def write_results(results: dict[str, Any], target: Path) -> dict[str, Any]:
+    """Write ``results`` as JSON to ``target`` and name it in them."""
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(results, indent=2))
     results["output"] = str(target)
@@ -184,7 +205,7 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator if numerator is not None and denominator else None
 
 
-def _run_settings(cfg: KbitConfig, topic: str, repeats: int) -> dict[str, Any]:
+def run_settings(cfg: KbitConfig, topic: str, repeats: int) -> dict[str, Any]:
     """What the results were measured with."""
     return {
         "topic": topic,
@@ -202,23 +223,23 @@ def _run_settings(cfg: KbitConfig, topic: str, repeats: int) -> dict[str, Any]:
     }
 
 
-def _by_variant(
+def by_variant(
     cfg: KbitConfig,
     speed: dict[str, list[float]],
     samples: dict[str, list[dict[str, Any]]],
     other_variants: Sequence[DataVariant],
 ) -> dict[str, dict[str, Any]]:
     """Each streamed variant's throughput and its ratio to the in-memory baseline."""
-    by_variant = {}
+    measured = {}
     for variant, name in ((cfg.produce.variant, "kafka_stream"), *((v, stream_name(v)) for v in other_variants)):
         vs_memory = ratio(median(speed[name]), median(speed["memory"]))
-        by_variant[variant.name] = {
+        measured[variant.name] = {
             "samples_per_s": speed[name],
             "data_wait_fraction": [r["data_wait_fraction"] for r in samples[name]],
             "vs_memory": vs_memory,
             "meets_target": vs_memory is not None and vs_memory >= STREAM_TARGET,
         }
-    return by_variant
+    return measured
 
 
 def _summarize(
@@ -238,7 +259,7 @@ def _summarize(
     }
     torchrun = median(overheads["torchrun"])
     return {
-        "config": _run_settings(cfg, topic, repeats),
+        "config": run_settings(cfg, topic, repeats),
         "throughput": {
             "kafka_stream_samples_per_s": speed["kafka_stream"],
             "memory_samples_per_s": speed["memory"],
@@ -247,7 +268,7 @@ def _summarize(
             "target": STREAM_TARGET,
             "meets_target": kafka_vs_memory is not None and kafka_vs_memory >= STREAM_TARGET,
         },
-        "stream_by_variant": _by_variant(cfg, speed, samples, other_variants),
+        "stream_by_variant": by_variant(cfg, speed, samples, other_variants),
         "stream_samples_per_s_by_launcher": {
             **by_launcher,
             "vs_torchrun": {
@@ -295,13 +316,7 @@ def results_table(results: dict[str, Any]) -> Table:
     table.add_row("samples/s in memory", fmt(median(thr["memory_samples_per_s"]), "{:,.0f}"), "1.000x", "")
     for variant, streamed in results["stream_by_variant"].items():
         if variant != config["variant"]:
-            verdict = "[green]meets[/]" if streamed["meets_target"] else "[red]below[/]"
-            table.add_row(
-                f"samples/s kafka stream, {variant}",
-                fmt(median(streamed["samples_per_s"]), "{:,.0f}"),
-                fmt(streamed["vs_memory"], "{:.3f}x"),
-                f"in-memory; target {thr['target']}x {verdict}",
-            )
+            add_variant_row(table, variant, streamed, thr["target"])
     by_launcher = results["stream_samples_per_s_by_launcher"]
     table.add_row(
         "samples/s kafka stream, plain torchrun", fmt(median(by_launcher["torchrun"]), "{:,.0f}"), "1.000x", ""
@@ -327,6 +342,17 @@ def results_table(results: dict[str, Any]) -> Table:
         "DDP",
     )
     return table
+
+
+def add_variant_row(table: Table, variant: str, streamed: dict[str, Any], target: float) -> None:
+    """A streamed variant's median samples/s, its ratio to in-memory and the verdict."""
+    verdict = "[green]meets[/]" if streamed["meets_target"] else "[red]below[/]"
+    table.add_row(
+        f"samples/s kafka stream, {variant}",
+        fmt(median(streamed["samples_per_s"]), "{:,.0f}"),
+        fmt(streamed["vs_memory"], "{:.3f}x"),
+        f"in-memory; target {target}x {verdict}",
+    )
 
 
 def _ms(seconds: float | None) -> float | None:

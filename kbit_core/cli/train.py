@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kbit_core.bench.data_plane import parse_variant
+from kbit_core.bench.fast_consumer_bench import fast_consumer_table, run_fast_consumer_bench
 from kbit_core.bench.placement_bench import placement_table, run_placement_bench
 from kbit_core.bench.train_bench import results_table, run_train_bench
 from kbit_core.cli.common import (
@@ -101,10 +102,24 @@ def bench_train_command(
             "--variants", "-v", help="Also stream these variants (format_layout_compression[_xN]), repeatable."
         ),
     ] = None,
+    fast_consumer: Annotated[
+        float | None,
+        typer.Option(
+            "--fast-consumer",
+            min=0,
+            metavar="MS",
+            help="Only the loader's ceiling: streamed vs in-memory with each training step replaced by a busy wait of "
+            "MS ms holding the interpreter lock (0: none), standing in for a fast GPU step.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Kafka-streamed vs in-memory training throughput, launch overheads, and DeepSpeed vs DDP step time."""
     chosen = [run_guarded(parse_variant, v) for v in variants or ()]
+    if fast_consumer is not None:
+        run = functools.partial(run_fast_consumer_bench, step_ms=fast_consumer, variants=chosen)
+        _run_bench(run, fast_consumer_table, config, sets, output, repeats, as_json)
+        return
     _run_bench(
         functools.partial(run_train_bench, variants=chosen), results_table, config, sets, output, repeats, as_json
     )

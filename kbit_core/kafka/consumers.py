@@ -7,7 +7,10 @@ committed, and an offset outside the log is an error rather than a silent reset 
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
+import operator
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -40,6 +43,11 @@ class RawRecord(NamedTuple):
     partition: int
     offset: int
     value: bytes | None
+
+
+# RawRecord from a (partition, offset, value) tuple without a Python frame per record (NamedTuple's own __new__ is
+# Python code)
+_AS_RAW_RECORD = functools.partial(tuple.__new__, RawRecord)
 
 
 class ConsumerBackend(ABC):
@@ -151,9 +159,25 @@ class ConfluentConsumer(ConsumerBackend):
         self._consumer.assign([confluent_kafka.TopicPartition(topic, p, o) for p, o in starts.items()])
 
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
+        messages = self._consumer.consume(num_messages=max_records, timeout=timeout_s)
+        errors = list(map(confluent_kafka.Message.error, messages))
+        # identity, not ==: KafkaError's == against None leaves a TypeError pending (a SystemError later)
+        if all(map(operator.is_, errors, itertools.repeat(None))):
+            # The usual poll, built without a Python loop per message: that per-message work was the largest
+            # share of the fetch on the rank's interpreter lock (docs/data_plane_benchmark.md, issue 23).
+            columns = zip(
+                map(confluent_kafka.Message.partition, messages),
+                map(confluent_kafka.Message.offset, messages),
+                map(confluent_kafka.Message.value, messages),
+            )
+            return list(map(_AS_RAW_RECORD, columns))
+        return self._with_errors(messages, errors)
+
+    def _with_errors(
+        self, messages: list[confluent_kafka.Message], errors: list[confluent_kafka.KafkaError | None]
+    ) -> list[RawRecord]:
         out: list[RawRecord] = []
-        for msg in self._consumer.consume(num_messages=max_records, timeout=timeout_s):
-            err = msg.error()
+        for msg, err in zip(messages, errors):
             if err is None:
                 out.append(RawRecord(msg.partition(), msg.offset(), msg.value()))
                 continue

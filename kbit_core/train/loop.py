@@ -23,7 +23,7 @@ from kbit_core.errors import ConfigError, DistributedError, TrainingDivergedErro
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.distributed import DistEnv, broadcast_from_main, gather_to_main
 from kbit_core.train.engine import Engine
-from kbit_core.train.metrics import BatchStats, SpikeDetector, reduce_throughput
+from kbit_core.train.metrics import BatchStats, SpikeDetector, reduce_throughput, stand_in_step
 from kbit_core.train.run_report import data_report, epoch_line, history_table, plan_line
 from kbit_core.train.user_code import resolve_loss, resolve_metrics
 
@@ -299,7 +299,8 @@ class Trainer:
     def _optimizer_step(self, epoch: int, step_loss: float, progress: tqdm, epoch_end: bool) -> None:
         """Step the optimizer on the accumulated window; record its loss, watch for spikes, checkpoint when due."""
         st = self.state
-        self.engine.step()
+        if self.cfg.train.stand_in_step_ms is None:  # a stand-in step leaves no gradients to apply
+            self.engine.step()
         st.step += 1
         st.loss_curve.append(step_loss)
         running = self.spikes.observe(step_loss)
@@ -319,7 +320,11 @@ class Trainer:
             self.save()
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, boundary: bool) -> BatchStats:
-        """One micro-batch: forward, the global loss and accuracy, backward unless a rank's loss is not finite."""
+        """One micro-batch: forward, the global loss and accuracy, backward unless a rank's loss is not finite (with
+        ``train.stand_in_step_ms``: the stand-in step instead, the same on every rank)."""
+        stand_in = self.cfg.train.stand_in_step_ms
+        if stand_in is not None:
+            return stand_in_step(stand_in, len(y) * self.env.world_size)
         return self.engine.forward_backward(x, y, boundary, self.loss_fn)
 
     def _next_batch(self, batches: Iterator[LabelledInputs], epoch: int, index: int, length: int) -> LabelledInputs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import resource
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -23,6 +24,15 @@ class BatchStats:
     @property
     def finite(self) -> bool:
         return self.nonfinite_ranks == 0
+
+
+def stand_in_step(busy_ms: float, samples: float) -> BatchStats:
+    """A training step that trains nothing: ``busy_ms`` of busy waiting in Python (holding the interpreter lock as a
+    GPU step's launches do), then ``samples`` counted with no loss and nothing correct."""
+    end = time.perf_counter() + busy_ms / 1000
+    while time.perf_counter() < end:
+        pass
+    return BatchStats(0.0, 0.0, samples, 0)
 
 
 def batch_sums(loss: Tensor, logits: Tensor, targets: Tensor) -> Tensor:
