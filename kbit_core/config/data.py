@@ -92,12 +92,20 @@ class ReaderConfig(Section):
         "own library (what the format costs without kbit).",
     )
     prefetch_batches: int = Field(4, ge=1, description="Bounded queue of decoded batches per rank.")
-    workers: Literal["thread", "process"] = Field(
+    workers: Literal["thread", "process", "partitions"] = Field(
         "thread",
         description="Stream mode: where a rank's fetch, decode and batch assembly run. thread: threads of "
         "the rank (they share its GIL with the training loop); process: a child process per "
         "loader (kept across epochs, with a consumer of its own), handing finished batches "
-        "over in shared memory.",
+        "over in shared memory; partitions: child processes that each fetch and decode the loader's blocks "
+        "of some of its partitions (see reader.partition_workers) into shared memory, in parallel, while "
+        "the rank cuts the batches.",
+    )
+    partition_workers: int = Field(
+        0,
+        ge=0,
+        description="reader.workers: partitions: at most this many worker processes per loader, the "
+        "topic's partitions dealt among them in turn (0: one per partition the loader reads).",
     )
     decode_processes: int = Field(
         0,
@@ -119,7 +127,7 @@ class ReaderConfig(Section):
 
     @model_validator(mode="after")
     def _decode_processes_need_threads(self) -> ReaderConfig:
-        if self.decode_processes and self.workers == "process":
+        if self.decode_processes and self.workers != "thread":
             raise ValueError(
                 "reader.decode_processes needs reader.workers: thread (a loader's worker process, "
                 "a daemon, may not start processes of its own)"

@@ -31,10 +31,11 @@ class LoaderStats:
 
 
 class BatchAssembler:
-    """Cuts the decoded blocks of ``schedule``'s epoch into its batches, counting padded records in ``stats``."""
+    """Cuts the decoded blocks of ``schedule``'s epoch into its batches, counting padded records in ``stats``;
+    ``permuted``: the blocks arrive already in their permuted order (``reader.workers: partitions``)."""
 
-    def __init__(self, schedule: ShardSchedule, stats: LoaderStats, pin_memory: bool) -> None:
-        self.schedule, self.stats, self.pin_memory = schedule, stats, pin_memory
+    def __init__(self, schedule: ShardSchedule, stats: LoaderStats, pin_memory: bool, permuted: bool = False) -> None:
+        self.schedule, self.stats, self.pin_memory, self.permuted = schedule, stats, pin_memory, permuted
 
     def groups(
         self, decoded: Iterator[tuple[Block, Any]], skip_batches: int, skip_records: int
@@ -48,8 +49,10 @@ class BatchAssembler:
         for block, batch in decoded:
             if emitted >= total:
                 break
-            perm = block.permutation(len(batch.labels))
-            pixels, labels, indices = batch.pixels[perm], batch.labels[perm], batch.indices[perm]
+            pixels, labels, indices = batch.pixels, batch.labels, batch.indices
+            if not self.permuted:
+                perm = block.permutation(len(labels))
+                pixels, labels, indices = pixels[perm], labels[perm], indices[perm]
             if skip_records:
                 k = min(skip_records, len(labels))
                 pixels, labels, indices, skip_records = pixels[k:], labels[k:], indices[k:], skip_records - k

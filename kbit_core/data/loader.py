@@ -22,6 +22,7 @@ from kbit_core.config import ClientName, KbitConfig
 from kbit_core.data.assembly import BatchAssembler, LoaderStats
 from kbit_core.data.batching import Batch
 from kbit_core.data.loader_modes import EagerMode, ProcessMode, StreamMode
+from kbit_core.data.partition_workers import PartitionMode
 from kbit_core.data.reader import RangeReader
 from kbit_core.data.schedule import ShardSchedule, per_rank_batch_size
 from kbit_core.kafka.manifest import Manifest
@@ -65,11 +66,14 @@ class ShardLoader:
         self.stats = LoaderStats(reader=self.reader.stats)
         assembler = BatchAssembler(self.schedule, self.stats, self.pin_memory)
         self._eager = EagerMode(self.schedule, self.reader, assembler, self.stats)
-        self._mode: StreamMode | EagerMode | ProcessMode
+        self._mode: StreamMode | EagerMode | ProcessMode | PartitionMode
         if self.mode == "eager":
             self._mode = self._eager
         elif cfg.reader.workers == "process":
             self._mode = ProcessMode(self.schedule, self.reader.client, self.stats, self.pin_memory)
+        elif cfg.reader.workers == "partitions":
+            permuted = BatchAssembler(self.schedule, self.stats, self.pin_memory, permuted=True)
+            self._mode = PartitionMode(self.schedule, self.reader.client, self.stats, permuted)
         else:
             self._mode = StreamMode(self.schedule, self.reader, assembler)
 

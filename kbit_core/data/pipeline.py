@@ -84,10 +84,19 @@ class ChildProcess(Generic[R, T]):
     here, by a thread).
 
     An exception in the child is re-raised here with its type and message (the child's traceback as a note). The
-    child starts on the first run and ends on :meth:`close`, or when this process dies; its death is an error here.
+    child starts on the first run and ends on :meth:`close`, or when this process dies; its death is a one-line
+    KbitError here naming ``name``.
     """
 
-    def __init__(self, source: Callable[[R], Iterator[T]], maxsize: int, *, pin_memory: bool = False) -> None:
+    def __init__(
+        self,
+        source: Callable[[R], Iterator[T]],
+        maxsize: int,
+        *,
+        pin_memory: bool = False,
+        name: str = "the loader's worker process",
+    ) -> None:
+        self.name = name
         context = child_context()
         self._requests: multiprocessing.Queue[R] = context.Queue()
         # torch's DataLoader with one persistent worker supplies the lifecycle: the bounded queue of requested
@@ -108,7 +117,14 @@ class ChildProcess(Generic[R, T]):
         # The worker takes one request per iteration: iter() below starts (or resets) it after the put, and its
         # index queue is FIFO, so each iteration's first item is asked for before the next reset arrives.
         self._requests.put(request)
-        for item in self._items:
+        items = iter(self._items)
+        while True:
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            except RuntimeError as exc:  # DataLoader's own: the worker died or stopped answering
+                raise KbitError(f"{self.name} failed: {str(exc).splitlines()[0]}") from exc
             if isinstance(item, _Failure):
                 raise item.exc
             yield item

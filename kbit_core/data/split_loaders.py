@@ -67,10 +67,10 @@ class SplitLoaderSet(Mapping[str, ShardLoader]):
 
     def connect(self) -> None:
         """Open the consumer and check every split's planned ranges against the broker through it in one bounds
-        query (with ``reader.workers: process`` only the check, closing the consumer after it: each loader's worker
-        process reads with a consumer of its own)."""
+        query (with ``reader.workers: process`` or ``partitions`` only the check, closing the consumer after it:
+        each loader's worker processes read with consumers of their own)."""
         ranges = [r for loader in self._loaders.values() for r in loader.shard.ranges]
-        if self.reader.reader_cfg.workers == "process":
+        if self.reader.reader_cfg.workers != "thread":
             self.reader.check(ranges)
             self.reader.close()
         else:

@@ -1,4 +1,4 @@
-"""reader.workers=process through the real broker: the thread mode's batches, errors and counts, from a child
+"""reader.workers=process (and, where the test applies to both, partitions) through the real broker: the thread mode's batches, errors and counts, from a child
 process that leaves nothing behind."""
 
 from __future__ import annotations
@@ -76,9 +76,10 @@ def test_process_workers_yield_the_thread_batches_and_resume_alike(produce_topic
     assert_same(tail, runs["thread"][0][5:])
 
 
-def test_a_corrupt_record_fails_in_the_rank_with_its_coordinates(produce_topic: Produce):
+@pytest.mark.parametrize("workers", ["process", "partitions"])
+def test_a_corrupt_record_fails_in_the_rank_with_its_coordinates(produce_topic: Produce, workers):
     cfg, manifest = produce_topic(
-        RAW, 40, partitions=2, reader__workers="process", shard__split_rates=[0.5, 0.5], train__global_batch_size=4
+        RAW, 40, partitions=2, reader__workers=workers, shard__split_rates=[0.5, 0.5], train__global_batch_size=4
     )
     offset = inject(cfg, manifest.topic, 1, b"\x00garbage")
     with make_split_loader(cfg, extended(manifest, 1, 1), "val", 0, 1) as loader:
@@ -90,13 +91,14 @@ def test_a_corrupt_record_fails_in_the_rank_with_its_coordinates(produce_topic: 
     assert not loader_workers()
 
 
-def test_skipped_records_reach_the_rank_counts(produce_topic: Produce):
+@pytest.mark.parametrize("workers", ["process", "partitions"])
+def test_skipped_records_reach_the_rank_counts(produce_topic: Produce, workers):
     cfg, manifest = produce_topic(
         RAW,
         40,
         partitions=2,
         reader__bad_records="skip",
-        reader__workers="process",
+        reader__workers=workers,
         shard__split_rates=[0.5, 0.5],
         train__global_batch_size=4,
     )
@@ -110,10 +112,11 @@ def test_skipped_records_reach_the_rank_counts(produce_topic: Produce):
     assert len(seen) == 19 and sum(seen.values()) == 20, "19 good records, one repeated to fill the last batch"
 
 
-def test_split_loaders_sharing_a_reader_read_alike_in_process_mode(produce_topic: Produce):
+@pytest.mark.parametrize("mode", ["process", "partitions"])
+def test_split_loaders_sharing_a_reader_read_alike_in_process_mode(produce_topic: Produce, mode):
     cfg, manifest = produce_topic(RAW, 120, partitions=2, shard__block_records=8, train__global_batch_size=4)
     runs = {}
-    for workers in ("thread", "process"):
+    for workers in ("thread", mode):
         loaders = rank_loaders(with_workers(cfg, workers), manifest, 0, 1, share_reader=True)
         try:
             loaders.shared.connect()
@@ -123,7 +126,7 @@ def test_split_loaders_sharing_a_reader_read_alike_in_process_mode(produce_topic
         finally:
             loaders.close()
     for split, expected in runs["thread"].items():
-        assert_same(runs["process"][split], expected)
+        assert_same(runs[mode][split], expected)
 
 
 RANK_SCRIPT = """
