@@ -23,6 +23,7 @@ from typing import Any
 from rich.progress import Progress
 
 from kbit_core.bench.bench_topics import bench_config, drop_topic, produce_or_reuse
+from kbit_core.bench.loader_figures import loader_configs, loader_figures, rate
 from kbit_core.bench.stream_rss import DEFAULT_RSS_RECORDS, TARGET_RSS_GROWTH_MB, measure_stream_rss
 from kbit_core.config import COMPRESSIONS, FORMATS, ClientName, DataVariant, KbitConfig
 from kbit_core.data.decode_pool import DecodePool
@@ -100,6 +101,8 @@ class DataPlaneRow:
     fast_decoder: bool  # whether a fast decoder exists for the variant (else both columns are the stock library)
     decode_processes: int  # reader.decode_processes: worker processes beside the decoding thread (fast column, loader)
     connect_ms: float  # median connect stage: the consumer and one bounds check of the planned ranges
+    # the loader per reader.workers measured (the config's own first: the loader_* fields above): see LoaderFigures
+    loader_by_workers: dict[str, dict[str, Any]]
 
 
 def whole_topic_blocks(cfg: KbitConfig, manifest: Manifest) -> list[OffsetRange]:
@@ -108,18 +111,14 @@ def whole_topic_blocks(cfg: KbitConfig, manifest: Manifest) -> list[OffsetRange]
     return [b.range for b in block_order(shard, 0, 0, max(1, cfg.shard.block_records // rpm), shuffle=False)]
 
 
-def _rate(count: float, seconds: float) -> float:
-    return count / seconds if seconds > 0 else float("nan")
-
-
-LARGE_BATCH = 512  # a GPU rank's per-rank batch, where per-batch costs matter least and per-record ones most
-
-
-def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, repeats: int = 3) -> DataPlaneRow:
+def measure_variant(
+    cfg: KbitConfig, manifest: Manifest, client: ClientName, repeats: int = 3, workers: Sequence[str] = ()
+) -> DataPlaneRow:
     """Time fetch, then decode with the fast and with the stock decoder, block by block over the whole topic, then
-    the loader (``reader.decoder`` of ``cfg``) at ``train.global_batch_size`` and at :data:`LARGE_BATCH`, ``repeats``
-    times after a warm-up; medians, and each loader's loader ÷ fetch per round for its spread. Fetch and both decodes
-    alternate per block, so load that drifts on a shared machine hits all three."""
+    the loader (``reader.decoder`` of ``cfg``) at ``train.global_batch_size`` and at :data:`LARGE_BATCH`, with the
+    config's ``reader.workers`` and each other one of ``workers``, ``repeats`` times after a warm-up; medians, and each
+    loader's loader ÷ fetch per round for its spread. Fetch and both decodes alternate per block, so load that drifts
+    on a shared machine hits all three."""
     ranges = whole_topic_blocks(cfg, manifest)
     stock = manifest_codec(manifest, "stock")
     fast = select_codec(stock, "fast")
@@ -129,7 +128,7 @@ def measure_variant(cfg: KbitConfig, manifest: Manifest, client: ClientName, rep
     codecs: dict[str, Any] = {"stock": stock}
     if fast is not stock or pool:
         codecs["fast"] = pool or fast
-    batches = {"default": cfg, "large": cfg.override({"train.global_batch_size": LARGE_BATCH})}
+    batches = loader_configs(cfg, workers)
     fetch_s, decode_s, loader_s = [], {d: [] for d in codecs}, {b: [] for b in batches}
     loaded = dict.fromkeys(batches, 0)  # records one epoch of each loader yields (whole batches of train)
     with (
@@ -173,22 +172,29 @@ def _row(
     client: ClientName,
     fetch_s: list[float],
     decode_s: dict[str, list[float]],
-    loader_s: dict[str, list[float]],
-    loaded: dict[str, int],
+    loader_s: dict[tuple[str, str], list[float]],
+    loaded: dict[tuple[str, str], int],
     fast_decoder: bool,
 ) -> DataPlaneRow:
     """One variant × client's medians as rates and ratios (decode rates include the fetch they follow), and each
-    loader's lowest and highest loader ÷ fetch of one round."""
+    loader's figures (see :class:`LoaderFigures`)."""
     n, mb = manifest.num_records, manifest.value_bytes / 1e6
-    f, ld, large = (statistics.median(t) for t in (fetch_s, loader_s["default"], loader_s["large"]))
-    # loader rate ÷ fetch rate; the loaders yield whole train batches only, a few records short of the topic
-    ratio = {name: loaded[name] / n for name in loaded}
-    spread = {
-        name: [round(min(r), 3), round(max(r), 3)]
-        for name, r in ((b, [ratio[b] * ft / lt for ft, lt in zip(fetch_s, ts)]) for b, ts in loader_s.items())
-    }
+    f = statistics.median(fetch_s)
     stock_t = statistics.median(decode_s["stock"])
     fast_t = statistics.median(decode_s["fast"]) if "fast" in decode_s else stock_t
+    by_workers = {
+        w: loader_figures(
+            n,
+            fetch_s,
+            f + fast_t,
+            loader_s[w, "default"],
+            loaded[w, "default"],
+            loader_s[w, "large"],
+            loaded[w, "large"],
+        )
+        for w, _ in loader_s
+    }
+    own = by_workers[cfg.reader.workers]
     v = manifest.variant
     return DataPlaneRow(
         variant=v.name,
@@ -200,25 +206,26 @@ def _row(
         records=n,
         value_mb=round(mb, 3),
         bytes_per_record=round(manifest.value_bytes / max(n, 1), 1),
-        produce_records_per_s=_rate(n, manifest.produce_seconds),
-        fetch_records_per_s=_rate(n, f),
-        fetch_mb_per_s=_rate(mb, f),
-        decode_records_per_s=_rate(n, f + fast_t),
-        decode_mb_per_s=_rate(mb, f + fast_t),
-        stock_decode_records_per_s=_rate(n, f + stock_t),
-        loader_records_per_s=_rate(loaded["default"], ld),
-        loader_large_batch_records_per_s=_rate(loaded["large"], large),
+        produce_records_per_s=rate(n, manifest.produce_seconds),
+        fetch_records_per_s=rate(n, f),
+        fetch_mb_per_s=rate(mb, f),
+        decode_records_per_s=rate(n, f + fast_t),
+        decode_mb_per_s=rate(mb, f + fast_t),
+        stock_decode_records_per_s=rate(n, f + stock_t),
+        loader_records_per_s=own.records_per_s,
+        loader_large_batch_records_per_s=own.large_batch_records_per_s,
         decode_ratio=f / (f + fast_t),
         stock_decode_ratio=f / (f + stock_t),
-        loader_ratio=ratio["default"] * f / ld,
-        loader_ratio_spread=spread["default"],
-        loader_large_batch_ratio=ratio["large"] * f / large,
-        loader_large_batch_ratio_spread=spread["large"],
+        loader_ratio=own.ratio,
+        loader_ratio_spread=own.spread,
+        loader_large_batch_ratio=own.large_batch_ratio,
+        loader_large_batch_ratio_spread=own.large_batch_spread,
         speedup=(f + stock_t) / (f + fast_t),
-        decode_only_speedup=_rate(stock_t, fast_t),
+        decode_only_speedup=rate(stock_t, fast_t),
         fast_decoder=fast_decoder,
         decode_processes=cfg.reader.decode_processes,
         connect_ms=1e3 * statistics.median(_connect_seconds(cfg, manifest, client)),
+        loader_by_workers={w: asdict(figures) for w, figures in by_workers.items()},
     )
 
 
@@ -346,10 +353,12 @@ def run_data_plane(
     keep_topics: bool = False,
     progress: bool = True,
     peers: Mapping[str, Peer] | None = None,
+    loader_workers: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run the whole benchmark and return the JSON-able results (meta, rows, rss, targets; and per entry of
     ``peers``, its comparison of each topic with these rows, e.g. ``ray_read_kafka``: see :mod:`.ray_data_peer`,
-    :mod:`.spark_kafka_peer` and :mod:`.kafka_tools`). A peer's own targets join the run's."""
+    :mod:`.spark_kafka_peer` and :mod:`.kafka_tools`). A peer's own targets join the run's. ``loader_workers``:
+    further ``reader.workers`` to time the loader with, beside the config's own (each row's ``loader_by_workers``)."""
     bench_cfg = bench_config(cfg, records)
     variants = list(variants or cfg.bench.variants)
     clients = list(clients or cfg.bench.clients)
@@ -364,7 +373,7 @@ def run_data_plane(
             try:
                 for client in clients:
                     bar.update(task, description=f"{variant.name} [{client}]")
-                    rows.append(measure_variant(bench_cfg, manifest, client, repeats))
+                    rows.append(measure_variant(bench_cfg, manifest, client, repeats, loader_workers))
                     bar.advance(task)
                 for name, peer in peers.items():
                     bar.update(task, description=f"{variant.name} [{name}]")

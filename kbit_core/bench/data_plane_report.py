@@ -42,6 +42,37 @@ def results_table(results: dict[str, Any]) -> Table:
     return table
 
 
+# The loader per reader.workers (DataPlaneRow.loader_by_workers): loader ÷ fetch and ÷ read+decode at both batches.
+_WORKER_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("records_per_s", "loader rec/s", lambda v: f"{v:,.0f}"),
+    ("ratio", "loader/fetch", lambda v: f"{v:.2f}"),
+    ("spread", "spread", lambda v: f"{v[0]:.2f}-{v[1]:.2f}"),
+    ("decode_ratio", "loader/decode", lambda v: f"{v:.2f}"),
+    ("large_batch_records_per_s", "loader rec/s batch 512", lambda v: f"{v:,.0f}"),
+    ("large_batch_ratio", "loader/fetch batch 512", lambda v: f"{v:.2f}"),
+    ("large_batch_spread", "spread 512", lambda v: f"{v[0]:.2f}-{v[1]:.2f}"),
+    ("large_batch_decode_ratio", "loader/decode batch 512", lambda v: f"{v:.2f}"),
+]
+
+
+def _worker_rows(results: dict[str, Any]) -> list[list[str]]:
+    return [
+        [row["variant"], row["client"], workers, *(fmt(figures[key]) for key, _, fmt in _WORKER_COLUMNS)]
+        for row in results["rows"]
+        for workers, figures in row.get("loader_by_workers", {}).items()
+    ]
+
+
+def loader_workers_table(results: dict[str, Any]) -> Table:
+    """The loader with each ``reader.workers`` measured, against the same run's fetch and read+decode."""
+    table = Table(title="loader per reader.workers: against the fetch and the read+decode of the same run")
+    for header in ("variant", "client", "workers", *(h for _, h, _ in _WORKER_COLUMNS)):
+        table.add_column(header, justify="left" if header in ("variant", "client", "workers") else "right")
+    for cells in _worker_rows(results):
+        table.add_row(*cells)
+    return table
+
+
 def targets_table(results: dict[str, Any]) -> Table:
     table = Table(title="targets")
     for col in ("target", "measured", "met"):
@@ -61,6 +92,9 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {r['records']:,} | {r['peak_rss_mb']:.1f} | {r['rss_after_first_batch_mb']:.1f} | {r['seconds']:.1f} |"
             for r in results["rss"]["runs"]
         ]
+    headers = ["variant", "client", "workers", *(h for _, h, _ in _WORKER_COLUMNS)]
+    lines += ["", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in _worker_rows(results)]
     lines += ["", "| target | measured | met |", "|---|---|---|"]
     lines += [f"| {t['target']} | {t['value']:,} | {'yes' if t['met'] else 'no'} |" for t in results["targets"]]
     return "\n".join(lines) + "\n"

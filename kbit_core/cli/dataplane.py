@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, get_args
 
 import typer
 from rich.console import Console
@@ -13,6 +13,7 @@ from rich.console import Console
 from kbit_core.bench import data_plane, data_plane_report, ray_data_peer, spark_kafka_peer
 from kbit_core.bench import kafka_tools as kafka_tools_module
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
+from kbit_core.config import ReaderConfig
 
 # wide tables: when piped (no terminal width), do not squeeze a dozen numeric columns into 80 characters
 out = Console(width=None if sys.stdout.isatty() else 220)
@@ -68,6 +69,13 @@ def bench_data(
         str, typer.Option("--rss-records", help="Small,large topic sizes for the RSS check.")
     ] = "60000,600000",
     keep_topics: Annotated[bool, typer.Option("--keep-topics", help="Keep the topics this run produced.")] = False,
+    loader_workers: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--loader-workers",
+            help="Also time the loader with this reader.workers (thread | process | partitions), repeatable.",
+        ),
+    ] = None,
     ray_peer: RayPeerOpt = False,
     spark_peer: SparkPeerOpt = False,
     kafka_tools: KafkaToolsOpt = False,
@@ -81,6 +89,10 @@ def bench_data(
     for client in clients or []:
         if client not in ("confluent", "kafka-python"):
             raise typer.BadParameter(f"unknown client {client!r}; use confluent or kafka-python")
+    known = get_args(ReaderConfig.model_fields["workers"].annotation)
+    for workers in loader_workers or []:
+        if workers not in known:
+            raise typer.BadParameter(f"unknown reader.workers {workers!r}; use {', '.join(known)}")
     wanted = [name for name, on in zip(PEERS, (kafka_tools, ray_peer, spark_peer), strict=True) if on]
     results = run_guarded(
         data_plane.run_data_plane,
@@ -93,6 +105,7 @@ def bench_data(
         keep_topics=keep_topics,
         progress=not as_json,
         peers={name: PEERS[name][0] for name in wanted},
+        loader_workers=loader_workers or (),
     )
     if output:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +122,7 @@ def bench_data(
 def _print_tables(results: dict, peers: list[str], output: Path | None) -> None:
     """The run's tables for the terminal: the rows, the targets, then each peer's comparison."""
     out.print(data_plane_report.results_table(results))
+    out.print(data_plane_report.loader_workers_table(results))
     out.print(data_plane_report.targets_table(results))
     for name in peers:
         out.print(PEERS[name][1](results[name]))

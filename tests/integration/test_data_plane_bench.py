@@ -66,6 +66,8 @@ def test_bench_data_cli_writes_rates_ratios_rss_and_targets(make_config, tmp_pat
             "1",
             "--rss-records",
             "200,1000",
+            "--loader-workers",
+            "partitions",
             "--out",
             str(out),
             "--markdown",
@@ -92,11 +94,19 @@ def test_bench_data_cli_writes_rates_ratios_rss_and_targets(make_config, tmp_pat
     assert row["speedup"] == pytest.approx(row["decode_records_per_s"] / row["stock_decode_records_per_s"])
     assert row["fast_decoder"] is False and row["speedup"] == 1.0  # raw has no fast decoder: one codec, timed once
     assert row["connect_ms"] > 0
+    by_workers = row["loader_by_workers"]
+    assert list(by_workers) == ["thread", "partitions"], "the config's own reader.workers first, then the others"
+    assert by_workers["thread"]["ratio"] == row["loader_ratio"]
+    for figures in by_workers.values():
+        assert figures["records_per_s"] > 0  # (300 records hold no whole batch of 512)
+        assert figures["spread"] == [pytest.approx(figures["ratio"], abs=1e-3)] * 2  # one round: the median is it
+        assert figures["decode_ratio"] == pytest.approx(figures["records_per_s"] / row["decode_records_per_s"])
     assert [r["records"] for r in results["rss"]["runs"]] == [200, 1000]
     assert all(r["peak_rss_mb"] > 0 for r in results["rss"]["runs"])
     targets = {t["target"] for t in results["targets"]}
     assert any("decode >= 0.8x fetch" in t for t in targets) and any("RSS growth" in t for t in targets)
     assert "| raw_bytes_none | confluent |" in md.read_text()
+    assert "| raw_bytes_none | confluent | partitions |" in md.read_text()
     assert not [t for t in admin.list_topics(cfg.kafka) if ".n300." in t or ".n1000." in t], "topics cleaned up"
 
 
