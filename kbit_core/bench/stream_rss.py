@@ -19,22 +19,33 @@ DEFAULT_RSS_RECORDS = (60_000, 600_000)
 RSS_VARIANT = DataVariant(format="raw", layout="bytes", compression="none")
 
 # Current RSS sampled after every batch (psutil): ru_maxrss would not do, Linux carries it across exec from
-# the (much larger) benchmark process that spawns the probe.
+# the (much larger) benchmark process that spawns the probe. With reader.workers process or partitions the loader's
+# worker processes count too (listed again every 100 batches, as they start when first needed); shared memory they
+# hand over counts in both, so the sum overstates.
 RSS_PROBE = """
-import json, sys, time, psutil
+import contextlib, json, sys, time, psutil
 from kbit_core.config import KbitConfig
 from kbit_core.data.split_loaders import make_split_loader
 from kbit_core.kafka.manifest import Manifest
 proc = psutil.Process()
+def rss(procs):
+    total = 0
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += p.memory_info().rss
+    return total
 cfg = KbitConfig.from_dict(json.load(sys.stdin))
 loader = make_split_loader(cfg, Manifest.load(sys.argv[1]), "train", 0, 1)
 batches = iter(loader)
 next(batches)
-base = peak = proc.memory_info().rss
+procs = [proc, *proc.children(recursive=True)]
+base = peak = rss(procs)
 records, t0 = loader.batch_size, time.perf_counter()
-for _, y in batches:
+for i, (_, y) in enumerate(batches):
     records += len(y)
-    peak = max(peak, proc.memory_info().rss)
+    if i % 100 == 99:
+        procs = [proc, *proc.children(recursive=True)]
+    peak = max(peak, rss(procs))
 seconds = time.perf_counter() - t0
 loader.close()
 print(json.dumps({"records_read": records, "seconds": seconds, "rss_after_first_batch_mb": base / 2**20,
@@ -48,7 +59,8 @@ def measure_stream_rss(
     keep_topics: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Peak RSS of a fresh process streaming a whole topic of each size (stream mode, one rank)."""
+    """Peak RSS of a fresh process (with its loader worker processes) streaming a whole topic of each size (stream
+    mode, one rank, ``reader.workers`` of ``cfg``)."""
     runs = []
     for size in sizes:
         size_cfg = bench_config(cfg, size, mode="stream")
