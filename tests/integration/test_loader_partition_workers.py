@@ -83,3 +83,22 @@ def test_a_dead_partition_worker_is_a_one_line_error_naming_it(produce_topic: Pr
     )
     assert re.match(named + r" failed: DataLoader worker \(pid\(s\) \d+\) exited unexpectedly$", message), message
     assert not loader_workers()
+
+
+def test_an_elastic_resume_reads_the_thread_modes_batches(produce_topic: Produce):
+    cfg, manifest = produce_topic(RAW, 150, partitions=2, shard__block_records=7, train__global_batch_size=6)
+    states = []
+    for rank in (0, 1):  # the interrupted epoch: 2 ranks, each 5 batches in
+        with make_split_loader(cfg, manifest, "train", rank, 2, epoch=1) as old:
+            batches = old.iter_indexed()
+            for _ in range(5):
+                next(batches)
+            states.append(old.state_dict())
+            batches.close()
+    rest = {}
+    for name, mode_cfg in (("thread", cfg), ("partitions", with_partition_workers(cfg, 0))):
+        with make_split_loader(mode_cfg, manifest, "train", 2, 3) as new:
+            new.set_epoch(1)
+            new.load_state_dict({"resharded_from": states})
+            rest[name] = [b.indices.tolist() for b in new.iter_indexed()]
+    assert rest["partitions"] == rest["thread"] and rest["thread"]
