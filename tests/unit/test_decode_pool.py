@@ -152,10 +152,11 @@ def test_a_dead_worker_is_logged_its_block_still_decoded_and_the_workers_started
         assert _equal(pool.decode(values), expected) and pool._workers == []  # the calling thread decodes alone
 
 
-def test_decode_processes_need_loader_threads():
+@pytest.mark.parametrize("workers", ["process", "partitions"])
+def test_decode_processes_need_loader_threads(workers):
     assert KbitConfig.from_dict({"reader": {"decode_processes": 2}}).reader.decode_processes == 2
     with pytest.raises(ConfigError, match="reader.decode_processes needs reader.workers: thread"):
-        KbitConfig.from_dict({"reader": {"decode_processes": 1, "workers": "process"}})
+        KbitConfig.from_dict({"reader": {"decode_processes": 1, "workers": workers}})
 
 
 def test_a_range_readers_pool_names_a_corrupt_records_coordinates():
