@@ -1,8 +1,10 @@
-"""The loader per ``reader.workers`` (thread, process, partitions) on a private Apache Kafka broker, in under five
-minutes on 2 idle cores with the defaults (50,000 records; the issue's figures used ``--records 100000 --repeats 5
---train-repeats 3``, about 19 minutes on the 2 shared cores): `kbit bench-data` (loader ÷ fetch and ÷ read+decode at the default batch and at 512, with
-spreads over the rounds) and `kbit bench-train --fast-consumer 0` (streamed ÷ in-memory samples/s, one rank at batch
-512) for raw bytes and Avro lists. Writes JSON, markdown and the load average before and after each step to OUT.
+"""The loader per ``reader.workers`` (thread, process, partitions) on a private Apache Kafka broker (its data removed
+afterwards): `kbit bench-data` (loader ÷ fetch and ÷ read+decode at the default batch and at 512, with spreads over
+the rounds) and `kbit bench-train --fast-consumer 0` (streamed ÷ in-memory samples/s, one rank at batch 512) for raw
+bytes and Avro lists. Writes JSON, markdown, each step's log and the load average before and after each step to OUT
+(default .kbit/loader-workers-bench). With the defaults (50,000 records) it takes under five minutes on 2 idle cores
+(4.6 minutes at load average 4-6); docs/data_plane_benchmark.md's figures used
+``--records 100000 --repeats 5 --train-repeats 3`` (19 minutes on 2 shared cores).
 
     PYTHONPATH=. .venv/bin/python scripts/bench_loader_workers.py [--out DIR] [--records N] [--repeats R]
 """
@@ -10,8 +12,10 @@ spreads over the rounds) and `kbit bench-train --fast-consumer 0` (streamed ÷ i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -45,7 +49,7 @@ def kbit(args: list[str], sets: list[str], out: Path, step: str, loads: dict[str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("loader-workers-bench"))
+    parser.add_argument("--out", type=Path, default=Path(".kbit/loader-workers-bench"))
     parser.add_argument("--records", type=int, default=50_000)
     parser.add_argument("--repeats", type=int, default=3, help="bench-data rounds")
     parser.add_argument("--train-repeats", type=int, default=1, help="bench-train --fast-consumer rounds")
@@ -60,7 +64,9 @@ def main() -> None:
         {"workdir": str(workdir), "kafka": {"embedded": {"port": port, "controller_port": controller}}}
     )
     loads: dict[str, list[float]] = {}
-    with embedded_broker(cfg):
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, workdir, ignore_errors=True)  # the broker's data, after it stopped
+        cleanup.enter_context(embedded_broker(cfg))
         data = ["bench-data", "-n", str(args.records), "-r", str(args.repeats), "--clients", "confluent", "--no-rss"]
         data += [a for v in VARIANTS for a in ("-v", v)] + [a for w in WORKERS[1:] for a in ("--loader-workers", w)]
         kbit(
