@@ -123,8 +123,11 @@ class ChildProcess(Generic[R, T]):
                 item = next(items)
             except StopIteration:
                 return
-            except RuntimeError as exc:  # DataLoader's own: the worker died or stopped answering
-                raise KbitError(f"{self.name} failed: {str(exc).splitlines()[0]}") from exc
+            except (RuntimeError, EOFError, OSError) as exc:
+                # DataLoader's own: the worker died, noticed by its status check (RuntimeError) or first while taking
+                # an item's shared memory from the dead process (EOFError, ConnectionRefusedError)
+                detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise KbitError(f"{self.name} failed: {detail}") from exc
             if isinstance(item, _Failure):
                 raise item.exc
             yield item
