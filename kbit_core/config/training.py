@@ -85,7 +85,11 @@ class TrainConfig(Section):
         description="batch: epochs over a produced topic; continuous: train on a live stream as it "
         "arrives (the `stream` section).",
     )
-    data: Literal["kafka", "memory"] = Field("kafka", description="Stream shards from Kafka or load them first.")
+    data: Literal["kafka", "memory", "direct"] = Field(
+        "kafka",
+        description="kafka: stream shards from the produced topic; memory: read each shard from Kafka first; direct: "
+        "no Kafka, each rank reads its shard straight from the dataset (any dataset source, see docs/training.md).",
+    )
     epochs: int = Field(2, ge=1)
     global_batch_size: int = Field(64, ge=1)
     grad_accum_steps: int = Field(1, ge=1)
