@@ -147,3 +147,9 @@ def test_an_item_in_the_middle_that_does_not_fit_is_named_where_it_is_read(tmp_p
     (loader,) = rank_loaders(cfg, 1)
     with pytest.raises(ConfigError, match=rf"^dataset.factory='{FACTORY}': item 150 has an image of shape"):
         epoch_batches(loader, 0)
+
+
+def test_direct_training_refuses_a_loader_process_that_would_read_kafka(tmp_path: Path) -> None:
+    cfg = direct_config(tmp_path, 300).override({"reader.workers": "process"})
+    with pytest.raises(ConfigError, match=r"^train.data=direct reads the dataset in the rank; reader.workers=process"):
+        check_training(cfg)
