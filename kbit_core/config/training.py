@@ -127,6 +127,14 @@ class TrainConfig(Section):
     tensor_parallel: TensorParallelConfig = TensorParallelConfig()
 
     @model_validator(mode="after")
+    def _check_direct(self) -> TrainConfig:
+        if self.mode == "continuous" and self.data == "direct":
+            raise ValueError(
+                "train.data=direct reads a dataset in epochs; train.mode=continuous trains on a live topic"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_model_parallel(self) -> TrainConfig:
         if self.tensor_parallel.size > 1:
             _refuse_conflicts(

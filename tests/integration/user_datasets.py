@@ -9,13 +9,15 @@ from kbit_core.datasets.synthetic import SyntheticDigits
 
 class Digits(torch.utils.data.Dataset):
     """The synthetic digits as a user would hand them over: float tensors [1, 28, 28] in [0, 1], integer labels,
-    read item by item; ``bad_item`` gets an image one row short."""
+    read item by item; ``bad_item`` gets an image one row short, ``bad_label`` the label 10 of no class."""
 
     classes = [str(digit) for digit in range(10)]
 
-    def __init__(self, num_records: int, seed: int = 0, bad_item: int | None = None) -> None:
+    def __init__(self, num_records: int, seed: int = 0, bad_item: int | None = None, bad_label: int | None = None):
         _, images, labels = next(SyntheticDigits(num_records, seed).batches(0, num_records, num_records))
         self.images, self.labels, self.bad_item = torch.from_numpy(images).float() / 255, labels.tolist(), bad_item
+        if bad_label is not None:
+            self.labels[bad_label] = len(self.classes)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -25,5 +27,5 @@ class Digits(torch.utils.data.Dataset):
         return (image[:, 1:] if index == self.bad_item else image), self.labels[index]
 
 
-def digits(num_records: int = 2000, seed: int = 0, bad_item: int | None = None) -> Digits:
-    return Digits(num_records, seed, bad_item)
+def digits(num_records: int = 2000, seed: int = 0, bad_item: int | None = None, bad_label: int | None = None) -> Digits:
+    return Digits(num_records, seed, bad_item, bad_label)

@@ -128,6 +128,10 @@ def test_distinct_factories_or_arguments_never_share_a_topic() -> None:
             r"\(1, 28, 28\); every image must have one shape$",
         ),
         (
+            {"kwargs": {"num_records": 300, "bad_label": 2}},
+            rf"^dataset.factory='{FACTORY}': item 2 has the label 10, outside the 10 classes 0..9$",
+        ),
+        (
             {"kwargs": {"num_records": 300, "colour": True}},
             rf"^dataset.factory='{FACTORY}' failed with dataset.kwargs=\{{'num_records': 300, 'colour': True\}}: "
             r"TypeError: ",
@@ -153,3 +157,10 @@ def test_direct_training_refuses_a_loader_process_that_would_read_kafka(tmp_path
     cfg = direct_config(tmp_path, 300).override({"reader.workers": "process"})
     with pytest.raises(ConfigError, match=r"^train.data=direct reads the dataset in the rank; reader.workers=process"):
         check_training(cfg)
+
+
+def test_config_refuses_direct_training_on_a_live_stream_and_a_torch_dataset_without_factory() -> None:
+    with pytest.raises(ConfigError, match="train.data=direct reads a dataset in epochs"):
+        KbitConfig.from_dict({"train": {"mode": "continuous", "data": "direct"}})
+    with pytest.raises(ValueError, match="dataset.factory names the map-style Dataset of dataset.name 'torch'"):
+        DatasetConfig(name="torch")
