@@ -219,9 +219,7 @@ class StreamConfig(Section):
     def topic_for(self, dataset: DatasetConfig, produce: ProduceConfig) -> str:
         if self.topic:
             return self.topic
-        return (
-            f"{produce.topic_prefix}.stream.{dataset.name}.s{dataset.seed}.{produce.variant.name}.p{produce.partitions}"
-        )
+        return f"{produce.topic_prefix}.stream.{dataset.source_name}.s{dataset.seed}.{produce.variant.name}.p{produce.partitions}"
 
 
 class DeepSpeedConfig(Section):
