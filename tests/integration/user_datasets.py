@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 
 from kbit_core.datasets.synthetic import SyntheticDigits
@@ -29,3 +32,15 @@ class Digits(torch.utils.data.Dataset):
 
 def digits(num_records: int = 2000, seed: int = 0, bad_item: int | None = None, bad_label: int | None = None) -> Digits:
     return Digits(num_records, seed, bad_item, bad_label)
+
+
+def pictures(num_records: int = 4) -> list[tuple[Any, np.int64]]:
+    """A plain list of (RGB PIL image 8 wide, 6 high, numpy label): a map-style dataset as torchvision's would be
+    without a transform; pixel (y, x) of picture i is (i, y, x)."""
+    from PIL import Image  # Pillow comes with MLflow's dependencies, not kbit's own: imported where it is used
+
+    grid = np.stack(np.meshgrid(np.arange(6), np.arange(8), indexing="ij"), axis=-1).astype(np.uint8)
+    return [
+        (Image.fromarray(np.concatenate([np.full((6, 8, 1), i, np.uint8), grid], axis=-1)), np.int64(i % 2))
+        for i in range(num_records)
+    ]

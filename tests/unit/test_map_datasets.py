@@ -101,6 +101,16 @@ def test_arrays_from_npz_and_npy_files_read_as_stored(tmp_path: Path) -> None:
     assert np.array_equal(quantized, images[5:9, :1])  # rounded back to the 8 bits Kafka carries
 
 
+def test_pil_images_become_channels_first_and_numpy_labels_classes() -> None:
+    """The factory returns a list (len and [index] suffice); its pictures' channels-last pixels are transposed."""
+    pytest.importorskip("PIL")
+    source = open_source(DatasetConfig(name="torch", factory="tests.integration.user_datasets:pictures", num_classes=2))
+    _, images, labels = next(source.batches(0, 4))
+    assert source.image_shape == (3, 6, 8) and labels.tolist() == [0, 1, 0, 1]
+    assert images[3, 0].tolist() == [[3] * 8] * 6 and images[3, 1, 5].tolist() == [5] * 8
+    assert images[3, 2, :, 7].tolist() == [7] * 6
+
+
 def test_distinct_factories_or_arguments_never_share_a_topic() -> None:
     names = {
         DatasetConfig(name="torch", factory=FACTORY, kwargs=kwargs).source_name
