@@ -37,7 +37,7 @@ def digits(num_records: int = 2000, seed: int = 0, bad_item: int | None = None, 
 def pictures(num_records: int = 4) -> list[tuple[Any, np.int64]]:
     """A plain list of (RGB PIL image 8 wide, 6 high, numpy label): a map-style dataset as torchvision's would be
     without a transform; pixel (y, x) of picture i is (i, y, x)."""
-    from PIL import Image  # Pillow comes with MLflow's dependencies, not kbit's own: imported where it is used
+    from PIL import Image  # Pillow comes with matplotlib (a kbit dependency) but kbit itself never imports it
 
     grid = np.stack(np.meshgrid(np.arange(6), np.arange(8), indexing="ij"), axis=-1).astype(np.uint8)
     return [
