@@ -2,7 +2,7 @@
 each failure a ConfigError naming the setting, in seconds instead of after minutes of producing and launching.
 
 On top of :mod:`kbit_core.checks` (topic names, writable directories, shard plans): an importable model that
-builds for the dataset, and disk space for the checkpoints kept.
+builds for the dataset, a map-style dataset whose first and last items fit, and disk space for the checkpoints kept.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from kbit_core.checks import (
     check_writable,
 )
 from kbit_core.config import KbitConfig
+from kbit_core.data.dataset_reader import check_direct
 from kbit_core.datasets import open_source
+from kbit_core.datasets.map_style import MapStyleSource
 from kbit_core.train.checkpoint import resolve_resume
 from kbit_core.train.models import build_model
 from kbit_core.train.tensor_parallel import splittable_blocks
@@ -45,11 +47,21 @@ def check_training(cfg: KbitConfig) -> Preflight:
             for ``checkpoint.keep_last`` checkpoints.
     """
     started = time.perf_counter()
-    source = open_source(cfg.dataset)
-    report = check_produce(cfg, cfg.produce.topic_for(cfg.dataset), cfg.produce.variant, source.num_records)
+    with _worker_import_path():  # a dataset factory imports as on the ranks
+        source = open_source(cfg.dataset, exact=cfg.train.data == "direct")
+    if isinstance(source, MapStyleSource):
+        source.check_ends()
+    if cfg.train.data == "direct":  # no topic: the dataset is planned as one partition of its records
+        check_direct(cfg)
+        report, planned = Preflight(), cfg.override({"produce.partitions": 1, "produce.variant.records_per_message": 1})
+    else:
+        report = check_produce(cfg, cfg.produce.topic_for(cfg.dataset), cfg.produce.variant, source.num_records)
+        planned = cfg
     check_writable(cfg.run_dir, "workdir")
     # Under a pipeline or tensor parallelism one process per data-parallel rank reads: the shards are planned for those.
-    check_shards(cfg, source.num_records, cfg.produce.variant, cfg.data_parallel_size, cfg.train.global_batch_size)
+    check_shards(
+        planned, source.num_records, planned.produce.variant, cfg.data_parallel_size, cfg.train.global_batch_size
+    )
     check_ranks_fit_cores(cfg, cfg.launch.num_processes, "launch.num_processes", report)
     num_params = _check_model(cfg, source.image_shape, source.num_classes)
     directory = cfg.run_dir / cfg.checkpoint.dir if cfg.checkpoint.dir is not None else None
