@@ -11,19 +11,28 @@ from kbit_core.config.base import ClientName, Compression, Format, Layout, Secti
 
 
 class DatasetConfig(Section):
-    name: Literal["synthetic_digits", "synthetic_color", "mnist", "fashion_mnist"] = "synthetic_digits"
+    name: Literal["synthetic_digits", "synthetic_color", "synthetic_tokens", "mnist", "fashion_mnist"] = (
+        "synthetic_digits"
+    )
     num_records: int | None = Field(
         70_000, ge=1, description="Records to produce; for IDX datasets None means the whole file."
     )
     seed: int = 0
     path: Path | None = Field(None, description="Directory holding the IDX files (mnist / fashion_mnist).")
     split: Literal["train", "test", "all"] = Field("all", description="Which IDX files to read.")
+    seq_len: int = Field(32, ge=1, description="synthetic_tokens: token ids per record.")
+    vocab_size: int = Field(1000, ge=1, description="synthetic_tokens: ids lie in [0, vocab_size), sent as uint16.")
 
     @model_validator(mode="after")
     def _check_path(self) -> DatasetConfig:
         if self.name in ("mnist", "fashion_mnist") and self.path is None:
             raise ValueError(f"dataset {self.name!r} needs dataset.path (a directory with the IDX files)")
         return self
+
+    @property
+    def label(self) -> str:
+        """The dataset's part of a topic name: its name, with a token source's sequence length and vocabulary."""
+        return f"{self.name}.l{self.seq_len}.v{self.vocab_size}" if self.name == "synthetic_tokens" else self.name
 
 
 class DataVariant(Section):
@@ -57,7 +66,7 @@ class ProduceConfig(Section):
             return self.topic
         v = variant or self.variant
         size = dataset.num_records if dataset.num_records is not None else "all"
-        return f"{self.topic_prefix}.{dataset.name}.s{dataset.seed}.n{size}.{v.name}.p{self.partitions}"
+        return f"{self.topic_prefix}.{dataset.label}.s{dataset.seed}.n{size}.{v.name}.p{self.partitions}"
 
 
 class ShardConfig(Section):
