@@ -36,6 +36,14 @@ PEERS = {
 }
 
 
+DatasetsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--datasets",
+        help="Payloads, repeatable, e.g. synthetic_digits and synthetic_tokens: the dataset section under each "
+        "name (default: bench.datasets, else dataset).",
+    ),
+]
 RayPeerOpt = Annotated[
     bool,
     typer.Option("--ray-peer", help="Also read each topic with ray.data.read_kafka (the `ray` extra) and compare."),
@@ -65,14 +73,7 @@ def bench_data(
         list[str] | None,
         typer.Option("--clients", help="confluent | kafka-python, repeatable (default: bench.clients)."),
     ] = None,
-    datasets: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--datasets",
-            help="Payloads, repeatable, e.g. synthetic_digits and synthetic_tokens: the dataset section under "
-            "each name (default: bench.datasets, else dataset).",
-        ),
-    ] = None,
+    datasets: DatasetsOpt = None,
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, help="Timed reads per cell (median).")] = 3,
     rss: Annotated[bool, typer.Option("--rss/--no-rss", help="Measure streaming peak RSS on two topic sizes.")] = True,
     rss_records: Annotated[

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -35,16 +36,8 @@ class RawCodec(Codec):
         "of it. Use layout 'bytes' (or another format for float lists)."
     )
 
-    def __init__(
-        self,
-        layout: str,
-        image_shape: Sequence[int],
-        records_per_message: int = 1,
-        *,
-        num_classes: int | None = None,
-        dtype: str = "uint8",
-    ) -> None:
-        super().__init__(layout, image_shape, records_per_message, num_classes=num_classes, dtype=dtype)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         if any(d > 0xFFFF for d in self.image_shape):
             raise ConfigError(f"raw stores C, H, W as uint16; image shape {self.image_shape} is too large")
         self._version = VERSIONS[self.dtype.name]

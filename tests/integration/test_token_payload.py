@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from kbit_core.config import COMPRESSIONS
 from kbit_core.data.reader import RangeReader
@@ -19,9 +18,8 @@ from kbit_core.kafka import admin
 from kbit_core.kafka.manifest import manifest_codec
 from kbit_core.produce import produce_dataset
 from kbit_core.sharding import OffsetRange
-from tests.conftest import free_port
 from tests.integration.dataplane_fixtures import Produce
-from tests.integration.test_train_worker import WORLD_SIZE, _kafka_rank_main, rank_results
+from tests.integration.test_train_worker import WORLD_SIZE, run_kafka_ranks
 
 pytestmark = [pytest.mark.kafka]
 
@@ -99,15 +97,7 @@ def test_two_ranks_stream_tokens_and_learn_the_motifs(produce_topic: Produce, tm
         train__optim={"name": "adam", "lr": 0.003},
         **TOKENS,
     )
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    mp.spawn(
-        _kafka_rank_main,
-        nprocs=WORLD_SIZE,
-        join=True,
-        args=(free_port(), cfg.to_secret_dict(), manifest.model_dump_json(), str(run_dir)),
-    )
-    result = rank_results(run_dir)
+    result = run_kafka_ranks(cfg, manifest, tmp_path / "run")
     assert result["world_size"] == WORLD_SIZE and result["data"]["train"]["skipped_messages"] == 0
     assert result["train_loss"][-1] < result["train_loss"][0] / 2, result["train_loss"]
     assert result["val_accuracy"][-1] >= 0.9, result["val_accuracy"]
