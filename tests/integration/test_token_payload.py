@@ -52,12 +52,15 @@ def test_token_topic_reads_back_bit_for_bit(produce_topic: Produce, fmt, records
         assert np.array_equal(np.concatenate([b.labels for b in batches])[order], labels)
 
 
-def test_loader_hands_out_token_ids_as_int64(produce_topic: Produce) -> None:
+@pytest.mark.parametrize(("workers", "decode_processes"), [("thread", 0), ("thread", 1), ("process", 0)])
+def test_loader_hands_out_token_ids_as_int64(produce_topic: Produce, workers: str, decode_processes: int) -> None:
     cfg, manifest = produce_topic(
         {"format": "protobuf", "layout": "bytes", "compression": "lz4"},
         48,
         shard__split_rates=[0.5, 0.5],
         train__global_batch_size=8,
+        reader__workers=workers,
+        reader__decode_processes=decode_processes,
         **TOKENS,
     )
     ids, labels = source_ids(cfg)
