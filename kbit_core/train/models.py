@@ -133,6 +133,17 @@ def model_names() -> tuple[str, ...]:
     return tuple(_BUILTIN)
 
 
+def check_vocabulary(model: nn.Module, vocab_size: int) -> None:
+    """ConfigError when the model's first token embedding holds fewer ids than a token dataset's ``vocab_size``
+    (the first batch would otherwise fail inside ``nn.Embedding`` with an index error)."""
+    embedding = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    if embedding is not None and embedding.num_embeddings < vocab_size:
+        raise ConfigError(
+            f"train.model: its token embedding holds {embedding.num_embeddings} ids, but the dataset has "
+            f"dataset.vocab_size={vocab_size}; set train.model.kwargs.vocab_size >= {vocab_size}"
+        )
+
+
 def build_model(spec: ModelConfig, image_shape: ImageShape | tuple[int], num_classes: int) -> nn.Module:
     """Build the classifier named by ``spec`` for images of ``image_shape`` (C, H, W), or token sequences (L,).
 

@@ -15,7 +15,7 @@ from kbit_core.datasets import open_source
 from kbit_core.datasets.tokens import MOTIF_LENGTH
 from kbit_core.errors import ConfigError, CorruptRecordError
 from kbit_core.formats import get_codec
-from kbit_core.train.models import build_model
+from kbit_core.train.models import build_model, check_vocabulary
 
 SEQ_LEN, VOCAB = 24, 1000
 
@@ -119,6 +119,15 @@ def test_a_dataset_its_ids_cannot_describe_is_refused_in_one_line(settings: dict
     with pytest.raises(ConfigError, match=message) as caught:
         open_source(DatasetConfig(name="synthetic_tokens", num_records=10, **settings))
     assert "\n" not in str(caught.value)
+
+
+def test_a_model_whose_embedding_is_smaller_than_the_vocabulary_is_refused_in_one_line() -> None:
+    small = build_model(ModelConfig(name="token_transformer", kwargs={"vocab_size": 500}), (SEQ_LEN,), 10)
+    with pytest.raises(ConfigError, match=r"holds 500 ids, but .* dataset.vocab_size=1000; set train.model.kwargs"):
+        check_vocabulary(small, VOCAB)
+    check_vocabulary(
+        build_model(ModelConfig(name="token_transformer", kwargs={"vocab_size": VOCAB}), (SEQ_LEN,), 10), VOCAB
+    )
 
 
 def test_image_models_refuse_token_sequences_naming_the_model_that_reads_them() -> None:
