@@ -13,9 +13,11 @@ from kbit_core.config.base import ClientName, Compression, Format, Layout, Secti
 
 
 class DatasetConfig(Section):
-    name: Literal["synthetic_digits", "synthetic_color", "mnist", "fashion_mnist", "torch", "arrays"] = Field(
+    name: Literal[
+        "synthetic_digits", "synthetic_color", "synthetic_tokens", "mnist", "fashion_mnist", "torch", "arrays"
+    ] = Field(
         "synthetic_digits",
-        description="A generated dataset, IDX files (mnist / fashion_mnist), a map-style torch Dataset "
+        description="A generated dataset (digits, colour images or token sequences), IDX files (mnist / fashion_mnist), a map-style torch Dataset "
         "(torch: dataset.factory) or arrays in .npy/.npz files (arrays: dataset.path).",
     )
     num_records: int | None = Field(
@@ -31,6 +33,8 @@ class DatasetConfig(Section):
         "directory, holding images ([N, C, H, W] or [N, H, W]; uint8, or floats in [0, 1]) and labels ([N] integers).",
     )
     split: Literal["train", "test", "all"] = Field("all", description="Which IDX files to read.")
+    seq_len: int = Field(32, ge=1, description="synthetic_tokens: token ids per record.")
+    vocab_size: int = Field(1000, ge=1, description="synthetic_tokens: ids lie in [0, vocab_size), sent as uint16.")
     factory: str | None = Field(
         None,
         description="torch: 'package.module:factory', called with dataset.kwargs, returning a map-style "
@@ -69,11 +73,14 @@ class DatasetConfig(Section):
     @property
     def source_name(self) -> str:
         """The name manifests and topic names know the dataset by: a factory's or files' with a digest of which
-        factory and arguments, or which path, so that two of them never share a topic."""
+        factory and arguments, or which path, and a token source's sequence length and vocabulary, so that two
+        of them never share a topic."""
         if self.name == "torch":
             which = json.dumps([self.factory, self.kwargs], sort_keys=True, default=str)
         elif self.name == "arrays":
             which = str(Path(str(self.path)).expanduser().resolve())
+        elif self.name == "synthetic_tokens":
+            return f"{self.name}.l{self.seq_len}.v{self.vocab_size}"
         else:
             return self.name
         return f"{self.name}-{hashlib.sha256(which.encode()).hexdigest()[:8]}"

@@ -243,7 +243,7 @@ class DeepSpeedEngine(Engine):
         return contextlib.nullcontext()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.ds(x.to(self.input_dtype))
+        return self.ds(self._input(x))
 
     def backward(self, loss: Tensor) -> None:
         self.ds.backward(loss)  # divides by gradient_accumulation_steps itself
@@ -258,7 +258,11 @@ class DeepSpeedEngine(Engine):
 
     def predict(self, x: Tensor) -> Tensor:
         model = self.ema.module if self.ema is not None else self.ds
-        return model(x.to(self.input_dtype))
+        return model(self._input(x))
+
+    def _input(self, x: Tensor) -> Tensor:
+        """Images in the engine's precision; token ids stay integers (an embedding looks them up)."""
+        return x.to(self.input_dtype) if x.is_floating_point() else x
 
     def train(self, mode: bool = True) -> None:
         self.ds.train(mode)
