@@ -89,10 +89,36 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return None
 
 
-def fixes_world_size(cfg: KbitConfig) -> bool:
-    """Whether a batch-mode checkpoint resumes only at the world size that wrote it (see Trainer._check_elastic)."""
-    train = cfg.train
-    return train.mode == "batch" and (cfg.deepspeed.enabled or train.tensor_parallel.size > 1)
+def world_size_pinned_by(cfg: KbitConfig) -> str | None:
+    """Why a batch-mode checkpoint of ``cfg`` resumes only at the world size that wrote it; None when any world size
+    may continue it (DDP re-plans the epoch's rest; DeepSpeed ZeRO also goes through its universal checkpoint)."""
+    if cfg.train.mode != "batch":
+        return None
+    if cfg.train.tensor_parallel.size > 1:
+        return (
+            "under tensor parallelism a tensor-parallel group's ranks share one reader, and kbit re-plans an "
+            "epoch's rest only over plain data-parallel ranks"
+        )
+    if cfg.train.pipeline.stages > 1:
+        return (
+            "DeepSpeed's pipeline engine stores its layers per stage and only its first stage reads, and kbit "
+            "re-plans an epoch's rest (and converts to a universal checkpoint) only for plain ZeRO data parallelism"
+        )
+    return None
+
+
+def check_elastic(cfg: KbitConfig, path: Path, written_by: int, world_size: int) -> None:
+    """Refuse resuming ``path``, written by ``written_by`` ranks, at ``world_size`` where ``cfg`` pins it.
+
+    Raises:
+        ConfigError: one line naming both world sizes and why.
+    """
+    reason = world_size_pinned_by(cfg)
+    if reason is not None:
+        raise ConfigError(
+            f"checkpoint {path} was written by {written_by} ranks and this run has {world_size}: {reason}; "
+            f"resume it with launch.num_processes={written_by}"
+        )
 
 
 def lineage_settings(cfg: KbitConfig) -> dict[str, Any]:
@@ -111,9 +137,10 @@ def lineage_settings(cfg: KbitConfig) -> dict[str, Any]:
         "produce.variant": cfg.produce.variant.model_dump(mode="json"),
         "produce.partitions": cfg.produce.partitions,
         "shard": cfg.shard.model_dump(mode="json"),
-        # A stream checkpoint keeps positions per partition, and a DDP one is re-planned (Trainer._restore), so
-        # any world size may continue them; DeepSpeed's partitions and a tensor-parallel layout fix it.
-        "launch.num_processes": cfg.launch.num_processes if fixes_world_size(cfg) else None,
+        # A stream checkpoint keeps positions per partition, and a DDP or ZeRO one is re-planned (Trainer._restore;
+        # ZeRO's partitions through a universal checkpoint), so any world size may continue them; a tensor-parallel
+        # or pipeline layout fixes it.
+        "launch.num_processes": cfg.launch.num_processes if world_size_pinned_by(cfg) else None,
         "deepspeed": [cfg.deepspeed.enabled, cfg.deepspeed.zero_stage if cfg.deepspeed.enabled else None],
         "train.model": train.model.model_dump(mode="json"),
         "train.optim": train.optim.model_dump(mode="json"),

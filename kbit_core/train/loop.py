@@ -175,7 +175,7 @@ class Trainer:
             ckpt.set_rng_state(mine["rng"], self.env.device)
             loader_state = mine["loader"]
         else:  # elastic: each rank keeps the random stream it was seeded with; the epoch's rest is re-planned
-            self._check_elastic(path, len(ranks))
+            ckpt.check_elastic(self.cfg, path, len(ranks), self.env.world_size)
             loader_state = {"resharded_from": [rank["loader"] for rank in ranks]}
         if self.state.batch_in_epoch:
             self.loaders.train.set_epoch(self.state.epoch)
@@ -184,15 +184,6 @@ class Trainer:
             self.spikes.observe(loss)
         if self.checkpointer is not None and self.state.best is not None:
             self.checkpointer.keep(ckpt.checkpoint_name(self.state.best["step"]))
-
-    def _check_elastic(self, path: Path, num_ranks: int) -> None:
-        """Only plain data parallelism resumes at another world size (see ckpt.fixes_world_size)."""
-        if ckpt.fixes_world_size(self.cfg):
-            raise ConfigError(
-                f"checkpoint {path} was written by {num_ranks} ranks; this run has {self.env.world_size}: under "
-                "DeepSpeed (its ZeRO partitions are per rank; a universal checkpoint would re-partition them, not "
-                "built) or tensor parallelism a resume needs the same world size"
-            )
 
     def _resumed_note(self, path: Path, num_ranks: int) -> str:
         elastic = (
