@@ -28,6 +28,7 @@ from kbit_core.train.deepspeed_checkpoint import (
 )
 from kbit_core.train.deepspeed_config import build_deepspeed_config, engine_name
 from kbit_core.train.distributed import DistEnv, broadcast_from_main
+from kbit_core.train.elastic import check_elastic
 from kbit_core.train.ema import build_ema
 from kbit_core.train.metrics import BatchStats, reduce_batch
 from kbit_core.train.optim import build_optimizer, build_scheduler, effective_lr
@@ -317,7 +318,7 @@ class DeepSpeedEngine(Engine):
         """Collective: ZeRO partitions each parameter's fp32 copy and Adam moments over the ranks that wrote
         ``path``; rank 0 converts it to DeepSpeed's universal checkpoint (once, kept inside it), which every rank
         then loads re-partitioned for this run. Returns the client state."""
-        ckpt.check_elastic(self.cfg, path, written_by, self.env.world_size)
+        check_elastic(self.cfg, path, written_by, self.env.world_size)
         converted: dict[str, str] = {}
         if self.env.is_main:
             try:

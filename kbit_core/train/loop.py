@@ -22,6 +22,7 @@ from kbit_core.data.split_loaders import SplitLoaderSet
 from kbit_core.errors import ConfigError, DistributedError, TrainingDivergedError
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.distributed import DistEnv, broadcast_from_main, gather_to_main
+from kbit_core.train.elastic import check_elastic
 from kbit_core.train.engine import Engine
 from kbit_core.train.metrics import BatchStats, SpikeDetector, reduce_throughput, stand_in_step
 from kbit_core.train.run_report import data_report, epoch_line, history_table, plan_line
@@ -175,7 +176,7 @@ class Trainer:
             ckpt.set_rng_state(mine["rng"], self.env.device)
             loader_state = mine["loader"]
         else:  # elastic: each rank keeps the random stream it was seeded with; the epoch's rest is re-planned
-            ckpt.check_elastic(self.cfg, path, len(ranks), self.env.world_size)
+            check_elastic(self.cfg, path, len(ranks), self.env.world_size)
             loader_state = {"resharded_from": [rank["loader"] for rank in ranks]}
         if self.state.batch_in_epoch:
             self.loaders.train.set_epoch(self.state.epoch)

@@ -15,6 +15,7 @@ import torch
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError
 from kbit_core.train import checkpoint as ckpt
+from kbit_core.train.elastic import check_elastic
 
 CPU = torch.device("cpu")
 
@@ -190,7 +191,7 @@ def test_ddp_and_zero_lineages_continue_at_another_world_size_and_model_parallel
             {"launch": {"num_processes": 2}, "deepspeed": {"enabled": True, "zero_stage": stage}}
         )
         assert ckpt.lineage_settings(zero)["launch.num_processes"] is None
-        ckpt.check_elastic(zero, tmp_path / "step-00000004", 2, 3)
+        check_elastic(zero, tmp_path / "step-00000004", 2, 3)
     pinned = {
         "tensor parallelism": {"train": {"tensor_parallel": {"size": 2}}},
         "pipeline engine": {"train": {"pipeline": {"stages": 2}}, "deepspeed": {"enabled": True}},
@@ -200,7 +201,7 @@ def test_ddp_and_zero_lineages_continue_at_another_world_size_and_model_parallel
         assert ckpt.lineage_settings(two)["launch.num_processes"] == 2
         assert ckpt.lineage_settings(two) != ckpt.lineage_settings(four)
         with pytest.raises(ConfigError, match=rf"written by 2 ranks and this run has 4: .*{why}.*num_processes=2$"):
-            ckpt.check_elastic(four, tmp_path / "step-00000004", 2, 4)
+            check_elastic(four, tmp_path / "step-00000004", 2, 4)
 
 
 def test_unwritable_checkpoint_dir_is_a_config_error(tmp_path: Path) -> None:
