@@ -296,7 +296,7 @@ class DeepSpeedEngine(Engine):
         """Collective: restore from the DeepSpeed checkpoint directory ``path``; one written by another number of
         ranks loads through its universal form (see :meth:`_load_elastic`)."""
         if not ckpt.is_sharded(path):
-            raise ConfigError(f"{path} is a DDP checkpoint file; resume it with deepspeed.enabled=true")
+            raise ConfigError(f"{path} is a DDP checkpoint file; resume it with deepspeed.enabled=false")
         meta = ckpt.read_side_file(path)
         written_by = len(meta[ckpt.RANKS])
         if written_by != self.env.world_size:
