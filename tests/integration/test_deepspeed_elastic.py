@@ -73,11 +73,9 @@ def train(world_size: int, config: dict[str, Any], run_dir: Path) -> dict[str, A
 
 
 @pytest.mark.slow
-# Each spawn costs seconds of imports, so each stage resumes on one world size (ZeRO-2 on 3 ranks is also
-# test_elastic_resume.py's broker audit); docs/training.md has every stage at both.
-@pytest.mark.parametrize(
-    ("stage", "world_sizes"), [(1, (3,)), (2, (1,)), (3, (3,))], ids=["zero1-on3", "zero2-on1", "zero3-on3"]
-)
+# Each spawn costs seconds of DeepSpeed imports, so the suite resumes ZeRO-2 on 1 rank and ZeRO-3 on 3 (ZeRO-2 on 3 is
+# test_elastic_resume.py's broker audit; ZeRO-1 converts as ZeRO-2 does); docs/training.md has every stage at both.
+@pytest.mark.parametrize(("stage", "world_sizes"), [(2, (1,)), (3, (3,))], ids=["zero2-on1", "zero3-on3"])
 def test_zero_checkpoint_of_two_ranks_resumes_on_one_and_three_with_its_adam_moments(
     tmp_path: Path, stage: int, world_sizes: tuple[int, ...]
 ) -> None:
