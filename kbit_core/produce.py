@@ -94,7 +94,12 @@ def _send_dataset(
 def _requested_identity(cfg: KbitConfig, variant: DataVariant) -> tuple[DataIdentity, DatasetSource, Codec]:
     source = open_source(cfg.dataset)
     codec = get_codec(
-        variant.format, variant.layout, source.image_shape, variant.records_per_message, num_classes=source.num_classes
+        variant.format,
+        variant.layout,
+        source.image_shape,
+        variant.records_per_message,
+        num_classes=source.num_classes,
+        dtype=source.record_dtype,
     )
     info = DatasetInfo(
         name=source.name,
@@ -102,6 +107,8 @@ def _requested_identity(cfg: KbitConfig, variant: DataVariant) -> tuple[DataIden
         num_records=source.num_records,
         image_shape=tuple(source.image_shape),
         num_classes=source.num_classes,
+        record_dtype=source.record_dtype,
+        vocab_size=source.vocab_size,
     )
     identity = DataIdentity(
         dataset=info, variant=variant, partitions=cfg.produce.partitions, schema_fingerprint=codec.schema_fingerprint()

@@ -25,7 +25,10 @@ _CLUSTER = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
 # The Ray Client server forks a server per client from a process busy with gRPC threads; with gRPC's fork handlers
 # on, the child often aborts ("Check failed: next_worker->state == KICKED", ray-project/ray#63202): here 5 of the
 # first 6 connections after a head started, none of 15 with the handlers off. The child only execs, so needs none.
-HEAD_ENV = {"GRPC_ENABLE_FORK_SUPPORT": "false"}
+# Ray 2.60's `ray start --block` answers SIGTERM by draining the node for Ray Serve, up to 30 s, before it stops its
+# processes; kbit runs no Serve replicas, so a node it started stops at once (`kbit stack down`, the bed's `down`).
+NODE_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+HEAD_ENV = {**NODE_ENV, "GRPC_ENABLE_FORK_SUPPORT": "false"}
 # Where a user keeps the token of a Ray cluster kbit did not start (Ray's own variables, read in that order).
 USER_TOKEN_VARIABLES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 # As this process found them, before activate() set any: a child kbit started inherits its parent's token here.

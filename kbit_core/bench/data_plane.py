@@ -1,4 +1,6 @@
-"""Data-plane benchmark: per variant × client, how close read+decode gets to the raw fetch rate of the same topic.
+"""Data-plane benchmark: per payload × variant × client, how close read+decode gets to the raw fetch rate of the
+same topic. The payload is the dataset (``bench.datasets``: e.g. the digits' 784-byte images and synthetic_tokens'
+uint16 token sequences, measured in the same run).
 
 Every rate is measured in the same run against its own ceiling (``fetch``: the reader's exact-range fetch
 without decoding, same topic, same client), so results are ratios that survive a noisy, shared machine.
@@ -25,11 +27,13 @@ from rich.progress import Progress
 from kbit_core.bench.bench_topics import bench_config, drop_topic, produce_or_reuse
 from kbit_core.bench.loader_figures import loader_configs, loader_figures, rate
 from kbit_core.bench.stream_rss import DEFAULT_RSS_RECORDS, TARGET_RSS_GROWTH_MB, measure_stream_rss
-from kbit_core.config import COMPRESSIONS, FORMATS, ClientName, DataVariant, KbitConfig
+from kbit_core.config import COMPRESSIONS, FORMATS, ClientName, DatasetConfig, DataVariant, KbitConfig
 from kbit_core.data.decode_pool import DecodePool
 from kbit_core.data.reader import RangeReader
 from kbit_core.data.split_loaders import make_split_loader, make_split_loaders
+from kbit_core.datasets import open_source
 from kbit_core.errors import ConfigError, KbitError
+from kbit_core.formats import get_codec
 from kbit_core.formats.fast import select_codec
 from kbit_core.kafka import admin
 from kbit_core.kafka.manifest import Manifest, manifest_codec
@@ -71,8 +75,9 @@ Peer = Callable[[KbitConfig, Manifest, list[dict[str, Any]], int], dict[str, Any
 
 @dataclass
 class DataPlaneRow:
-    """One variant read with one client; rates are medians over the repeats."""
+    """One variant of one payload read with one client; rates are medians over the repeats."""
 
+    dataset: str
     variant: str
     format: str
     layout: str
@@ -197,6 +202,7 @@ def _row(
     own = by_workers[cfg.reader.workers]
     v = manifest.variant
     return DataPlaneRow(
+        dataset=manifest.dataset.name,
         variant=v.name,
         format=v.format,
         layout=v.layout,
@@ -278,18 +284,20 @@ def _connect_seconds(cfg: KbitConfig, manifest: Manifest, client: ClientName, re
 def evaluate_targets(rows: Sequence[DataPlaneRow], rss: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Each target that applies to the measured rows (and RSS runs) with its value and whether it is met."""
     out = []
+    several_payloads = len({r.dataset for r in rows}) > 1
     for r in rows:
         ratio = TARGET_DECODE_RATIO[r.layout]
+        cell = f"{r.dataset} {r.variant} ({r.client})" if several_payloads else f"{r.variant} ({r.client})"
         out.append(
             {
-                "target": f"{r.variant} ({r.client}) decode >= {ratio}x fetch",
+                "target": f"{cell} decode >= {ratio}x fetch",
                 "value": round(r.decode_ratio, 3),
                 "met": r.decode_ratio >= ratio,
             }
         )
         out.append(
             {
-                "target": f"{r.variant} ({r.client}) connect stage <= {TARGET_CONNECT_MS:g} ms",
+                "target": f"{cell} connect stage <= {TARGET_CONNECT_MS:g} ms",
                 "value": round(r.connect_ms, 2),
                 "met": r.connect_ms <= TARGET_CONNECT_MS,
             }
@@ -298,7 +306,7 @@ def evaluate_targets(rows: Sequence[DataPlaneRow], rss: dict[str, Any] | None) -
         if speedup is not None:
             out.append(
                 {
-                    "target": f"{r.variant} ({r.client}) fast read+decode >= {speedup:g}x stock",
+                    "target": f"{cell} fast read+decode >= {speedup:g}x stock",
                     "value": round(r.speedup, 2),
                     "met": r.speedup >= speedup,
                 }
@@ -306,7 +314,7 @@ def evaluate_targets(rows: Sequence[DataPlaneRow], rss: dict[str, Any] | None) -
         if r.client == "confluent" and r.format == "raw" and r.layout == "bytes":
             out.append(
                 {
-                    "target": f"{r.variant} (confluent) decode >= {TARGET_CONFLUENT_RAW_RECORDS_PER_S:,} rec/s",
+                    "target": f"{cell} decode >= {TARGET_CONFLUENT_RAW_RECORDS_PER_S:,} rec/s",
                     "value": round(r.decode_records_per_s),
                     "met": r.decode_records_per_s >= TARGET_CONFLUENT_RAW_RECORDS_PER_S,
                 }
@@ -342,11 +350,34 @@ def run_meta(bench_cfg: KbitConfig, repeats: int) -> dict[str, Any]:
     }
 
 
+def payloads(cfg: KbitConfig, datasets: Sequence[DatasetConfig] | None = None) -> list[KbitConfig]:
+    """``cfg`` once per payload to measure: ``datasets``, else ``bench.datasets``, else ``cfg``'s own dataset."""
+    chosen = datasets or cfg.bench.datasets
+    if not chosen:
+        return [cfg]
+    return [cfg.override({"dataset": dataset.model_dump(mode="json")}) for dataset in chosen]
+
+
+def carriable(cfg: KbitConfig, variants: Sequence[DataVariant]) -> tuple[list[DataVariant], list[dict[str, str]]]:
+    """The variants ``cfg``'s dataset can travel in, and one ``{dataset, variant, reason}`` per one it cannot."""
+    source = open_source(cfg.dataset)
+    kept, left_out = [], []
+    for variant in variants:
+        try:
+            get_codec(variant.format, variant.layout, source.image_shape, dtype=source.record_dtype)
+        except ConfigError as exc:
+            left_out.append({"dataset": source.name, "variant": variant.name, "reason": str(exc)})
+        else:
+            kept.append(variant)
+    return kept, left_out
+
+
 def run_data_plane(
     cfg: KbitConfig,
     *,
     records: int | None = None,
     variants: Sequence[DataVariant] | None = None,
+    datasets: Sequence[DatasetConfig] | None = None,
     clients: Sequence[ClientName] | None = None,
     repeats: int = 3,
     rss_sizes: Sequence[int] | None = DEFAULT_RSS_RECORDS,
@@ -355,38 +386,43 @@ def run_data_plane(
     peers: Mapping[str, Peer] | None = None,
     loader_workers: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Run the whole benchmark and return the JSON-able results (meta, rows, rss, targets; and per entry of
-    ``peers``, its comparison of each topic with these rows, e.g. ``ray_read_kafka``: see :mod:`.ray_data_peer`,
-    :mod:`.spark_kafka_peer` and :mod:`.kafka_tools`). A peer's own targets join the run's. ``loader_workers``:
-    further ``reader.workers`` to time the loader with, beside the config's own (each row's ``loader_by_workers``)."""
-    bench_cfg = bench_config(cfg, records)
-    variants = list(variants or cfg.bench.variants)
+    """Run the whole benchmark and return the JSON-able results (meta, rows, left_out, rss, targets; and per entry
+    of ``peers``, its comparison of each topic with these rows, e.g. ``ray_read_kafka``: see :mod:`.ray_data_peer`,
+    :mod:`.spark_kafka_peer` and :mod:`.kafka_tools`). A peer's own targets join the run's. Each payload
+    (``datasets``, see :func:`payloads`) is measured on every variant it can travel in (``left_out`` names the others).
+    ``loader_workers``: further ``reader.workers`` to time the loader with, beside the config's own (each row's
+    ``loader_by_workers``)."""
+    runs = [bench_config(payload, records) for payload in payloads(cfg, datasets)]
+    measured = [carriable(run, list(variants or cfg.bench.variants)) for run in runs]
+    bench_cfg = runs[0]
     clients = list(clients or cfg.bench.clients)
     admin.require_embedded_listening(bench_cfg.kafka)
     rows: list[DataPlaneRow] = []
     peers = dict(peers or {})
     compared: dict[str, list[dict[str, Any]]] = {name: [] for name in peers}
     with Progress(disable=not progress, transient=True) as bar:
-        task = bar.add_task("data-plane benchmark", total=len(variants) * len(clients))
-        for variant in variants:
-            manifest, created = produce_or_reuse(bench_cfg, variant, progress=False)
-            try:
-                for client in clients:
-                    bar.update(task, description=f"{variant.name} [{client}]")
-                    rows.append(measure_variant(bench_cfg, manifest, client, repeats, loader_workers))
-                    bar.advance(task)
-                for name, peer in peers.items():
-                    bar.update(task, description=f"{variant.name} [{name}]")
-                    compared[name].append(
-                        peer(bench_cfg, manifest, [asdict(r) for r in rows[-len(clients) :]], repeats)
-                    )
-            finally:
-                if created and not keep_topics:
-                    drop_topic(bench_cfg, manifest)
+        task = bar.add_task("data-plane benchmark", total=sum(len(kept) for kept, _ in measured) * len(clients))
+        for payload, (kept, _) in zip(runs, measured, strict=True):
+            for variant in kept:
+                manifest, created = produce_or_reuse(payload, variant, progress=False)
+                try:
+                    for client in clients:
+                        bar.update(task, description=f"{payload.dataset.name} {variant.name} [{client}]")
+                        rows.append(measure_variant(payload, manifest, client, repeats, loader_workers))
+                        bar.advance(task)
+                    for name, peer in peers.items():
+                        bar.update(task, description=f"{variant.name} [{name}]")
+                        compared[name].append(
+                            peer(payload, manifest, [asdict(r) for r in rows[-len(clients) :]], repeats)
+                        )
+                finally:
+                    if created and not keep_topics:
+                        drop_topic(payload, manifest)
     rss = measure_stream_rss(cfg, rss_sizes, keep_topics, progress) if rss_sizes else None
     return {
-        "meta": run_meta(bench_cfg, repeats),
+        "meta": {**run_meta(bench_cfg, repeats), "datasets": [run.dataset.name for run in runs]},
         "rows": [asdict(r) for r in rows],
+        "left_out": [entry for _, left_out in measured for entry in left_out],
         "rss": rss,
         "targets": evaluate_targets(rows, rss)
         + [t for runs in compared.values() for c in runs for t in c.get("targets", [])],

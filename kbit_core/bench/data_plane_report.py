@@ -8,6 +8,7 @@ from typing import Any
 from rich.table import Table
 
 _COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("dataset", "payload", str),
     ("variant", "variant", str),
     ("client", "client", str),
     ("records", "records", lambda v: f"{v:,}"),
@@ -36,9 +37,11 @@ def results_table(results: dict[str, Any]) -> Table:
     pool = f"; fast decode and loader with {processes} decode process(es) beside the thread" if processes else ""
     table = Table(title=f"data plane: read+decode against the raw fetch of the same topic (one rank{pool})")
     for _, header, _ in _COLUMNS:
-        table.add_column(header, justify="left" if header in ("variant", "client") else "right")
+        table.add_column(header, justify="left" if header in ("payload", "variant", "client") else "right")
     for row in results["rows"]:
         table.add_row(*(fmt(row[key]) for key, _, fmt in _COLUMNS))
+    for entry in results.get("left_out", []):
+        table.add_row(entry["dataset"], entry["variant"], f"left out: {entry['reason']}")
     return table
 
 
@@ -57,7 +60,13 @@ _WORKER_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
 
 def _worker_rows(results: dict[str, Any]) -> list[list[str]]:
     return [
-        [row["variant"], row["client"], workers, *(fmt(figures[key]) for key, _, fmt in _WORKER_COLUMNS)]
+        [
+            row["dataset"],
+            row["variant"],
+            row["client"],
+            workers,
+            *(fmt(figures[key]) for key, _, fmt in _WORKER_COLUMNS),
+        ]
         for row in results["rows"]
         for workers, figures in row.get("loader_by_workers", {}).items()
     ]
@@ -66,8 +75,8 @@ def _worker_rows(results: dict[str, Any]) -> list[list[str]]:
 def loader_workers_table(results: dict[str, Any]) -> Table:
     """The loader with each ``reader.workers`` measured, against the same run's fetch and read+decode."""
     table = Table(title="loader per reader.workers: against the fetch and the read+decode of the same run")
-    for header in ("variant", "client", "workers", *(h for _, h, _ in _WORKER_COLUMNS)):
-        table.add_column(header, justify="left" if header in ("variant", "client", "workers") else "right")
+    for header in ("payload", "variant", "client", "workers", *(h for _, h, _ in _WORKER_COLUMNS)):
+        table.add_column(header, justify="left" if header in ("payload", "variant", "client", "workers") else "right")
     for cells in _worker_rows(results):
         table.add_row(*cells)
     return table
@@ -86,13 +95,16 @@ def markdown(results: dict[str, Any]) -> str:
     """The results as markdown tables (rows, RSS runs, targets)."""
     lines = ["| " + " | ".join(h for _, h, _ in _COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
     lines += ["| " + " | ".join(fmt(row[key]) for key, _, fmt in _COLUMNS) + " |" for row in results["rows"]]
+    if results.get("left_out"):
+        lines += ["", "| payload | variant left out | why |", "|---|---|---|"]
+        lines += [f"| {e['dataset']} | {e['variant']} | {e['reason']} |" for e in results["left_out"]]
     if results["rss"]:
         lines += ["", "| stream RSS: records | peak RSS MB | RSS after first batch MB | seconds |", "|---|---|---|---|"]
         lines += [
             f"| {r['records']:,} | {r['peak_rss_mb']:.1f} | {r['rss_after_first_batch_mb']:.1f} | {r['seconds']:.1f} |"
             for r in results["rss"]["runs"]
         ]
-    headers = ["variant", "client", "workers", *(h for _, h, _ in _WORKER_COLUMNS)]
+    headers = ["payload", "variant", "client", "workers", *(h for _, h, _ in _WORKER_COLUMNS)]
     lines += ["", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cells) + " |" for cells in _worker_rows(results)]
     lines += ["", "| target | measured | met |", "|---|---|---|"]

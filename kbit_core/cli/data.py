@@ -16,8 +16,7 @@ from kbit_core.cli.stream import produce_stream
 from kbit_core.config import COMPRESSIONS, FORMATS, KbitConfig, deep_merge, load_config, nest_dotted, parse_overrides
 from kbit_core.errors import TopicError
 from kbit_core.kafka import admin, registry
-from kbit_core.kafka.admin import TopicCheck
-from kbit_core.kafka.contents import check_topic_and_records
+from kbit_core.kafka.contents import TopicCheck, check_topic_and_records
 from kbit_core.kafka.manifest import Manifest, manifest_path
 from kbit_core.produce import produce_dataset
 

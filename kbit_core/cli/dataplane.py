@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Annotated, get_args
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from kbit_core.bench import data_plane, data_plane_report, ray_data_peer, spark_kafka_peer
 from kbit_core.bench import kafka_tools as kafka_tools_module
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
-from kbit_core.config import ReaderConfig
+from kbit_core.config import DatasetConfig, KbitConfig, ReaderConfig
+from kbit_core.errors import ConfigError
 
 # wide tables: when piped (no terminal width), do not squeeze a dozen numeric columns into 80 characters
 out = Console(width=None if sys.stdout.isatty() else 220)
@@ -34,6 +36,14 @@ PEERS = {
 }
 
 
+DatasetsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--datasets",
+        help="Payloads, repeatable, e.g. synthetic_digits and synthetic_tokens: the dataset section under each "
+        "name (default: bench.datasets, else dataset).",
+    ),
+]
 RayPeerOpt = Annotated[
     bool,
     typer.Option("--ray-peer", help="Also read each topic with ray.data.read_kafka (the `ray` extra) and compare."),
@@ -63,6 +73,7 @@ def bench_data(
         list[str] | None,
         typer.Option("--clients", help="confluent | kafka-python, repeatable (default: bench.clients)."),
     ] = None,
+    datasets: DatasetsOpt = None,
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, help="Timed reads per cell (median).")] = 3,
     rss: Annotated[bool, typer.Option("--rss/--no-rss", help="Measure streaming peak RSS on two topic sizes.")] = True,
     rss_records: Annotated[
@@ -99,6 +110,7 @@ def bench_data(
         cfg,
         records=records,
         variants=chosen,
+        datasets=[run_guarded(_named_dataset, cfg, name) for name in datasets] if datasets else None,
         clients=clients or None,
         repeats=repeats,
         rss_sizes=_sizes(rss_records) if rss else None,
@@ -117,6 +129,14 @@ def bench_data(
         print_json(results)
     else:
         _print_tables(results, wanted, output)
+
+
+def _named_dataset(cfg: KbitConfig, name: str) -> DatasetConfig:
+    """``cfg``'s dataset section under another dataset ``name`` (its size, seed and token settings kept)."""
+    try:
+        return DatasetConfig.model_validate(cfg.dataset.model_dump() | {"name": name})
+    except ValidationError as exc:
+        raise ConfigError(f"--datasets {name}: {exc.errors()[0]['msg']}") from None
 
 
 def _print_tables(results: dict, peers: list[str], output: Path | None) -> None:

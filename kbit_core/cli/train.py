@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kbit_core.bench.data_plane import parse_variant
+from kbit_core.bench.direct_bench import direct_table, run_direct_bench
 from kbit_core.bench.fast_consumer_bench import fast_consumer_table, run_fast_consumer_bench
 from kbit_core.bench.placement_bench import placement_table, run_placement_bench
 from kbit_core.bench.train_bench import results_table, run_train_bench
@@ -112,9 +113,20 @@ def bench_train_command(
             "MS ms holding the interpreter lock (0: none), standing in for a fast GPU step.",
         ),
     ] = None,
+    direct: Annotated[
+        bool,
+        typer.Option(
+            "--direct",
+            help="Only training straight from the dataset (train.data: direct) vs the same dataset streamed from Kafka "
+            "and read from Kafka into memory first.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Kafka-streamed vs in-memory training throughput, launch overheads, and DeepSpeed vs DDP step time."""
+    if direct:
+        _run_bench(run_direct_bench, direct_table, config, sets, output, repeats, as_json)
+        return
     chosen = [run_guarded(parse_variant, v) for v in variants or ()]
     if fast_consumer is not None:
         run = functools.partial(run_fast_consumer_bench, step_ms=fast_consumer, variants=chosen)

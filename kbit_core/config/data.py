@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -11,19 +13,77 @@ from kbit_core.config.base import ClientName, Compression, Format, Layout, Secti
 
 
 class DatasetConfig(Section):
-    name: Literal["synthetic_digits", "synthetic_color", "mnist", "fashion_mnist"] = "synthetic_digits"
+    name: Literal[
+        "synthetic_digits", "synthetic_color", "synthetic_tokens", "mnist", "fashion_mnist", "torch", "arrays"
+    ] = Field(
+        "synthetic_digits",
+        description="A generated dataset (digits, colour images or token sequences), IDX files (mnist / fashion_mnist), a map-style torch Dataset "
+        "(torch: dataset.factory) or arrays in .npy/.npz files (arrays: dataset.path).",
+    )
     num_records: int | None = Field(
-        70_000, ge=1, description="Records to produce; for IDX datasets None means the whole file."
+        70_000,
+        ge=1,
+        description="Records to produce; for datasets read from files or a factory None means all (torch and "
+        "arrays: None unless set).",
     )
     seed: int = 0
-    path: Path | None = Field(None, description="Directory holding the IDX files (mnist / fashion_mnist).")
+    path: Path | None = Field(
+        None,
+        description="mnist / fashion_mnist: the directory holding the IDX files; arrays: a .npz file, or a "
+        "directory, holding images ([N, C, H, W] or [N, H, W]; uint8, or floats in [0, 1]) and labels ([N] integers).",
+    )
     split: Literal["train", "test", "all"] = Field("all", description="Which IDX files to read.")
+    seq_len: int = Field(32, ge=1, description="synthetic_tokens: token ids per record.")
+    vocab_size: int = Field(1000, ge=1, description="synthetic_tokens: ids lie in [0, vocab_size), sent as uint16.")
+    factory: str | None = Field(
+        None,
+        description="torch: 'package.module:factory', called with dataset.kwargs, returning a map-style "
+        "torch.utils.data.Dataset whose items are (image [C, H, W] or [H, W] tensor, array or PIL image, label).",
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments for dataset.factory.")
+    num_classes: int | None = Field(
+        None,
+        ge=1,
+        description="torch / arrays: the number of classes; None: the dataset's `classes` or `num_classes` "
+        "attribute (torch), the largest label + 1 (arrays).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_map_style_dataset(cls, data: Any) -> Any:
+        """A factory's or files' dataset is read whole unless dataset.num_records caps it (70,000 is the generated
+        datasets' size, not a cap anyone would expect on their own)."""
+        if isinstance(data, dict) and data.get("name") in ("torch", "arrays") and "num_records" not in data:
+            return {**data, "num_records": None}
+        return data
 
     @model_validator(mode="after")
     def _check_path(self) -> DatasetConfig:
-        if self.name in ("mnist", "fashion_mnist") and self.path is None:
-            raise ValueError(f"dataset {self.name!r} needs dataset.path (a directory with the IDX files)")
+        if self.name in ("mnist", "fashion_mnist", "arrays") and self.path is None:
+            what = (
+                "a .npz file or a directory of .npy files"
+                if self.name == "arrays"
+                else "a directory with the IDX files"
+            )
+            raise ValueError(f"dataset {self.name!r} needs dataset.path ({what})")
+        if (self.name == "torch") != (self.factory is not None):
+            raise ValueError("dataset.factory names the map-style Dataset of dataset.name 'torch', and only of it")
         return self
+
+    @property
+    def source_name(self) -> str:
+        """The name manifests and topic names know the dataset by: a factory's or files' with a digest of which
+        factory and arguments, or which path, and a token source's sequence length and vocabulary, so that two
+        of them never share a topic."""
+        if self.name == "torch":
+            which = json.dumps([self.factory, self.kwargs], sort_keys=True, default=str)
+        elif self.name == "arrays":
+            which = str(Path(str(self.path)).expanduser().resolve())
+        elif self.name == "synthetic_tokens":
+            return f"{self.name}.l{self.seq_len}.v{self.vocab_size}"
+        else:
+            return self.name
+        return f"{self.name}-{hashlib.sha256(which.encode()).hexdigest()[:8]}"
 
 
 class DataVariant(Section):
@@ -57,7 +117,7 @@ class ProduceConfig(Section):
             return self.topic
         v = variant or self.variant
         size = dataset.num_records if dataset.num_records is not None else "all"
-        return f"{self.topic_prefix}.{dataset.name}.s{dataset.seed}.n{size}.{v.name}.p{self.partitions}"
+        return f"{self.topic_prefix}.{dataset.source_name}.s{dataset.seed}.n{size}.{v.name}.p{self.partitions}"
 
 
 class ShardConfig(Section):

@@ -8,13 +8,19 @@ from typing import Literal
 from pydantic import Field
 
 from kbit_core.config.base import ClientName, Section
-from kbit_core.config.data import DataVariant
+from kbit_core.config.data import DatasetConfig, DataVariant
 
 
 class BenchConfig(Section):
     iterations: int = Field(30, ge=1)
     warmup_iterations: int = Field(1, ge=0)
     variants: list[DataVariant] = Field(default_factory=lambda: default_bench_variants())
+    datasets: list[DatasetConfig] | None = Field(
+        None,
+        description="kbit bench-data: the payloads to measure every variant on, e.g. synthetic_digits and "
+        "synthetic_tokens; unset = dataset only. A variant a payload cannot travel in (token ids in a list "
+        "layout, or in avro/json/bson bytes) is left out with its reason.",
+    )
     clients: list[ClientName] = Field(default_factory=lambda: ["confluent"])
     batch_sizes: list[int] | None = None
     world_sizes: list[int] | None = None

@@ -85,7 +85,11 @@ class TrainConfig(Section):
         description="batch: epochs over a produced topic; continuous: train on a live stream as it "
         "arrives (the `stream` section).",
     )
-    data: Literal["kafka", "memory"] = Field("kafka", description="Stream shards from Kafka or load them first.")
+    data: Literal["kafka", "memory", "direct"] = Field(
+        "kafka",
+        description="kafka: stream shards from the produced topic; memory: read each shard from Kafka first; direct: "
+        "no Kafka, each rank reads its shard straight from the dataset (any dataset source, see docs/training.md).",
+    )
     epochs: int = Field(2, ge=1)
     global_batch_size: int = Field(64, ge=1)
     grad_accum_steps: int = Field(1, ge=1)
@@ -121,6 +125,14 @@ class TrainConfig(Section):
     )
     pipeline: PipelineConfig = PipelineConfig()
     tensor_parallel: TensorParallelConfig = TensorParallelConfig()
+
+    @model_validator(mode="after")
+    def _check_direct(self) -> TrainConfig:
+        if self.mode == "continuous" and self.data == "direct":
+            raise ValueError(
+                "train.data=direct reads a dataset in epochs; train.mode=continuous trains on a live topic"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_model_parallel(self) -> TrainConfig:
@@ -207,9 +219,7 @@ class StreamConfig(Section):
     def topic_for(self, dataset: DatasetConfig, produce: ProduceConfig) -> str:
         if self.topic:
             return self.topic
-        return (
-            f"{produce.topic_prefix}.stream.{dataset.name}.s{dataset.seed}.{produce.variant.name}.p{produce.partitions}"
-        )
+        return f"{produce.topic_prefix}.stream.{dataset.source_name}.s{dataset.seed}.{produce.variant.name}.p{produce.partitions}"
 
 
 class DeepSpeedConfig(Section):

@@ -10,7 +10,7 @@ import torch
 
 
 class Batch(NamedTuple):
-    x: torch.Tensor  # float32 [B, C, H, W] in [0, 1]
+    x: torch.Tensor  # float32 [B, C, H, W] in [0, 1] (images), or int64 [B, L] token ids
     y: torch.Tensor  # int64 [B]
     indices: torch.Tensor  # int64 [B], dataset sample indices (for audits)
     produced_ms: np.ndarray | None = None  # live stream only: each record's produce time (for freshness)
@@ -49,7 +49,9 @@ def to_batch(pixels: np.ndarray, labels: np.ndarray, indices: np.ndarray, pin_me
     # gives exactly the list layout's floats.
     if pixels.dtype == np.uint8:
         pixels = np.divide(pixels, np.float32(255), dtype=np.float32)
-    x = torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32))
+    # Token ids (uint16, which torch's embeddings do not index with) become int64; pixels are float32 by now.
+    wanted = np.int64 if np.issubdtype(pixels.dtype, np.integer) else np.float32
+    x = torch.from_numpy(np.ascontiguousarray(pixels, dtype=wanted))
     y = torch.from_numpy(labels.astype(np.int64, copy=False))
     if pin_memory:
         # page-locked here, on the loader's thread, so the training loop's non_blocking copy to the GPU is

@@ -1,4 +1,5 @@
-"""The DatasetSource contract: a fixed-size, lazily read sequence of (index, image uint8[C,H,W], label)."""
+"""The DatasetSource contract: a fixed-size, lazily read sequence of (index, record, label): an image uint8[C, H, W]
+or a token sequence uint16[L]."""
 
 from __future__ import annotations
 
@@ -8,20 +9,24 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 Samples = tuple[np.ndarray, np.ndarray, np.ndarray]
-"""(indices int64[n], images uint8[n, C, H, W], labels int64[n])."""
+"""(indices int64[n], records [n, *image_shape] of ``record_dtype``, labels int64[n])."""
 
 
 class DatasetSource(ABC):
     """A dataset that yields its records in index order, in bounded-memory batches.
 
     Subclasses set ``name``, ``image_shape``, ``num_classes`` and ``num_records`` and implement
-    ``_chunks``; ``batches`` checks the range and attaches the record indices.
+    ``_chunks``; ``batches`` checks the range and attaches the record indices. ``image_shape`` is the shape of
+    one record: (C, H, W) for images, (L,) for token sequences, whose sources also set ``record_dtype`` and
+    ``vocab_size``.
     """
 
     name: str
-    image_shape: tuple[int, int, int]
+    image_shape: tuple[int, ...]
     num_classes: int
     num_records: int
+    record_dtype: str = "uint8"
+    vocab_size: int | None = None  # token sources: every id lies in [0, vocab_size)
 
     def batches(self, start: int = 0, stop: int | None = None, batch_size: int = 4096) -> Iterator[Samples]:
         """Yield the records ``[start, stop)`` in order, ``batch_size`` at a time (the last batch may be shorter).
@@ -43,7 +48,7 @@ class DatasetSource(ABC):
 
     @abstractmethod
     def _chunks(self, start: int, stop: int, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Yield (images uint8[n, C, H, W], labels int64[n]) covering the valid range ``[start, stop)`` in order,
+        """Yield (records [n, *image_shape], labels int64[n]) covering the valid range ``[start, stop)`` in order,
         ``batch_size`` records each except the last."""
 
     def __len__(self) -> int:

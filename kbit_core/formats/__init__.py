@@ -1,4 +1,4 @@
-"""Serialization formats for image samples in Kafka: a Codec per format, looked up by name."""
+"""Serialization formats for samples (images, token sequences) in Kafka: a Codec per format, looked up by name."""
 
 from __future__ import annotations
 
@@ -39,8 +39,9 @@ def get_codec(
     *,
     num_classes: int | None = None,
     decoder: str = "stock",
+    dtype: str = "uint8",
 ) -> Codec:
-    """The codec for ``format`` in ``layout`` for images of ``image_shape`` (C, H, W).
+    """The codec for ``format`` in ``layout`` for records of ``image_shape``: images (C, H, W) or token ids (L,).
 
     Args:
         format: One of ``codec_names()``.
@@ -50,6 +51,8 @@ def get_codec(
         num_classes: When given, decoding refuses labels outside ``[0, num_classes)``.
         decoder: ``"stock"`` decodes with the format's library; ``"fast"`` with kbit's schema-aware decoder
             where one recognises the schema (same results bit for bit; see ``kbit_core.formats.fast``).
+        dtype: The records' element type: ``"uint8"`` (images) or ``"uint16"`` (token ids; bytes layout of raw
+            and protobuf only).
 
     Raises:
         ConfigError: unknown format or layout, or a combination the format cannot carry.
@@ -58,7 +61,7 @@ def get_codec(
         codec_class = _CODECS[format]
     except KeyError:
         raise ConfigError(f"unknown format {format!r}; known: {', '.join(_CODECS)}") from None
-    codec = codec_class(layout, image_shape, records_per_message, num_classes=num_classes)
+    codec = codec_class(layout, image_shape, records_per_message, num_classes=num_classes, dtype=dtype)
     if decoder not in DECODERS:
         raise ConfigError(f"unknown decoder {decoder!r}; expected one of {', '.join(DECODERS)}")
     return select_codec(codec, decoder)

@@ -4,6 +4,9 @@ A codec turns ``(indices, images uint8[n, C, H, W], labels)`` into one value per
 (``records_per_message`` samples each, the last group possibly shorter) and back. The ``list``
 layout carries pixels as floats in [0, 1] (the original DDP_KBIT payload); ``bytes`` carries the
 packed uint8 pixels. Decoding is all-or-nothing: any malformed value raises CorruptRecordError.
+
+Records need not be images: a codec takes any record shape of one to three sizes and, in the ``bytes``
+layout of the formats that set ``wide_records``, uint16 elements (token ids), sent little-endian.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ import numpy as np
 from kbit_core.errors import ConfigError, CorruptRecordError
 
 LAYOUTS = ("list", "bytes")
+RECORD_DTYPES = ("uint8", "uint16")
 
 
 @dataclass(frozen=True)
 class DecodedBatch:
-    """Decoded samples: ``pixels`` is float32 in [0, 1] (``list`` layout) or uint8 (``bytes``), shaped [n, C, H, W]."""
+    """Decoded samples: ``pixels`` is float32 in [0, 1] (``list`` layout) or the record dtype (``bytes``: uint8,
+    or uint16 token ids), shaped [n, *image_shape]."""
 
     indices: np.ndarray
     labels: np.ndarray
@@ -52,10 +57,11 @@ class Columns:
 
 
 class Codec(ABC):
-    """One serialization format in one pixel layout, for one image shape.
+    """One serialization format in one pixel layout, for one record shape and element type.
 
     Subclasses set ``format`` and implement ``_encode``, ``_decode`` and ``_definition``; formats
-    parsed record by record derive from ``RecordCodec`` instead.
+    parsed record by record derive from ``RecordCodec`` instead. Those whose bytes layout carries records of
+    wider elements than uint8 set ``wide_records``.
     """
 
     format: ClassVar[str]
@@ -63,16 +69,24 @@ class Codec(ABC):
     unsupported_layout_reason: ClassVar[str] = ""
     max_records_per_message: ClassVar[int | None] = None
     single_record_reason: ClassVar[str] = ""
+    wide_records: ClassVar[bool] = False
 
     def __init__(
-        self, layout: str, image_shape: Sequence[int], records_per_message: int = 1, *, num_classes: int | None = None
+        self,
+        layout: str,
+        image_shape: Sequence[int],
+        records_per_message: int = 1,
+        *,
+        num_classes: int | None = None,
+        dtype: str = "uint8",
     ) -> None:
         if layout not in LAYOUTS:
             raise ConfigError(f"unknown pixel layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
         if layout not in self.layouts:
             raise ConfigError(f"format {self.format!r} has no {layout!r} layout: {self.unsupported_layout_reason}")
-        if len(image_shape) != 3 or any(int(d) < 1 for d in image_shape):
-            raise ConfigError(f"image_shape must be three positive sizes (C, H, W), got {tuple(image_shape)}")
+        if not 1 <= len(image_shape) <= 3 or any(int(d) < 1 for d in image_shape):
+            raise ConfigError(f"a record's shape must be one to three positive sizes, got {tuple(image_shape)}")
+        self._check_dtype(layout, dtype)
         if records_per_message < 1:
             raise ConfigError(f"records_per_message must be >= 1, got {records_per_message}")
         if self.max_records_per_message is not None and records_per_message > self.max_records_per_message:
@@ -87,6 +101,23 @@ class Codec(ABC):
         self.records_per_message = records_per_message
         self.num_classes = num_classes
         self.record_size = int(np.prod(self.image_shape))
+        self.dtype = np.dtype(dtype).newbyteorder("<")  # wide elements travel little-endian
+        self.record_bytes = self.record_size * self.dtype.itemsize
+
+    def _check_dtype(self, layout: str, dtype: str) -> None:
+        if dtype not in RECORD_DTYPES:
+            raise ConfigError(f"records of {dtype} cannot be sent; kbit's codecs carry {', '.join(RECORD_DTYPES)}")
+        if dtype == "uint8":
+            return
+        if layout == "list":
+            raise ConfigError(
+                f"{self.format}/list carries pixels as floats in [0, 1]; {dtype} records (token ids) need layout 'bytes'"
+            )
+        if not self.wide_records:
+            raise ConfigError(
+                f"{self.format}/bytes carries uint8 pixels only; {dtype} records (token ids) travel in raw or "
+                "protobuf, layout 'bytes'"
+            )
 
     @property
     def name(self) -> str:
@@ -96,14 +127,17 @@ class Codec(ABC):
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled as its class and the arguments that build it again (for decode worker processes): a fast codec
         holds code it generated from the schema, which does not pickle."""
-        return functools.partial(type(self), num_classes=self.num_classes), (
+        return functools.partial(type(self), num_classes=self.num_classes, dtype=self.dtype.name), (
             self.layout,
             self.image_shape,
             self.records_per_message,
         )
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name}, image_shape={self.image_shape}, num_classes={self.num_classes})"
+        return (
+            f"{type(self).__name__}({self.name}, image_shape={self.image_shape}, dtype={self.dtype.name}, "
+            f"num_classes={self.num_classes})"
+        )
 
     # ---- encode -------------------------------------------------------------------------------
 
@@ -112,7 +146,7 @@ class Codec(ABC):
 
         Args:
             indices: int[n] sample indices (>= 0).
-            images: uint8[n, C, H, W] pixels.
+            images: [n, *image_shape] records of the codec's dtype (uint8 pixels, uint16 token ids).
             labels: int[n] class labels.
 
         Returns:
@@ -133,8 +167,8 @@ class Codec(ABC):
         self, indices: np.ndarray, images: np.ndarray, labels: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         indices, images, labels = np.asarray(indices), np.asarray(images), np.asarray(labels)
-        if images.dtype != np.uint8:
-            raise ValueError(f"{self.name}: images must be uint8, got {images.dtype}")
+        if images.dtype != self.dtype:
+            raise ValueError(f"{self.name}: records must be {self.dtype.name}, got {images.dtype}")
         if images.shape[1:] != self.image_shape:
             raise ValueError(f"{self.name}: images have shape {images.shape}, expected (n, *{self.image_shape})")
         n = len(images)
@@ -148,7 +182,7 @@ class Codec(ABC):
         if n and indices.min() < 0:
             raise ValueError(f"{self.name}: negative sample index {indices.min()}")
         self._check_labels(labels, "encode")
-        return indices.astype(np.int64), np.ascontiguousarray(images), labels.astype(np.int64)
+        return indices.astype(np.int64), np.ascontiguousarray(images, dtype=self.dtype), labels.astype(np.int64)
 
     def _check_labels(self, labels: np.ndarray, where: str) -> None:
         hi = self.num_classes
@@ -221,6 +255,8 @@ class Codec(ABC):
             "image_shape": list(self.image_shape),
             "definition": self._definition(),
         }
+        if self.dtype != np.uint8:  # so image fingerprints stay what they were before records had a dtype
+            spec["dtype"] = self.dtype.name
         return hashlib.sha256(canonical_json(spec).encode()).hexdigest()
 
     def schema_fingerprint(self) -> str:
@@ -275,11 +311,14 @@ class RecordCodec(Codec):
 
     def _assemble(self, columns: Columns) -> DecodedBatch:
         n, size = len(columns.indices), self.record_size
+        if self.layout == "bytes":
+            size = self.record_bytes
         if not set(map(len, columns.pixels)) <= {size}:
             position, length = next((i, len(c)) for i, c in enumerate(columns.pixels) if len(c) != size)
-            raise ValueError(f"record {position} has {length} pixel values, expected {size}")
+            unit = "pixel values" if self.dtype == np.uint8 or self.layout == "list" else "bytes"
+            raise ValueError(f"record {position} has {length} {unit}, expected {size}")
         if self.layout == "bytes":
-            pixels = np.frombuffer(bytearray().join(columns.pixels), dtype=np.uint8)
+            pixels = np.frombuffer(bytearray().join(columns.pixels), dtype=self.dtype)
         else:
             pixels = np.fromiter(chain.from_iterable(columns.pixels), dtype=np.float32, count=n * size)
         return self._finish(

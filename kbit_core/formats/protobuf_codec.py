@@ -1,6 +1,7 @@
 """Protocol Buffers: ``kbit.Sample`` / ``kbit.SampleBatch`` from schemas/kbit.proto (generated kbit_pb2.py).
 
-The ``list`` layout fills the packed ``data`` floats, the ``bytes`` layout the ``pixels`` bytes.
+The ``list`` layout fills the packed ``data`` floats, the ``bytes`` layout the ``pixels`` bytes (uint16 token ids
+as their little-endian bytes).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ _PREFIXES = _SamplesPrefixes()
 
 class ProtobufCodec(RecordCodec):
     format = "protobuf"
+    wide_records = True
 
     def _encode_group(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> bytes:
         field = "pixels" if self.layout == "bytes" else "data"

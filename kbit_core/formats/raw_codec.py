@@ -4,12 +4,17 @@ Value layout::
 
     header  <2s B x I H H H   magic b"KB", version, pad, record count, C, H, W     (14 bytes)
     count × record:  <u8 index, <u2 label, uint8 pixels[C*H*W]                      (10 + C*H*W bytes)
+
+Version 1 records hold uint8 elements (images); version 2 records hold little-endian uint16 elements (token ids),
+2 bytes each. A record shape of fewer than three sizes fills the header's C, H, W from the left with 1s: a
+sequence of L tokens is (1, 1, L).
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +22,7 @@ from kbit_core.errors import ConfigError
 from kbit_core.formats.base import Codec, DecodedBatch, canonical_json
 
 MAGIC = b"KB"
-VERSION = 1
+VERSIONS = {"uint8": 1, "uint16": 2}  # by element type
 HEADER = struct.Struct("<2sBxIHHH")
 MAX_LABEL = 2**16 - 1
 
@@ -25,25 +30,26 @@ MAX_LABEL = 2**16 - 1
 class RawCodec(Codec):
     format = "raw"
     layouts = ("bytes",)
+    wide_records = True
     unsupported_layout_reason = (
         "raw is the packed-uint8 speed baseline; floats would only make a slower copy "
         "of it. Use layout 'bytes' (or another format for float lists)."
     )
 
-    def __init__(
-        self, layout: str, image_shape: Sequence[int], records_per_message: int = 1, *, num_classes: int | None = None
-    ) -> None:
-        super().__init__(layout, image_shape, records_per_message, num_classes=num_classes)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         if any(d > 0xFFFF for d in self.image_shape):
             raise ConfigError(f"raw stores C, H, W as uint16; image shape {self.image_shape} is too large")
-        self._record = np.dtype([("index", "<u8"), ("label", "<u2"), ("pixels", "u1", self.image_shape)])
+        self._version = VERSIONS[self.dtype.name]
+        self._header_shape = (1,) * (3 - len(self.image_shape)) + self.image_shape
+        self._record = np.dtype([("index", "<u8"), ("label", "<u2"), ("pixels", self.dtype.str, self.image_shape)])
         self._full_header = self._header(self.records_per_message)
         self._full_message = np.dtype(
             [("header", "u1", HEADER.size), ("records", self._record, (self.records_per_message,))]
         )
 
     def _header(self, count: int) -> bytes:
-        return HEADER.pack(MAGIC, VERSION, count, *self.image_shape)
+        return HEADER.pack(MAGIC, self._version, count, *self._header_shape)
 
     def _encode(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> list[bytes]:
         if labels.size and labels.max() > MAX_LABEL:
@@ -82,10 +88,10 @@ class RawCodec(Codec):
         if len(value) < HEADER.size:
             return f"shorter than the {HEADER.size}-byte header"
         magic, version, count, *shape = HEADER.unpack_from(value)
-        if magic != MAGIC or version != VERSION:
-            return f"bad magic/version {magic!r}/{version}, expected {MAGIC!r}/{VERSION}"
-        if tuple(shape) != self.image_shape:
-            return f"shape {shape} does not match the codec's image shape {list(self.image_shape)}"
+        if magic != MAGIC or version != self._version:
+            return f"bad magic/version {magic!r}/{version}, expected {MAGIC!r}/{self._version}"
+        if tuple(shape) != self._header_shape:
+            return f"shape {shape} does not match the codec's image shape {list(self._header_shape)}"
         if not 1 <= count <= self.records_per_message:
             return f"header count {count} is not in 1..{self.records_per_message}"
         expected = HEADER.size + count * self._record.itemsize
@@ -95,5 +101,5 @@ class RawCodec(Codec):
 
     def _definition(self) -> str:
         return canonical_json(
-            {"header": HEADER.format, "magic": MAGIC.decode(), "version": VERSION, "record": self._record.descr}
+            {"header": HEADER.format, "magic": MAGIC.decode(), "version": self._version, "record": self._record.descr}
         )

@@ -2,7 +2,7 @@
 each failure a ConfigError naming the setting, in seconds instead of after minutes of producing and launching.
 
 On top of :mod:`kbit_core.checks` (topic names, writable directories, shard plans): an importable model that
-builds for the dataset, and disk space for the checkpoints kept.
+builds for the dataset, a map-style dataset whose first and last items fit, and disk space for the checkpoints kept.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from kbit_core.checks import (
@@ -23,9 +23,11 @@ from kbit_core.checks import (
     check_writable,
 )
 from kbit_core.config import KbitConfig
-from kbit_core.datasets import open_source
+from kbit_core.data.dataset_reader import check_direct
+from kbit_core.datasets import DatasetSource, open_source
+from kbit_core.datasets.map_style import MapStyleSource
 from kbit_core.train.checkpoint import resolve_resume
-from kbit_core.train.models import build_model
+from kbit_core.train.models import build_model, check_vocabulary
 from kbit_core.train.tensor_parallel import splittable_blocks
 from kbit_core.train.user_code import resolve_all
 
@@ -45,13 +47,23 @@ def check_training(cfg: KbitConfig) -> Preflight:
             for ``checkpoint.keep_last`` checkpoints.
     """
     started = time.perf_counter()
-    source = open_source(cfg.dataset)
-    report = check_produce(cfg, cfg.produce.topic_for(cfg.dataset), cfg.produce.variant, source.num_records)
+    with _worker_import_path():  # a dataset factory imports as on the ranks
+        source = open_source(cfg.dataset, exact=cfg.train.data == "direct")
+    if isinstance(source, MapStyleSource):
+        source.check_ends()
+    if cfg.train.data == "direct":  # no topic: the dataset is planned as one partition of its records
+        check_direct(cfg)
+        report, planned = Preflight(), cfg.override({"produce.partitions": 1, "produce.variant.records_per_message": 1})
+    else:
+        report = check_produce(cfg, cfg.produce.topic_for(cfg.dataset), cfg.produce.variant, source.num_records)
+        planned = cfg
     check_writable(cfg.run_dir, "workdir")
     # Under a pipeline or tensor parallelism one process per data-parallel rank reads: the shards are planned for those.
-    check_shards(cfg, source.num_records, cfg.produce.variant, cfg.data_parallel_size, cfg.train.global_batch_size)
+    check_shards(
+        planned, source.num_records, planned.produce.variant, cfg.data_parallel_size, cfg.train.global_batch_size
+    )
     check_ranks_fit_cores(cfg, cfg.launch.num_processes, "launch.num_processes", report)
-    num_params = _check_model(cfg, source.image_shape, source.num_classes)
+    num_params = _check_model(cfg, source)
     directory = cfg.run_dir / cfg.checkpoint.dir if cfg.checkpoint.dir is not None else None
     if directory is not None:
         check_writable(directory, "checkpoint.dir")
@@ -90,7 +102,7 @@ def check_benchmark(cfg: KbitConfig) -> Preflight:
             for variant in {v.records_per_message: v for v in cfg.bench.variants}.values():
                 check_shards(cfg, source.num_records, variant, world_size, batch_size)
     if cfg.bench.train_epoch:
-        _check_model(cfg, source.image_shape, source.num_classes)
+        _check_model(cfg, source)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -107,12 +119,15 @@ def _worker_import_path() -> Iterator[None]:
             sys.path.remove(entry)
 
 
-def _check_model(cfg: KbitConfig, image_shape: Sequence[int], num_classes: int) -> int:
-    """Import and build ``train.model`` for the dataset's images as every rank will, and import the loss, metrics,
+def _check_model(cfg: KbitConfig, source: DatasetSource) -> int:
+    """Import and build ``train.model`` for the dataset's records as every rank will (for token sequences, with an
+    embedding that holds the dataset's vocabulary), and import the loss, metrics,
     optimizer and scheduler named by import path, and check that tensor parallelism can split the model; the
     model's number of parameters."""
     with _worker_import_path():
-        model = build_model(cfg.train.model, tuple(image_shape), num_classes)
+        model = build_model(cfg.train.model, tuple(source.image_shape), source.num_classes)
+        if source.vocab_size is not None:
+            check_vocabulary(model, source.vocab_size)
         resolve_all(cfg.train)
     if cfg.train.tensor_parallel.size > 1:
         splittable_blocks(model, cfg.train.tensor_parallel.size)

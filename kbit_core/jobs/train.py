@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from kbit_core.config import KbitConfig
+from kbit_core.data.dataset_reader import dataset_manifest
+from kbit_core.datasets import open_source
 from kbit_core.jobs.continuous import train_continuous
 from kbit_core.jobs.preflight import check_training
 from kbit_core.jobs.restarts import train_with_restarts
@@ -15,6 +18,7 @@ from kbit_core.kafka.local import embedded_broker
 from kbit_core.kafka.manifest import manifest_path
 from kbit_core.produce import produce_dataset
 from kbit_core.tracking import Tracker, make_tracker
+from kbit_core.train.direct_worker import train_direct_main
 from kbit_core.train.worker import train_main
 
 log = logging.getLogger(__name__)
@@ -24,7 +28,8 @@ def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
     """Train ``cfg`` end to end and return the workers' result (identical on every rank) plus driver facts.
 
     Steps: start the embedded broker when the config uses it and nothing listens there; produce the
-    dataset's topic or reuse it (``produce_dataset``); run ``train_main`` on every rank through the engine
+    dataset's topic or reuse it (``produce_dataset``), or with ``train.data: direct`` neither (each rank reads the
+    dataset itself: ``train_direct_main``); run ``train_main`` on every rank through the engine
     ``launch.engine`` names (TorchDistributor, Ray Train or plain torchrun); when a worker fails, restart from the latest checkpoint up to
     ``checkpoint.max_restarts`` times; track params, per-epoch/per-step metrics and the final model
     in MLflow (when ``tracking.enabled``). ``train.mode: continuous`` trains on the live stream instead
@@ -37,9 +42,15 @@ def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
     for warning in check_training(cfg).warnings:
         log.warning("%s", warning)
     tracker = make_tracker(cfg)
-    with embedded_broker(cfg), tracker.run(cfg, name=f"train-{cfg.profile}", kind="train") as run_id:
+    direct = cfg.train.data == "direct"
+    broker = contextlib.nullcontext() if direct else embedded_broker(cfg)  # direct: no Kafka at all
+    with broker, tracker.run(cfg, name=f"train-{cfg.profile}", kind="train") as run_id:
         if cfg.train.mode == "continuous":
             result = train_continuous(cfg, run_id, progress=progress)
+        elif direct:
+            dataset = dataset_manifest(cfg, open_source(cfg.dataset, exact=True))
+            result = train_with_restarts(cfg, train_direct_main, dataset.model_dump_json())
+            result.update(dataset=dataset.topic, mlflow_run_id=run_id)
         else:
             manifest = produce_dataset(cfg, progress=progress, checked=True)  # check_training checked it
             result = train_with_restarts(cfg, train_main, manifest.model_dump_json())

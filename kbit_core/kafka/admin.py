@@ -13,7 +13,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -23,7 +22,6 @@ from kbit_core.config import KafkaConfig
 from kbit_core.errors import BrokerError, TopicError
 from kbit_core.kafka.broker import port_open
 from kbit_core.kafka.local import died_here
-from kbit_core.kafka.manifest import Manifest
 from kbit_core.kafka.settings import confluent_options
 
 log = logging.getLogger(__name__)
@@ -430,51 +428,3 @@ def _await_watermarks(
                 raise TopicError(f"topic {topic!r} partition {msg.partition()}: {err.str()}")
             else:  # transport trouble may heal before the deadline
                 last_error = err.str()
-
-
-@dataclass(frozen=True)
-class TopicCheck:
-    """What the broker holds for a manifest's topic, and every way it differs from the manifest."""
-
-    topic: str
-    exists: bool
-    partitions: list[int] = field(default_factory=list)
-    earliest: dict[int, int] = field(default_factory=dict)
-    ends: dict[int, int] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-    differing: frozenset[int] = frozenset()  # manifest partitions that are missing or differ on the broker
-
-    @property
-    def holds_manifest(self) -> bool:
-        return self.exists and not self.problems
-
-
-def check_topic(kcfg: KafkaConfig, manifest: Manifest) -> TopicCheck:
-    """Compare the live topic with ``manifest``: same partitions, every offset still stored, nothing appended."""
-    topic = manifest.topic
-    expected = [p.partition for p in manifest.partitions]
-    if not topic_exists(kcfg, topic):
-        missing = f"topic {topic!r} does not exist on the {describe_broker(kcfg)}"
-        return TopicCheck(topic, exists=False, problems=[missing], differing=frozenset(expected))
-    present = topic_partitions(kcfg, topic)
-    problems = [] if present == expected else [f"partitions: the broker has {present}, the manifest has {expected}"]
-    differing = set(expected) - set(present)
-    shared = [p for p in manifest.partitions if p.partition in present]
-    earliest = earliest_offsets(kcfg, topic, [p.partition for p in shared])
-    ends = exact_end_offsets(kcfg, topic, [p.partition for p in shared])
-    for part in shared:
-        if ends[part.partition] != part.stop_offset:
-            problems.append(
-                f"partition {part.partition}: the broker ends at offset {ends[part.partition]}, "
-                f"the manifest at {part.stop_offset}"
-            )
-            differing.add(part.partition)
-        if part.num_messages and earliest[part.partition] > part.first_offset:
-            gone_to = min(earliest[part.partition], part.stop_offset) - 1
-            problems.append(
-                f"partition {part.partition}: offsets {part.first_offset}..{gone_to} of the manifest's "
-                f"{part.first_offset}..{part.last_offset} are gone (the log starts at {earliest[part.partition]}: "
-                f"retention or DeleteRecords removed them)"
-            )
-            differing.add(part.partition)
-    return TopicCheck(topic, True, present, earliest, ends, problems, frozenset(differing))

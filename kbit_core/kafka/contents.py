@@ -1,4 +1,5 @@
-"""Record identity: whether a topic's messages are the ones its manifest recorded, not just as many of them.
+"""Whether a topic holds what its manifest recorded: the same partitions and offsets, and the same messages, not just
+as many of them.
 
 Offsets alone cannot tell: drop one record and duplicate another and every offset still matches. Each
 partition's manifest keeps a content digest (:func:`~kbit_core.kafka.manifest.record_digest`, summed over its
@@ -27,7 +28,6 @@ from confluent_kafka.admin import AdminClient
 
 from kbit_core.config import KafkaConfig
 from kbit_core.kafka import admin
-from kbit_core.kafka.admin import TopicCheck
 from kbit_core.kafka.manifest import Manifest, PartitionManifest, digest_hex, message_digest, record_digest
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,54 @@ class _PartitionRead:
     @property
     def done(self) -> bool:
         return self.next_offset >= self.spec.stop_offset
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicCheck:
+    """What the broker holds for a manifest's topic, and every way it differs from the manifest."""
+
+    topic: str
+    exists: bool
+    partitions: list[int] = dataclasses.field(default_factory=list)
+    earliest: dict[int, int] = dataclasses.field(default_factory=dict)
+    ends: dict[int, int] = dataclasses.field(default_factory=dict)
+    problems: list[str] = dataclasses.field(default_factory=list)
+    differing: frozenset[int] = frozenset()  # manifest partitions that are missing or differ on the broker
+
+    @property
+    def holds_manifest(self) -> bool:
+        return self.exists and not self.problems
+
+
+def check_topic(kcfg: KafkaConfig, manifest: Manifest) -> TopicCheck:
+    """Compare the live topic with ``manifest``: same partitions, every offset still stored, nothing appended."""
+    topic = manifest.topic
+    expected = [p.partition for p in manifest.partitions]
+    if not admin.topic_exists(kcfg, topic):
+        missing = f"topic {topic!r} does not exist on the {admin.describe_broker(kcfg)}"
+        return TopicCheck(topic, exists=False, problems=[missing], differing=frozenset(expected))
+    present = admin.topic_partitions(kcfg, topic)
+    problems = [] if present == expected else [f"partitions: the broker has {present}, the manifest has {expected}"]
+    differing = set(expected) - set(present)
+    shared = [p for p in manifest.partitions if p.partition in present]
+    earliest = admin.earliest_offsets(kcfg, topic, [p.partition for p in shared])
+    ends = admin.exact_end_offsets(kcfg, topic, [p.partition for p in shared])
+    for part in shared:
+        if ends[part.partition] != part.stop_offset:
+            problems.append(
+                f"partition {part.partition}: the broker ends at offset {ends[part.partition]}, "
+                f"the manifest at {part.stop_offset}"
+            )
+            differing.add(part.partition)
+        if part.num_messages and earliest[part.partition] > part.first_offset:
+            gone_to = min(earliest[part.partition], part.stop_offset) - 1
+            problems.append(
+                f"partition {part.partition}: offsets {part.first_offset}..{gone_to} of the manifest's "
+                f"{part.first_offset}..{part.last_offset} are gone (the log starts at {earliest[part.partition]}: "
+                f"retention or DeleteRecords removed them)"
+            )
+            differing.add(part.partition)
+    return TopicCheck(topic, True, present, earliest, ends, problems, frozenset(differing))
 
 
 def expected_key(manifest: Manifest, partition: int, offset: int) -> bytes:
@@ -128,9 +176,9 @@ def _take(manifest: Manifest, read: _PartitionRead, offset: int, key: bytes | No
 
 
 def check_topic_and_records(kcfg: KafkaConfig, manifest: Manifest, verified_at: Path | None = None) -> TopicCheck:
-    """:func:`admin.check_topic`, then, when the offsets match, :func:`check_records` — unless ``verified_at``
+    """:func:`check_topic`, then, when the offsets match, :func:`check_records` — unless ``verified_at``
     records that an earlier check found these records exact and the topic's state has not moved since."""
-    check = admin.check_topic(kcfg, manifest)
+    check = check_topic(kcfg, manifest)
     if not check.holds_manifest:
         return check
     state = topic_state(kcfg, manifest, check) if verified_at is not None else None

@@ -7,6 +7,7 @@ import os
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -30,8 +31,10 @@ class DatasetInfo(_Frozen):
     name: str
     seed: int
     num_records: int = Field(ge=0)
-    image_shape: tuple[int, int, int]
+    image_shape: tuple[int, ...] = Field(description="One record's shape: (C, H, W) images, (L,) token sequences.")
     num_classes: int = Field(ge=1)
+    record_dtype: Literal["uint8", "uint16"] = Field("uint8", description="uint8 pixels or uint16 token ids.")
+    vocab_size: int | None = Field(None, ge=1, description="Token sequences: every id lies in [0, vocab_size).")
 
 
 class PartitionManifest(_Frozen):
@@ -201,6 +204,7 @@ def manifest_codec(manifest: Manifest, decoder: str = "stock") -> Codec:
         variant.records_per_message,
         num_classes=manifest.dataset.num_classes,
         decoder=decoder,
+        dtype=manifest.dataset.record_dtype,
     )
     if codec.schema_fingerprint() != manifest.schema_fingerprint:
         raise ManifestMismatchError(

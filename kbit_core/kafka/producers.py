@@ -216,6 +216,24 @@ class ConfluentProducer(ProducerBackend):
                 log.info("closing the producer: %s", exc)
 
 
+class _SenderAnswers(logging.Handler):
+    """The last trouble kafka-python's sender logged, per sender: it retries a refused batch until the delivery
+    deadline and only logs why, so a flush that times out would otherwise not say what the broker answered."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.last: dict[str, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.args and isinstance(record.args, tuple):
+            sender = str(record.args[0])
+            self.last[sender] = record.getMessage().removeprefix(f"{sender}: ")
+
+
+_SENDER_ANSWERS = _SenderAnswers()
+logging.getLogger("kafka.producer.sender").addHandler(_SENDER_ANSWERS)
+
+
 class KafkaPythonProducer(ProducerBackend):
     name = "kafka-python"
 
@@ -266,7 +284,9 @@ class KafkaPythonProducer(ProducerBackend):
         try:
             self._producer.flush(timeout=timeout_s)
         except kafka.errors.KafkaTimeoutError:
-            raise BrokerError(f"messages still undelivered after {timeout_s:.0f}s") from None
+            answer = _SENDER_ANSWERS.last.pop(str(self._producer._sender), None)
+            why = f"; the last answer: {answer}" if answer else ""
+            raise BrokerError(f"messages still undelivered after {timeout_s:.0f}s{why}") from None
 
     def wire_bytes(self) -> int | None:
         metric = self._producer._metrics.metrics.get(self._batch_total)

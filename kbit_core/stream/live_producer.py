@@ -82,7 +82,12 @@ class LiveProducer:
         self.source = open_source(cfg.dataset)
         variant = cfg.produce.variant
         self.codec = get_codec(
-            variant.format, variant.layout, self.source.image_shape, 1, num_classes=self.source.num_classes
+            variant.format,
+            variant.layout,
+            self.source.image_shape,
+            1,
+            num_classes=self.source.num_classes,
+            dtype=self.source.record_dtype,
         )
         self.log = StreamLog.open(
             stream_log_path(cfg.workdir, self.topic), stream_header(cfg, self.source, self.codec.schema_fingerprint())
@@ -193,7 +198,7 @@ class LiveProducer:
         """Images and labels of stream ``indices``: dataset record ``i % num_records``, from the chunk cache."""
         records = indices % self.source.num_records
         chunks = records // MAX_CHUNK
-        images = np.empty((len(indices), *self.source.image_shape), dtype=np.uint8)
+        images = np.empty((len(indices), *self.source.image_shape), dtype=self.source.record_dtype)
         labels = np.empty(len(indices), dtype=np.int64)
         for chunk in np.unique(chunks).tolist():
             chunk_images, chunk_labels = self._chunk(chunk)

@@ -103,7 +103,7 @@ def worker_service(
         run_dir,
         argv,
         marker=MARKER,
-        env={**marker_env, **_bed_env(token_file)},
+        env={**marker_env, **_bed_env(token_file), **ray_env.NODE_ENV},
         host=node.address,
         error_type=TestbedError,
     )

@@ -388,7 +388,7 @@ class MlflowTracker:
         requirements = [f"{d}=={importlib.metadata.version(d).split('+')[0]}" for d in ("torch", "numpy")]
         # MLflow 3 saves a traced torch.export program (no pickle), which needs an example input to trace;
         # a batch of 2, because torch.export specialises a batch dimension of 1 into a fixed size.
-        example = torch.zeros((2, *image_shape), dtype=torch.float32).numpy()
+        example = torch.zeros((2, *image_shape), dtype=torch.float32 if len(image_shape) == 3 else torch.int64).numpy()
         with mlflow.start_run(run_id=run_id):
             mlflow.pytorch.log_model(model, name="model", pip_requirements=requirements, input_example=example)
 

@@ -37,6 +37,7 @@ import torch
 from kbit_core.config import KbitConfig
 from kbit_core.datasets import open_source
 from kbit_core.errors import ConfigError
+from kbit_core.train.elastic import world_size_pinned_by
 from kbit_core.train.models import build_model
 
 log = logging.getLogger(__name__)
@@ -89,12 +90,6 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return None
 
 
-def fixes_world_size(cfg: KbitConfig) -> bool:
-    """Whether a batch-mode checkpoint resumes only at the world size that wrote it (see Trainer._check_elastic)."""
-    train = cfg.train
-    return train.mode == "batch" and (cfg.deepspeed.enabled or train.tensor_parallel.size > 1)
-
-
 def lineage_settings(cfg: KbitConfig) -> dict[str, Any]:
     """The settings a checkpoint can only be resumed under: what defines the model, its data and its trajectory.
 
@@ -111,9 +106,10 @@ def lineage_settings(cfg: KbitConfig) -> dict[str, Any]:
         "produce.variant": cfg.produce.variant.model_dump(mode="json"),
         "produce.partitions": cfg.produce.partitions,
         "shard": cfg.shard.model_dump(mode="json"),
-        # A stream checkpoint keeps positions per partition, and a DDP one is re-planned (Trainer._restore), so
-        # any world size may continue them; DeepSpeed's partitions and a tensor-parallel layout fix it.
-        "launch.num_processes": cfg.launch.num_processes if fixes_world_size(cfg) else None,
+        # A stream checkpoint keeps positions per partition, and a DDP or ZeRO one is re-planned (Trainer._restore;
+        # ZeRO's partitions through a universal checkpoint), so any world size may continue them; a tensor-parallel
+        # or pipeline layout fixes it.
+        "launch.num_processes": cfg.launch.num_processes if world_size_pinned_by(cfg) else None,
         "deepspeed": [cfg.deepspeed.enabled, cfg.deepspeed.zero_stage if cfg.deepspeed.enabled else None],
         "train.model": train.model.model_dump(mode="json"),
         "train.optim": train.optim.model_dump(mode="json"),

@@ -6,16 +6,27 @@ module imports DeepSpeed inside its functions, so batch training without DeepSpe
 
 from __future__ import annotations
 
+import argparse
 import functools
+import io
+import logging
 import os
+import shutil
+import tempfile
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from kbit_core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# Inside a ZeRO checkpoint directory: its universal form, which a ZeRO engine of any data-parallel size loads.
+UNIVERSAL_TAG = "universal"
 
 
 @functools.cache
@@ -32,6 +43,16 @@ def safe_globals() -> tuple[type, ...]:
     return LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address
 
 
+@contextmanager
+def allowed_safe_globals() -> Iterator[None]:
+    """:func:`safe_globals` allowed for weights-only loads inside. Unlike torch's own context it nests: torch's
+    removes its globals on exit even where an enclosing one had allowed them (a universal load nests the checkpoint
+    engine's loads inside :func:`weights_only_loads`), so this one adds and removes only those not yet allowed."""
+    allowed = torch.serialization.get_safe_globals()
+    with torch.serialization.safe_globals([cls for cls in safe_globals() if cls not in allowed]):
+        yield
+
+
 @functools.cache
 def weights_only_engine_type() -> type:
     """DeepSpeed's default torch.save/torch.load engine, loading with weights_only=True (a class made on first use,
@@ -40,7 +61,7 @@ def weights_only_engine_type() -> type:
 
     class WeightsOnlyCheckpointEngine(TorchCheckpointEngine):
         def load(self, path: str, map_location: Any = None) -> Any:
-            with torch.serialization.safe_globals(list(safe_globals())):
+            with allowed_safe_globals():
                 return torch.load(path, map_location=map_location, weights_only=True)
 
     return WeightsOnlyCheckpointEngine
@@ -66,13 +87,13 @@ def use_weights_only_loading(engine: Any) -> None:
 
 
 @contextmanager
-def _weights_only_loads() -> Iterator[None]:
+def weights_only_loads() -> Iterator[None]:
     """Every torch.load inside reads weights only, even where DeepSpeed asks for full unpickling (zero_to_fp32)."""
     # torch reads this variable at each load, and it overrides an explicit weights_only=False.
     previous = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
     os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
     try:
-        with torch.serialization.safe_globals(list(safe_globals())):
+        with allowed_safe_globals():
             yield
     finally:
         if previous is None:
@@ -86,6 +107,74 @@ def consolidated_fp32_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
     copies gathered from every rank's optimizer partitions, not the bf16/fp16 working copy)."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    with _weights_only_loads():
+    with weights_only_loads():
         state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.parent), tag=checkpoint.name)
     return {name: tensor.contiguous() for name, tensor in state.items()}
+
+
+def convert_to_universal(checkpoint: Path) -> Path:
+    """The universal form of the ZeRO checkpoint directory ``checkpoint``, made by DeepSpeed's ds_to_universal on
+    first use: each parameter whole, with its fp32 master copy, Adam moments and step (``universal/zero/<name>/``),
+    so that a ZeRO engine of any data-parallel size partitions them anew. Call on one rank.
+
+    It is written into a hidden temp directory beside it and renamed into place, so a visible ``universal/`` is
+    complete and a later resume at yet another world size reuses it.
+    """
+    from deepspeed.checkpoint import ds_to_universal
+
+    target = checkpoint / UNIVERSAL_TAG
+    if target.is_dir():
+        log.warning("elastic resume: reusing the universal checkpoint %s", target)
+        return target
+    start = time.perf_counter()
+    staging = Path(tempfile.mkdtemp(dir=checkpoint, prefix=f".{UNIVERSAL_TAG}.", suffix=".tmp"))
+    args = argparse.Namespace(
+        input_folder=str(checkpoint),
+        output_folder=str(staging),
+        # Worker processes of its own would be children of a rank (daemonic under some launchers): convert inline.
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        # kbit's models carry no universal-checkpoint info of their own (no tensor or pipeline parallel slicing
+        # patterns); DeepSpeed's default says every parameter is whole.
+        inject_missing_state=True,
+    )
+    chatter = io.StringIO()  # its argument dump, progress bars and stage headings
+    try:
+        with weights_only_loads(), redirect_stdout(chatter), redirect_stderr(chatter):
+            ds_to_universal.main(args)
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        # It names its output, the staging directory, in a 'latest_universal' file beside it; kbit loads by tag.
+        (checkpoint / "latest_universal").unlink(missing_ok=True)
+    log.debug("ds_to_universal output:\n%s", chatter.getvalue())
+    log.warning(
+        "elastic resume: converted %s to the universal checkpoint %s in %.2f s",
+        checkpoint,
+        target,
+        time.perf_counter() - start,
+    )
+    return target
+
+
+def load_universal(engine: Any, universal: Path) -> dict[str, Any]:
+    """Load the universal checkpoint directory ``universal`` into the DeepSpeed ``engine`` (model, fp32 master
+    weights, optimizer moments, re-partitioned for this run's ranks); return its client state."""
+    # DeepSpeed reads `checkpoint.load_universal` from its config at each load_checkpoint call, not at
+    # initialize; kbit decides per resume (only a world-size change needs it), so it sets it for this load.
+    engine._config.load_universal_checkpoint = True
+    try:
+        # The optimizer reads zero/<param>/*.pt with a plain torch.load, past the checkpoint engine.
+        with weights_only_loads():
+            loaded, client_state = engine.load_checkpoint(
+                str(universal.parent), tag=universal.name, load_optimizer_states=True, load_lr_scheduler_states=False
+            )
+    finally:
+        engine._config.load_universal_checkpoint = False
+    if loaded is None:
+        raise ConfigError(f"DeepSpeed could not load the universal checkpoint {universal}")
+    return client_state

@@ -20,9 +20,15 @@ from torch.nn.parallel import DistributedDataParallel
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError, DistributedError
 from kbit_core.train import checkpoint as ckpt
-from kbit_core.train.deepspeed_checkpoint import consolidated_fp32_state_dict, use_weights_only_loading
+from kbit_core.train.deepspeed_checkpoint import (
+    consolidated_fp32_state_dict,
+    convert_to_universal,
+    load_universal,
+    use_weights_only_loading,
+)
 from kbit_core.train.deepspeed_config import build_deepspeed_config, engine_name
 from kbit_core.train.distributed import DistEnv, broadcast_from_main
+from kbit_core.train.elastic import check_elastic
 from kbit_core.train.ema import build_ema
 from kbit_core.train.metrics import BatchStats, reduce_batch
 from kbit_core.train.optim import build_optimizer, build_scheduler, effective_lr
@@ -214,6 +220,7 @@ class DeepSpeedEngine(Engine):
         if train.ema_decay and ds.zero_stage == 3:
             raise ConfigError("train.ema_decay needs whole parameters on every rank; it does not work with ZeRO-3")
         self.name = engine_name(cfg)
+        self.cfg, self.env = cfg, env
         ds_config = build_deepspeed_config(cfg, env.world_size, env.device.type == "cuda")
         model = self._prepare_model(deepspeed, model, cfg, ds_config)
         optimizer = build_optimizer(
@@ -243,7 +250,7 @@ class DeepSpeedEngine(Engine):
         return contextlib.nullcontext()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.ds(x.to(self.input_dtype))
+        return self.ds(self._input(x))
 
     def backward(self, loss: Tensor) -> None:
         self.ds.backward(loss)  # divides by gradient_accumulation_steps itself
@@ -258,7 +265,11 @@ class DeepSpeedEngine(Engine):
 
     def predict(self, x: Tensor) -> Tensor:
         model = self.ema.module if self.ema is not None else self.ds
-        return model(x.to(self.input_dtype))
+        return model(self._input(x))
+
+    def _input(self, x: Tensor) -> Tensor:
+        """Images in the engine's precision; token ids stay integers (an embedding looks them up)."""
+        return x.to(self.input_dtype) if x.is_floating_point() else x
 
     def train(self, mode: bool = True) -> None:
         self.ds.train(mode)
@@ -286,19 +297,44 @@ class DeepSpeedEngine(Engine):
         ckpt.write_consolidated(checkpoint, consolidated_fp32_state_dict(checkpoint))
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Collective: restore from the DeepSpeed checkpoint directory ``path``; one written by another number of
+        ranks loads through its universal form (see :meth:`_load_elastic`)."""
         if not ckpt.is_sharded(path):
             raise ConfigError(f"{path} is a DDP checkpoint file; resume it with deepspeed.enabled=false")
-        loaded, client_state = self.ds.load_checkpoint(
-            str(path.parent), tag=path.name, load_optimizer_states=True, load_lr_scheduler_states=False
-        )
-        if loaded is None:
-            raise DistributedError(f"DeepSpeed could not load the checkpoint {path}")
+        meta = ckpt.read_side_file(path)
+        written_by = len(meta[ckpt.RANKS])
+        if written_by != self.env.world_size:
+            client_state = self._load_elastic(path, written_by)
+        else:
+            loaded, client_state = self.ds.load_checkpoint(
+                str(path.parent), tag=path.name, load_optimizer_states=True, load_lr_scheduler_states=False
+            )
+            if loaded is None:
+                raise DistributedError(f"DeepSpeed could not load the checkpoint {path}")
         self.scheduler.load_state_dict(client_state[ckpt.SCHEDULER])
         if self.ema is not None:
             if client_state.get(ckpt.EMA) is None:
                 raise ConfigError("train.ema_decay is set but the checkpoint being resumed has no EMA weights")
             self.ema.load_state_dict(client_state[ckpt.EMA])
-        return ckpt.read_side_file(path)
+        return meta
+
+    def _load_elastic(self, path: Path, written_by: int) -> dict[str, Any]:
+        """Collective: ZeRO partitions each parameter's fp32 copy and Adam moments over the ranks that wrote
+        ``path``; rank 0 converts it to DeepSpeed's universal checkpoint (once, kept inside it), which every rank
+        then loads re-partitioned for this run. Returns the client state."""
+        check_elastic(self.cfg, path, written_by, self.env.world_size)
+        converted: dict[str, str] = {}
+        if self.env.is_main:
+            try:
+                converted["path"] = str(convert_to_universal(path))
+            except Exception as exc:  # handed to the other ranks, which would otherwise wait for the path
+                converted["error"] = f"{type(exc).__name__}: {exc}"
+                broadcast_from_main(converted)
+                raise
+        converted = broadcast_from_main(converted)
+        if "error" in converted:
+            raise DistributedError(f"rank 0 could not convert {path} to a universal checkpoint: {converted['error']}")
+        return load_universal(self.ds, Path(converted["path"]))
 
 
 def wants_activation_checkpointing(cfg: KbitConfig) -> bool:

@@ -22,6 +22,7 @@ from kbit_core.data.split_loaders import SplitLoaderSet
 from kbit_core.errors import ConfigError, DistributedError, TrainingDivergedError
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.distributed import DistEnv, broadcast_from_main, gather_to_main
+from kbit_core.train.elastic import check_elastic
 from kbit_core.train.engine import Engine
 from kbit_core.train.metrics import BatchStats, SpikeDetector, reduce_throughput, stand_in_step
 from kbit_core.train.run_report import data_report, epoch_line, history_table, plan_line
@@ -175,7 +176,7 @@ class Trainer:
             ckpt.set_rng_state(mine["rng"], self.env.device)
             loader_state = mine["loader"]
         else:  # elastic: each rank keeps the random stream it was seeded with; the epoch's rest is re-planned
-            self._check_elastic(path, len(ranks))
+            check_elastic(self.cfg, path, len(ranks), self.env.world_size)
             loader_state = {"resharded_from": [rank["loader"] for rank in ranks]}
         if self.state.batch_in_epoch:
             self.loaders.train.set_epoch(self.state.epoch)
@@ -184,15 +185,6 @@ class Trainer:
             self.spikes.observe(loss)
         if self.checkpointer is not None and self.state.best is not None:
             self.checkpointer.keep(ckpt.checkpoint_name(self.state.best["step"]))
-
-    def _check_elastic(self, path: Path, num_ranks: int) -> None:
-        """Only plain data parallelism resumes at another world size (see ckpt.fixes_world_size)."""
-        if ckpt.fixes_world_size(self.cfg):
-            raise ConfigError(
-                f"checkpoint {path} was written by {num_ranks} ranks; this run has {self.env.world_size}: under "
-                "DeepSpeed (its ZeRO partitions are per rank; a universal checkpoint would re-partition them, not "
-                "built) or tensor parallelism a resume needs the same world size"
-            )
 
     def _resumed_note(self, path: Path, num_ranks: int) -> str:
         elastic = (

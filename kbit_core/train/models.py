@@ -125,6 +125,7 @@ _BUILTIN: dict[str, ModelBuilder] = {
     "vit": ViT,
     "token_transformer": TokenTransformer,
 }
+_TAKES_TOKENS = ("token_transformer",)
 
 
 def model_names() -> tuple[str, ...]:
@@ -132,19 +133,36 @@ def model_names() -> tuple[str, ...]:
     return tuple(_BUILTIN)
 
 
-def build_model(spec: ModelConfig, image_shape: ImageShape, num_classes: int) -> nn.Module:
-    """Build the classifier named by ``spec`` for images of ``image_shape`` (C, H, W).
+def check_vocabulary(model: nn.Module, vocab_size: int) -> None:
+    """ConfigError when the model's first token embedding holds fewer ids than a token dataset's ``vocab_size``
+    (the first batch would otherwise fail inside ``nn.Embedding`` with an index error)."""
+    embedding = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    if embedding is not None and embedding.num_embeddings < vocab_size:
+        raise ConfigError(
+            f"train.model: its token embedding holds {embedding.num_embeddings} ids, but the dataset has "
+            f"dataset.vocab_size={vocab_size}; set train.model.kwargs.vocab_size >= {vocab_size}"
+        )
+
+
+def build_model(spec: ModelConfig, image_shape: ImageShape | tuple[int], num_classes: int) -> nn.Module:
+    """Build the classifier named by ``spec`` for images of ``image_shape`` (C, H, W), or token sequences (L,).
 
     Args:
         spec: ``cfg.train.model``: a built-in name (mlp, cnn, resnet) or 'package.module:factory',
             plus keyword arguments for the builder.
-        image_shape: (channels, height, width) of one input image.
+        image_shape: (channels, height, width) of one input image, or (length,) of one token sequence (whose
+            ids only token_transformer and user models take).
         num_classes: Number of output logits.
 
     Returns:
         A module mapping float32[B, C, H, W] to logits float32[B, num_classes].
     """
     builder = import_object(spec.name, "train.model.name", _BUILTIN)
+    if len(image_shape) == 1 and spec.name in _BUILTIN and spec.name not in _TAKES_TOKENS:
+        raise ConfigError(
+            f"train.model.name={spec.name!r} classifies images, but the dataset's records are token sequences of "
+            f"shape {tuple(image_shape)}; use {' or '.join(_TAKES_TOKENS)}"
+        )
     kwargs: dict[str, Any] = dict(spec.kwargs)
     try:
         model = builder(image_shape=tuple(image_shape), num_classes=num_classes, **kwargs)

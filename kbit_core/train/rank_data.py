@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from kbit_core.config import KbitConfig
+from kbit_core.data.dataset_reader import DatasetReader, check_direct
 from kbit_core.data.loader import ShardLoader
 from kbit_core.data.split_loaders import make_split_loader, make_split_loaders
+from kbit_core.datasets import DatasetSource
 from kbit_core.kafka.manifest import Manifest
 from kbit_core.sharding import split_names
 from kbit_core.train.loop import SplitLoaders
@@ -31,6 +33,20 @@ def rank_loaders(
         for loader in made.values():
             loader.load()
     return SplitLoaders(**made, plan=_plan_counts(made, world_size), shared=shared)
+
+
+def dataset_loaders(
+    cfg: KbitConfig, source: DatasetSource, manifest: Manifest, rank: int, world_size: int
+) -> SplitLoaders:
+    """The loaders of every split for ``rank`` of ``world_size``, read straight from ``source`` (``train.data:
+    direct``; ``manifest`` is its :func:`~kbit_core.data.dataset_reader.dataset_manifest`) through one reader."""
+    check_direct(cfg)
+    reader = DatasetReader(source, manifest)
+    made = {
+        split: make_split_loader(cfg, manifest, split, rank, world_size, reader=reader)
+        for split in split_names(cfg.shard.split_rates)
+    }
+    return SplitLoaders(**made, plan=_plan_counts(made, world_size))
 
 
 def _plan_counts(loaders: dict[str, ShardLoader], world_size: int) -> dict[str, dict[str, int]]:

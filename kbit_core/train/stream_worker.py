@@ -51,7 +51,9 @@ def stream_main(cfg: KbitConfig, heldout_json: str, run_dir: str) -> dict[str, A
     heldout = Manifest.model_validate_json(heldout_json)
     source = open_source(cfg.dataset)
     variant = cfg.produce.variant
-    codec = get_codec(variant.format, variant.layout, source.image_shape, 1, num_classes=source.num_classes)
+    codec = get_codec(
+        variant.format, variant.layout, source.image_shape, 1, num_classes=source.num_classes, dtype=source.record_dtype
+    )
     topic = cfg.stream.topic_for(cfg.dataset, cfg.produce)
 
     def stream_loaders(cfg: KbitConfig, env: DistEnv) -> SplitLoaders:

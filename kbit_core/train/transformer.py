@@ -89,18 +89,23 @@ class PatchEmbedding(nn.Module):
 
 
 class TokenEmbedding(nn.Module):
-    """Token ids [B, L] embedded after a class token, plus positions. Images become tokens first: each
-    ``pool`` × ``pool`` square's mean intensity, quantised to ``vocab_size`` levels (so the digits train it too)."""
+    """Token ids [B, L] embedded after a class token, plus positions. A record shape (L,) is a token dataset's,
+    whose ids come straight in; images (C, H, W) become tokens first: each ``pool`` × ``pool`` square's mean
+    intensity, quantised to ``vocab_size`` levels (so the digits train it too)."""
 
-    def __init__(self, image_shape: ImageShape, vocab_size: int, pool: int, dim: int) -> None:
+    def __init__(self, image_shape: tuple[int, ...], vocab_size: int, pool: int, dim: int) -> None:
         super().__init__()
-        _, height, width = image_shape
-        if height % pool or width % pool:
-            raise ConfigError(f"model 'token_transformer': pool={pool} does not divide the {height}×{width} images")
+        if len(image_shape) == 1:
+            (length,) = image_shape
+        else:
+            _, height, width = image_shape
+            if height % pool or width % pool:
+                raise ConfigError(f"model 'token_transformer': pool={pool} does not divide the {height}×{width} images")
+            length = (height // pool) * (width // pool)
         self.vocab_size, self.pool = vocab_size, pool
         self.embed = nn.Embedding(vocab_size, dim)
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
-        self.position = nn.Parameter(torch.randn(1, 1 + (height // pool) * (width // pool), dim) * 0.02)
+        self.position = nn.Parameter(torch.randn(1, 1 + length, dim) * 0.02)
 
     def tokens(self, images: Tensor) -> Tensor:
         """[B, C, H, W] floats in [0, 1] → [B, (H/pool)·(W/pool)] token ids."""
@@ -155,11 +160,12 @@ class ViT(EncoderClassifier):
 
 
 class TokenTransformer(EncoderClassifier):
-    """A token-sequence classifier: integer token ids [B, L] (or images turned into tokens, see TokenEmbedding)."""
+    """A token-sequence classifier: integer token ids [B, L] (or images turned into tokens, see TokenEmbedding).
+    ``vocab_size`` must exceed every id of the data (a token dataset states its ``vocab_size``)."""
 
     def __init__(
         self,
-        image_shape: ImageShape,
+        image_shape: tuple[int, ...],
         num_classes: int,
         vocab_size: int = 16,
         pool: int = 4,

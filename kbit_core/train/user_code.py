@@ -1,15 +1,14 @@
 """The user's own pieces, named by import path ('package.module:attribute'): model factory, loss, metrics,
 optimizer class and LR scheduler factory.
 
-Every one resolves through :func:`import_object`, so a misspelled path fails the same way wherever it is named:
-one line with the setting, the path and what is wrong. The driver's preflight resolves them all before anything is
+Every one resolves through :func:`kbit_core.user_imports.import_object`, so a misspelled path fails the same way
+wherever it is named: one line with the setting, the path and what is wrong. The driver's preflight resolves them all before anything is
 produced or launched (``kbit_core.jobs.preflight``); the ranks resolve them again when they build the trainer.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kbit_core.config import TrainConfig
-from kbit_core.errors import ConfigError
+from kbit_core.user_imports import import_object, is_import_path
 
 # (logits float32[B, classes], targets int64[B]) -> mean loss over the batch (a scalar tensor).
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -25,35 +24,6 @@ LossFn = Callable[[Tensor, Tensor], Tensor]
 MetricFn = Callable[[Tensor, Tensor], Tensor]
 
 BUILTIN_LOSSES: dict[str, LossFn] = {"cross_entropy": F.cross_entropy}
-
-
-def is_import_path(name: str) -> bool:
-    """Whether ``name`` has the 'package.module:attribute' form (built-in names have no colon)."""
-    return ":" in name
-
-
-def import_object(spec: str, setting: str, builtins: Mapping[str, Any] | None = None) -> Any:
-    """The callable that ``spec`` names: a key of ``builtins``, or 'package.module:attribute'.
-
-    Raises:
-        ConfigError: one line naming ``setting`` and ``spec``: neither form, a module that does not import, or an
-            attribute that is missing or not callable.
-    """
-    builtins = builtins or {}
-    if spec in builtins:
-        return builtins[spec]
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        known = "/".join(builtins) + " nor " if builtins else ""
-        raise ConfigError(f"{setting}={spec!r} is neither {known}'package.module:factory'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{setting}={spec!r}: cannot import {module_name!r}: {exc}") from None
-    found = getattr(module, attr, None)
-    if not callable(found):
-        raise ConfigError(f"{setting}={spec!r}: {module_name} has no callable {attr!r}")
-    return found
 
 
 def resolve_loss(train: TrainConfig) -> LossFn:

@@ -79,6 +79,16 @@ def config(tmp_path, **sections) -> KbitConfig:
             {"train__tensor_parallel": {"size": 2}},
             r"^train.tensor_parallel needs a transformer .* has no EncoderBlock$",
         ),
+        (
+            {"dataset__name": "synthetic_tokens", "train__model": {"name": "cnn"}},
+            r"^train.model.name='cnn' classifies images, but the dataset's records are token sequences of shape "
+            r"\(32,\); use token_transformer$",
+        ),
+        (
+            {"dataset__name": "synthetic_tokens", "train__model": {"name": "token_transformer"}},
+            r"^train.model: its token embedding holds 16 ids, but the dataset has dataset.vocab_size=1000; set "
+            r"train.model.kwargs.vocab_size >= 1000$",
+        ),
     ],
     ids=[
         "misspelled-loss",
@@ -95,6 +105,8 @@ def config(tmp_path, **sections) -> KbitConfig:
         "batch-larger-than-shard",
         "missing-resume-checkpoint",
         "tensor-parallel-without-a-transformer",
+        "image-model-on-tokens",
+        "embedding-smaller-than-the-vocabulary",
     ],
 )
 def test_training_preconditions_fail_fast_naming_the_setting(tmp_path, record_property, sections, message):

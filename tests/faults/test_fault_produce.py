@@ -13,7 +13,7 @@ import time
 import pytest
 
 from kbit_core.errors import TopicError
-from kbit_core.kafka import admin
+from kbit_core.kafka import admin, contents
 from kbit_core.kafka.manifest import Manifest, manifest_path
 from kbit_core.produce import _producing
 from tests.faults.conftest import KBIT, assert_failed_cleanly
@@ -80,7 +80,7 @@ def test_concurrent_produces_of_one_topic_never_duplicate(broker, tmp_path, topi
     cfg = make_config(workdir=str(workdir))
     manifest = Manifest.load(manifest_path(workdir, topic_name))
     assert winner["num_records"] == manifest.num_records == 30000
-    check = admin.check_topic(cfg.kafka, manifest)
+    check = contents.check_topic(cfg.kafka, manifest)
     assert check.holds_manifest, check.problems  # exactly the manifest's offsets: nothing written twice
 
 

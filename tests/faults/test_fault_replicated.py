@@ -22,7 +22,7 @@ from kbit_core.data.reader import RangeReader
 from kbit_core.errors import BrokerError
 from kbit_core.formats import get_codec
 from kbit_core.jobs.train import train
-from kbit_core.kafka import admin
+from kbit_core.kafka import admin, contents
 from kbit_core.kafka.apache_broker import ApacheKafkaBroker
 from kbit_core.kafka.cluster import ClusterNode, KafkaCluster
 from kbit_core.kafka.manifest import Manifest
@@ -153,7 +153,7 @@ def test_broker_killed_mid_produce_loses_and_duplicates_nothing(
     manifest = produce_dataset(cfg, progress=False)
     assert killed and killed[0].service.pid() is None
     assert cluster.leader_of(topic_name, 0) is not killed[0]
-    assert admin.check_topic(cfg.kafka, manifest).holds_manifest
+    assert contents.check_topic(cfg.kafka, manifest).holds_manifest
     assert manifest.num_records == records and _read_indices(cfg, manifest) == list(range(records))
 
 
@@ -193,7 +193,7 @@ def test_two_of_three_brokers_stopped_produce_fails_clearly_and_nothing_acknowle
         ), message
     assert ledger.delivered_records == 0
     cluster.start()
-    assert admin.check_topic(cfg.kafka, kept).holds_manifest
+    assert contents.check_topic(cfg.kafka, kept).holds_manifest
     assert _read_indices(cfg, kept) == list(range(2000))
 
 

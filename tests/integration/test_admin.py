@@ -10,7 +10,7 @@ from confluent_kafka import Producer
 
 from kbit_core.config import DataVariant, KafkaConfig, KbitConfig
 from kbit_core.errors import BrokerError, TopicError
-from kbit_core.kafka import admin
+from kbit_core.kafka import admin, contents
 from kbit_core.kafka.manifest import DatasetInfo, Manifest, PartitionManifest
 from tests.conftest import free_port
 
@@ -103,20 +103,20 @@ def test_exact_end_offsets_match_delivered_offsets(kcfg: KafkaConfig, topic: str
 def test_check_topic_accepts_exactly_the_manifest(kcfg: KafkaConfig, topic: str) -> None:
     admin.create_topic(kcfg, topic, 2)
     produce_batched(kcfg, topic, {0: 20, 1: 19})
-    check = admin.check_topic(kcfg, manifest_for(topic, {0: 20, 1: 19}))
+    check = contents.check_topic(kcfg, manifest_for(topic, {0: 20, 1: 19}))
     assert check.holds_manifest and check.ends == {0: 20, 1: 19} and check.partitions == [0, 1]
 
-    appended = admin.check_topic(kcfg, manifest_for(topic, {0: 20, 1: 18}))
+    appended = contents.check_topic(kcfg, manifest_for(topic, {0: 20, 1: 18}))
     assert appended.problems == ["partition 1: the broker ends at offset 19, the manifest at 18"]
     assert appended.differing == {1}
 
-    wider = admin.check_topic(kcfg, manifest_for(topic, {0: 20, 1: 19, 2: 5}))
+    wider = contents.check_topic(kcfg, manifest_for(topic, {0: 20, 1: 19, 2: 5}))
     assert wider.problems == ["partitions: the broker has [0, 1], the manifest has [0, 1, 2]"]
     assert wider.differing == {2}
 
 
 def test_check_topic_reports_a_vanished_topic(kcfg: KafkaConfig, topic_name: str) -> None:
-    check = admin.check_topic(kcfg, manifest_for(topic_name, {0: 1}))
+    check = contents.check_topic(kcfg, manifest_for(topic_name, {0: 1}))
     assert not check.exists and not check.holds_manifest
     assert "does not exist" in check.problems[0] and check.differing == {0}
 

@@ -20,7 +20,7 @@ from kbit_core.config import DataVariant, KafkaConfig, KbitConfig, ProduceConfig
 from kbit_core.data.reader import RangeReader
 from kbit_core.errors import OffsetRangeError
 from kbit_core.formats import get_codec
-from kbit_core.kafka import admin
+from kbit_core.kafka import admin, contents
 from kbit_core.kafka.apache_broker import ApacheKafkaBroker, kafka_version
 from kbit_core.kafka.consumers import RawRecord, make_consumer
 from kbit_core.kafka.producers import make_producer
@@ -300,7 +300,7 @@ def test_kbit_produce_dataset_and_range_reader(
     cfg = apache_config(dataset__num_records=203, produce__partitions=3)
     manifest = produce_dataset(cfg, variant, progress=False, client=producer_client)
     assert manifest.num_records == 203 and manifest.dropped_records == 0
-    check = admin.check_topic(cfg.kafka, manifest)
+    check = contents.check_topic(cfg.kafka, manifest)
     assert check.holds_manifest, check.problems
     stops = {p: r[1] for p, r in manifest.ranges().items()}
     assert listed_latest(cfg.kafka, manifest.topic, 3) == stops
@@ -337,7 +337,7 @@ def test_config_selects_apache_kafka_as_the_embedded_broker(tmp_path, make_confi
     with embedded_broker(cfg):
         assert broker.status().running
         manifest = produce_dataset(cfg, DataVariant(format="raw", layout="bytes", compression="snappy"), progress=False)
-        assert admin.check_topic(cfg.kafka, manifest).holds_manifest
+        assert contents.check_topic(cfg.kafka, manifest).holds_manifest
     assert not broker.status().running
     assert (broker.data_dir / "meta.properties").is_file()  # the data stays on disk under the run dir
     broker.wipe()

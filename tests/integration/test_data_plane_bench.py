@@ -105,8 +105,8 @@ def test_bench_data_cli_writes_rates_ratios_rss_and_targets(make_config, tmp_pat
     assert all(r["peak_rss_mb"] > 0 for r in results["rss"]["runs"])
     targets = {t["target"] for t in results["targets"]}
     assert any("decode >= 0.8x fetch" in t for t in targets) and any("RSS growth" in t for t in targets)
-    assert "| raw_bytes_none | confluent |" in md.read_text()
-    assert "| raw_bytes_none | confluent | partitions |" in md.read_text()
+    assert "| synthetic_digits | raw_bytes_none | confluent |" in md.read_text()
+    assert "| synthetic_digits | raw_bytes_none | confluent | partitions |" in md.read_text()
     assert not [t for t in admin.list_topics(cfg.kafka) if ".n300." in t or ".n1000." in t], "topics cleaned up"
 
 
@@ -145,6 +145,34 @@ def test_bench_data_reports_fast_and_stock_decoders_and_their_targets(make_confi
         "avro_list_none (kafka-python) connect stage <= 5 ms",
         "avro_list_none (kafka-python) fast read+decode >= 20x stock",
     }
+
+
+@pytest.mark.kafka
+def test_bench_data_measures_token_sequences_beside_the_digits_and_names_what_it_leaves_out(make_config, tmp_path):
+    cfg = make_config()
+    out, md = tmp_path / "results.json", tmp_path / "results.md"
+    args = ["--set", f"kafka.embedded.port={cfg.kafka.embedded.port}", "--set", f"workdir={cfg.workdir}"]
+    args += ["--datasets", "synthetic_digits", "--datasets", "synthetic_tokens", "-v", "raw_bytes_none"]
+    args += ["-v", "avro_bytes_none", "--records", "200", "--repeats", "1", "--no-rss", "--out", str(out)]
+    result = CliRunner().invoke(app, ["bench-data", *args, "--markdown", str(md), "--json"])
+    assert result.exit_code == 0, result.output
+    results = json.loads(out.read_text())
+    cells = [(r["dataset"], r["variant"]) for r in results["rows"]]
+    assert cells == [
+        ("synthetic_digits", "raw_bytes_none"),
+        ("synthetic_digits", "avro_bytes_none"),
+        ("synthetic_tokens", "raw_bytes_none"),
+    ]
+    digits, _, tokens = results["rows"]
+    # 10 bytes of index and label, then 784 pixels or 32 uint16 ids, after raw's 14-byte header
+    assert (digits["bytes_per_record"], tokens["bytes_per_record"]) == (808, 88)
+    assert tokens["decode_records_per_s"] > 0 and tokens["loader_records_per_s"] > 0
+    (left_out,) = results["left_out"]
+    assert (left_out["dataset"], left_out["variant"]) == ("synthetic_tokens", "avro_bytes_none")
+    assert "avro/bytes carries uint8 pixels only" in left_out["reason"]
+    assert results["meta"]["datasets"] == ["synthetic_digits", "synthetic_tokens"]
+    assert any(t["target"].startswith("synthetic_tokens raw_bytes_none (confluent)") for t in results["targets"])
+    assert "| synthetic_tokens | avro_bytes_none | avro/bytes carries uint8" in md.read_text()
 
 
 def test_bench_data_times_kbits_decode_with_the_configured_decode_processes(make_config, tmp_path):

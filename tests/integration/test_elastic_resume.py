@@ -161,10 +161,12 @@ def train_ranks(world_size: int, cfg: KbitConfig, manifest: Manifest, run_dir: P
 
 
 @pytest.mark.slow
-def test_ddp_checkpoint_of_two_ranks_resumes_mid_epoch_on_three(produce_topic: Produce, tmp_path: Path):
-    """The trainer end to end: 2 ranks write a checkpoint 5 steps into the epoch; resumed from it on 3 ranks (and on
-    1: the loader tests above cover that re-plan; here it would add a third spawn), the epoch's samples before it
-    (trained by the 2) and after it (by the 3) are the epoch's, each once."""
+@pytest.mark.parametrize("engine", ["ddp", "deepspeed-zero2"])
+def test_checkpoint_of_two_ranks_resumes_mid_epoch_on_three(produce_topic: Produce, tmp_path: Path, engine: str):
+    """The trainer end to end, under DDP and under DeepSpeed ZeRO-2 (its checkpoint converted to a universal one):
+    2 ranks write a checkpoint 5 steps into the epoch; resumed from it on 3 ranks (and on 1: the loader tests above
+    cover that re-plan; here it would add a third spawn), the epoch's samples before it (trained by the 2) and after
+    it (by the 3) are the epoch's, each once."""
     cfg, manifest = produce_topic(
         RAW,
         150,
@@ -177,17 +179,20 @@ def test_ddp_checkpoint_of_two_ranks_resumes_mid_epoch_on_three(produce_topic: P
         checkpoint__every_steps=5,
         checkpoint__keep_last=10,
         tracking__enabled=False,
+        deepspeed__enabled=engine != "ddp",
+        deepspeed__zero_stage=2,
     )
     first, trained_by_two = train_ranks(2, cfg, manifest, tmp_path / "two")
     whole_epoch = Counter(i for _, _, indices in trained_by_two for i in indices)
     # 128 train messages: 64 a rank, 63 in 21 batches of 3 (one record is the tail each epoch leaves out)
     assert first["steps"] == 21 and set(whole_epoch.values()) == {1} and sum(whole_epoch.values()) == 126
-    mid = ckpt.list_lineages(tmp_path / "two" / "ckpt")[0] / "step-00000005.pt"
+    mid = ckpt.list_lineages(tmp_path / "two" / "ckpt")[0] / ("step-00000005" + (".pt" if engine == "ddp" else ""))
     before = [i for _, batch, indices in trained_by_two if batch < 5 for i in indices]
     resumed, trained_by_three = train_ranks(
         3, cfg.override({"checkpoint.resume": str(mid)}), manifest, tmp_path / "on3"
     )
     assert {epoch for epoch, _, _ in trained_by_three} == {0} and resumed["world_size"] == 3
+    assert resumed["engine"] == first["engine"] == engine
     audit = Counter(before + [i for _, _, indices in trained_by_three for i in indices])
     assert audit == whole_epoch, f"missing or repeated: {set(whole_epoch) ^ set(audit)}"
     # 5 steps of 6 records before; the 96 left, 32 a rank, in 16 steps of 2 a rank after

@@ -25,7 +25,7 @@ from kbit_core.config import DataVariant, KafkaConfig, KbitConfig
 from kbit_core.datasets import open_source
 from kbit_core.errors import BrokerError, ConfigError, ManifestMismatchError
 from kbit_core.formats import get_codec
-from kbit_core.kafka import admin
+from kbit_core.kafka import admin, contents
 from kbit_core.kafka.apache_broker import ApacheKafkaBroker
 from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.kafka.manifest import Manifest, manifest_path
@@ -159,7 +159,7 @@ def test_changed_records_at_unchanged_offsets_break_reuse_and_inspect(cfg: KbitC
     for partition, _, key, value in tampered:
         writer.produce(cfg.produce.topic, value=value, key=key, partition=partition)
     assert writer.flush(10) == 0
-    assert admin.check_topic(cfg.kafka, manifest).holds_manifest  # the offsets alone cannot tell
+    assert contents.check_topic(cfg.kafka, manifest).holds_manifest  # the offsets alone cannot tell
 
     profile = tmp_path / "profile.yaml"
     profile.write_text(yaml.safe_dump(cfg.to_dict()))
@@ -304,7 +304,7 @@ def test_embedded_broker_restart_reproduces_the_lost_topic(
         assert not admin.topic_exists(cfg.kafka, first.topic)
         again = produce_dataset(cfg, progress=False)
         assert again.created_at > first.created_at and again.ranges() == first.ranges()
-        assert admin.check_topic(cfg.kafka, again).holds_manifest
+        assert contents.check_topic(cfg.kafka, again).holds_manifest
     finally:
         own.stop()
 
@@ -337,7 +337,7 @@ def test_apache_kafka_keeps_the_topic_across_a_restart_and_it_is_not_produced_ag
         monkeypatch.setattr(produce, "_produce", produced_again)
         again = produce_dataset(cfg, progress=False)
         assert again.created_at == first.created_at and again.ranges() == first.ranges()
-        assert admin.check_topic(cfg.kafka, again).holds_manifest
+        assert contents.check_topic(cfg.kafka, again).holds_manifest
         assert topic_identity_key(None, {"cfg": cfg, "variants": None}) == key  # type: ignore[arg-type]
     finally:
         own.stop()
@@ -392,6 +392,6 @@ def test_a_broker_lost_mid_produce_is_named_within_seconds_and_the_rerun_needs_n
         assert admin.topic_exists(cfg.kafka, cfg.produce.topic)
         small = cfg.override({"dataset.num_records": 40})
         again = produce_dataset(small, progress=False)  # no --recreate asked for
-        assert again.num_records == 40 and admin.check_topic(small.kafka, again).holds_manifest
+        assert again.num_records == 40 and contents.check_topic(small.kafka, again).holds_manifest
     finally:
         own.stop()

@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 from kbit_core.config import KbitConfig, deep_merge
 from kbit_core.data.loader import LoaderStats
 from kbit_core.errors import DistributedError
+from kbit_core.kafka.manifest import Manifest
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.distributed import DistEnv
 from kbit_core.train.loop import SplitLoaders
@@ -128,6 +129,18 @@ def _kafka_rank_main(rank: int, port: int, config: dict[str, Any], manifest_json
     os.environ["MASTER_PORT"] = str(port)
     result = train_main(KbitConfig.from_dict(config), manifest_json, run_dir)
     Path(run_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def run_kafka_ranks(cfg: KbitConfig, manifest: Manifest, run_dir: Path) -> dict[str, Any]:
+    """``train_main`` on WORLD_SIZE spawned ranks streaming ``manifest``'s topic; the result every rank returned."""
+    run_dir.mkdir()
+    mp.spawn(
+        _kafka_rank_main,
+        nprocs=WORLD_SIZE,
+        join=True,
+        args=(free_port(), cfg.to_secret_dict(), manifest.model_dump_json(), str(run_dir)),
+    )
+    return rank_results(run_dir)
 
 
 def train_config(tmp_path: Path, **sections: Any) -> dict[str, Any]:
@@ -319,16 +332,7 @@ def test_skipped_corrupt_record_is_reported_in_the_result(produce_topic: Produce
         train__model={"name": "mlp", "kwargs": {"hidden": 8}},
     )
     inject(cfg, manifest.topic, 1, b"not an image")
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    mp.spawn(
-        _kafka_rank_main,
-        nprocs=WORLD_SIZE,
-        join=True,
-        args=(free_port(), cfg.to_secret_dict(), extended(manifest, 1, 1).model_dump_json(), str(run_dir)),
-    )
-
-    data = rank_results(run_dir)["data"]
+    data = run_kafka_ranks(cfg, extended(manifest, 1, 1), tmp_path / "run")["data"]
     assert set(data) == {"train", "val"}
     assert sum(split["skipped_messages"] for split in data.values()) == 1, data
     assert sum(split["padded_records"] for split in data.values()) == 1, data

@@ -16,11 +16,11 @@ def test_a_stream_lineage_ignores_the_world_size_but_not_the_topic() -> None:
     cfg = KbitConfig.from_dict(CONTINUOUS)
     assert lineage_settings(cfg) == lineage_settings(cfg.override({"launch.num_processes": 1}))
     assert lineage_settings(cfg) != lineage_settings(cfg.override({"stream.topic": "other-events"}))
-    # A batch DDP lineage re-plans an interrupted epoch for another world size; DeepSpeed's keeps its world size.
-    batch = KbitConfig()
-    assert lineage_settings(batch) == lineage_settings(batch.override({"launch.num_processes": 1}))
-    deepspeed = KbitConfig.from_dict({"deepspeed": {"enabled": True}})
-    assert lineage_settings(deepspeed) != lineage_settings(deepspeed.override({"launch.num_processes": 1}))
+    # A batch DDP or ZeRO lineage re-plans an interrupted epoch for another world size; a pipeline keeps its own.
+    for batch in (KbitConfig(), KbitConfig.from_dict({"deepspeed": {"enabled": True}})):
+        assert lineage_settings(batch) == lineage_settings(batch.override({"launch.num_processes": 1}))
+    pipeline = KbitConfig.from_dict({"deepspeed": {"enabled": True}, "train": {"pipeline": {"stages": 2}}})
+    assert lineage_settings(pipeline) != lineage_settings(pipeline.override({"launch.num_processes": 4}))
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ import torch
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError
 from kbit_core.train import checkpoint as ckpt
+from kbit_core.train.elastic import check_elastic
 
 CPU = torch.device("cpu")
 
@@ -177,17 +178,30 @@ def test_resume_latest_continues_only_a_compatible_unfinished_lineage(
     assert ckpt.open_lineage(config(resume="latest"), tmp_path, is_main=False, sharded=False) == (None, crashed_file)
 
 
-def test_a_ddp_lineage_continues_at_another_world_size_and_a_deepspeed_one_does_not(tmp_path: Path) -> None:
-    """Batch-mode DDP checkpoints are re-planned on resume (elastic), so the world size is no lineage setting;
-    DeepSpeed's per-rank partitions and a tensor-parallel layout keep it one."""
+def test_ddp_and_zero_lineages_continue_at_another_world_size_and_model_parallel_ones_do_not(tmp_path: Path) -> None:
+    """Batch-mode DDP checkpoints are re-planned on resume, and ZeRO ones too (through a universal checkpoint), so
+    the world size is no lineage setting of theirs; a tensor-parallel or pipeline layout keeps it one, and resuming
+    such a checkpoint at another world size is refused in one line naming why."""
     crashed, _ = ckpt.open_lineage(config(), tmp_path, is_main=True, sharded=False)
     crashed_file = crashed.write_file("step-00000004", state(4))
     three = KbitConfig.from_dict({"checkpoint": {"dir": "ckpt", "resume": "latest"}, "launch": {"num_processes": 3}})
     assert ckpt.open_lineage(three, tmp_path, is_main=False, sharded=False) == (None, crashed_file)
-    for fixed in ({"deepspeed": {"enabled": True}}, {"train": {"tensor_parallel": {"size": 2}}}):
+    for stage in (1, 2, 3):
+        zero = KbitConfig.from_dict(
+            {"launch": {"num_processes": 2}, "deepspeed": {"enabled": True, "zero_stage": stage}}
+        )
+        assert ckpt.lineage_settings(zero)["launch.num_processes"] is None
+        check_elastic(zero, tmp_path / "step-00000004", 2, 3)
+    pinned = {
+        "tensor parallelism": {"train": {"tensor_parallel": {"size": 2}}},
+        "pipeline engine": {"train": {"pipeline": {"stages": 2}}, "deepspeed": {"enabled": True}},
+    }
+    for why, fixed in pinned.items():
         two, four = (KbitConfig.from_dict({"launch": {"num_processes": n}, **fixed}) for n in (2, 4))
         assert ckpt.lineage_settings(two)["launch.num_processes"] == 2
         assert ckpt.lineage_settings(two) != ckpt.lineage_settings(four)
+        with pytest.raises(ConfigError, match=rf"written by 2 ranks and this run has 4: .*{why}.*num_processes=2$"):
+            check_elastic(four, tmp_path / "step-00000004", 2, 4)
 
 
 def test_unwritable_checkpoint_dir_is_a_config_error(tmp_path: Path) -> None:

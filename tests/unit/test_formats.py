@@ -359,8 +359,10 @@ def test_registry_lists_every_format() -> None:
         get_codec("xml", "list", (1, 28, 28))
     with pytest.raises(ConfigError, match="unknown pixel layout"):
         get_codec("json", "floats", (1, 28, 28))
-    with pytest.raises(ConfigError, match="three positive sizes"):
-        get_codec("json", "list", (28, 28))
+    with pytest.raises(ConfigError, match="one to three positive sizes"):
+        get_codec("json", "list", (1, 1, 28, 28))
+    with pytest.raises(ConfigError, match="one to three positive sizes"):
+        get_codec("raw", "bytes", (0, 28))
 
 
 @pytest.mark.parametrize("fmt", [f for f in codec_names() if supported(f, "list") and supported(f, "bytes")])

@@ -14,7 +14,7 @@ from rich.console import Console
 from kbit_core.cli.data import partitions_table
 from kbit_core.config import DataVariant, KafkaConfig
 from kbit_core.errors import BrokerError, TopicError
-from kbit_core.kafka.admin import TopicCheck
+from kbit_core.kafka.contents import TopicCheck
 from kbit_core.kafka.manifest import DataIdentity, DatasetInfo, Manifest, PartitionManifest, manifest_path
 from kbit_core.kafka.producers import DeliveryLedger
 from tests.conftest import free_port

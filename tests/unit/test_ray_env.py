@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 
 from kbit_core import ray_env
+from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError
+from kbit_core.stack import ray_head
+from kbit_core.testbed import ray_cluster
+from kbit_core.testbed.network import Host
 
 
 def test_the_token_is_created_once_with_mode_0600(tmp_path: Path) -> None:
@@ -98,3 +102,16 @@ def test_activate_turns_token_mode_on_in_a_ray_imported_before(tmp_path: Path) -
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["True", "False", "True"]
+
+
+def test_every_ray_node_kbit_starts_stops_without_rays_serve_drain(tmp_path: Path) -> None:
+    """Ray 2.60's `ray start --block` drains a node for up to 30 s on SIGTERM unless told not to; the stack's head
+    and the bed's head and worker nodes run no Serve replicas, so each must start with the drain off."""
+    node = Host("node1", "10.213.7.2", "kbit-node1")
+    token = tmp_path / "token"
+    nodes = [
+        ray_head(KbitConfig.model_validate({"workdir": str(tmp_path)})),
+        ray_cluster.head_service(tmp_path, node, 6379, 10001, 1, 64, {}, token),
+        ray_cluster.worker_service(tmp_path, node, "10.213.7.2:6379", 1, 64, {}, token),
+    ]
+    assert [service.env.get("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S") for service in nodes] == ["0", "0", "0"]

@@ -58,7 +58,13 @@ def select_codec(codec: Codec, decoder: str = "fast") -> Codec:
         log.info("%s decodes with the stock library: %s", codec.name, stock_reason(codec.format, codec.layout))
         return codec
     try:
-        fast = fast_class(codec.layout, codec.image_shape, codec.records_per_message, num_classes=codec.num_classes)
+        fast = fast_class(
+            codec.layout,
+            codec.image_shape,
+            codec.records_per_message,
+            num_classes=codec.num_classes,
+            dtype=codec.dtype.name,
+        )
     except UnsupportedSchema as exc:
         log.warning(
             "%s decodes with the stock library: the fast decoder does not recognise its schema (%s)", codec.name, exc

@@ -125,6 +125,9 @@ class FastPath:
             self.deferred_batches += 1
             log.debug("%s: fast path deferred %d value(s) to the stock decoder: %r", self.name, len(values), exc)
             return super()._decode(values)  # type: ignore[misc]
+        if self.dtype != np.uint8:  # type: ignore[attr-defined]
+            # The fast paths cut each record's elements out as bytes: wide ones are read in the codec's dtype.
+            pixels = np.ascontiguousarray(pixels).view(self.dtype)  # type: ignore[attr-defined]
         return self._finish(indices, labels, pixels.reshape(len(indices), *self.image_shape))  # type: ignore[attr-defined]
 
     def _fast_columns(self, values: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -42,8 +42,8 @@ class FastProtobufCodec(FastPath, ProtobufCodec):
         super().__init__(*args, **kwargs)
         # The end of every bytes-layout Sample: index and label are 0 here, so proto3 leaves them out, and what
         # remains (pixels tag and length, the pixels, the packed shape) has one length for the topic.
-        tail = kbit_pb2.Sample(pixels=bytes(self.record_size), shape=self.image_shape).SerializeToString()
-        self._pixels_at = tail.index(bytes(self.record_size))
+        tail = kbit_pb2.Sample(pixels=bytes(self.record_bytes), shape=self.image_shape).SerializeToString()
+        self._pixels_at = tail.index(bytes(self.record_bytes))
         self._tail = np.frombuffer(tail, dtype=np.uint8)
 
     def _fast_columns(self, values: Sequence[bytes]) -> Columns:
@@ -78,7 +78,7 @@ class FastProtobufCodec(FastPath, ProtobufCodec):
     def _same_length(self, samples: list[bytes]) -> Columns:
         """Bytes-layout samples of one length whose last bytes are the tail's (pixels field of C*H*W bytes, then
         the shape) and whose first bytes hold nothing but the index and label fields."""
-        rows, size, at, tail = byte_matrix(samples), self.record_size, self._pixels_at, self._tail
+        rows, size, at, tail = byte_matrix(samples), self.record_bytes, self._pixels_at, self._tail
         head = rows.shape[1] - len(tail)
         if not 0 <= head <= MAX_HEADER:
             raise Defer("a sample's length leaves no room for the fields the tail lacks")
