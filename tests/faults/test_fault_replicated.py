@@ -177,21 +177,27 @@ def test_two_of_three_brokers_stopped_produce_fails_clearly_and_nothing_acknowle
         for i in range(10):
             producer.send(topic_name, i % 2, b"k", b"more", ledger.callback(1, 4))
         producer.flush(delivery_timeout_ms(cfg.kafka) / 1000 + 10)
+    except BrokerError as exc:
+        # kafka-python sometimes expires its retried in-flight batches only after flush's deadline (1 run of the
+        # suite in many); its error then names the broker's answer, and nothing was delivered.
+        assert client == "kafka-python" and "NotEnoughReplicasError" in str(exc), exc
+        assert "\n" not in str(exc) and ledger.delivered_records == 0, exc
+    else:
+        with pytest.raises(BrokerError) as caught:
+            ledger.raise_errors()
+        message = str(caught.value)
+        # The broker answers NOT_ENOUGH_REPLICAS, which both clients retry until the delivery timeout and then
+        # report as a timeout; the ledger asks the cluster why and names it, on one line, for each partition.
+        assert "\n" not in message, message
+        for p in (0, 1):
+            assert (
+                f"{topic_name}[{p}]: 5 message(s) failed: NOT_ENOUGH_REPLICAS: its in-sync replicas "
+                f"[{last.node_id}] (of replicas [1, 2, 3]) are fewer than the topic's min.insync.replicas=2" in message
+            ), message
+        assert ledger.delivered_records == 0
     finally:
         producer.close()
-    with pytest.raises(BrokerError) as caught:
-        ledger.raise_errors()
     record_property("seconds", round(time.monotonic() - started, 2))
-    message = str(caught.value)
-    # The broker answers NOT_ENOUGH_REPLICAS, which both clients retry until the delivery timeout and then report as
-    # a timeout; the ledger asks the cluster why and names it, on one line, for each partition.
-    assert "\n" not in message, message
-    for p in (0, 1):
-        assert (
-            f"{topic_name}[{p}]: 5 message(s) failed: NOT_ENOUGH_REPLICAS: its in-sync replicas [{last.node_id}] "
-            f"(of replicas [1, 2, 3]) are fewer than the topic's min.insync.replicas=2" in message
-        ), message
-    assert ledger.delivered_records == 0
     cluster.start()
     assert contents.check_topic(cfg.kafka, kept).holds_manifest
     assert _read_indices(cfg, kept) == list(range(2000))
