@@ -293,6 +293,7 @@ class KafkaPythonProducer(ProducerBackend):
         return int(metric.value()) if metric is not None else None
 
     def close(self) -> None:
+        _SENDER_ANSWERS.last.pop(str(self._producer._sender), None)  # a long-lived process makes many producers
         # After a failure the batches still queued cannot be delivered: closing drops them instead of raising.
         try:
             self._producer.close(timeout=5)
