@@ -111,6 +111,9 @@ class ChildProcess(Generic[R, T]):
             multiprocessing_context=context,
             persistent_workers=True,
             worker_init_fn=functools.partial(_exit_with, os.getpid()),
+            # DataLoader seeds its worker from this generator on each new iterator; the default one is the rank's
+            # global generator, whose draw would shift the rank's dropout and sampling away from thread mode's.
+            generator=torch.Generator(),
         )
 
     def run(self, request: R) -> Iterator[T]:
