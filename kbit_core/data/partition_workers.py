@@ -1,8 +1,10 @@
 """``reader.workers: partitions``: a loader's blocks fetched and decoded in parallel by worker processes, one per
 partition (or per group of partitions, ``reader.partition_workers``), into shared memory; the rank cuts the batches.
 
-Each worker keeps a consumer of its own across epochs and, per epoch, is sent the loader's blocks of its partitions in
-the loader's order. It fetches them (``reader.fetch_ahead_blocks`` ahead, on a thread), decodes each and takes its rows
+Each worker keeps a consumer of its own across epochs and splits: the workers of a topic are one
+:class:`PartitionWorkers` per process (a rank), shared by its loaders of every split, so their start-up (the forkserver
+importing torch, a fork and a consumer per worker) is paid once per rank. Per epoch a worker is sent the loader's blocks
+of its partitions in the loader's order. It fetches them (``reader.fetch_ahead_blocks`` ahead, on a thread), decodes each and takes its rows
 in the block's permuted order straight into fresh shared-memory tensors: only those buffers, and the worker's counts,
 cross to the rank (no pickled record or value). The rank takes the blocks
 back in the loader's order (each worker's blocks arrive in that order), so batches, their order, the resume state and
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -43,69 +46,138 @@ def worker_of(partition: int, workers: int) -> int:
 
 
 class PartitionMode:
-    """The loader's blocks from one worker process per partition group, assembled into batches on a thread of the
-    rank (at most ``reader.prefetch_batches`` ahead, in groups as :class:`StreamMode` hands them over). The workers
-    start with the first epoch that gives them blocks and end with :meth:`close`."""
+    """The loader's blocks from the rank's :class:`PartitionWorkers` of its topic, assembled into batches on a thread of
+    the rank (at most ``reader.prefetch_batches`` ahead, in groups as :class:`StreamMode` hands them over). The loader
+    joins the workers with its first epoch and leaves them with :meth:`close` (the last loader to leave ends them)."""
 
     def __init__(
         self, schedule: ShardSchedule, client: ClientName, stats: LoaderStats, assembler: BatchAssembler
     ) -> None:
         self.schedule, self.client, self.stats, self.assembler = schedule, client, stats, assembler
-        partitions = len(schedule.manifest.partitions)
-        self.workers = min(schedule.cfg.reader.partition_workers or partitions, partitions)
-        self._children: dict[int, ChildProcess[list[Block], _WorkerItem]] = {}
-        self._seen: dict[int, ReaderStats] = {}  # each worker's counts so far, already added to stats
+        self._workers: PartitionWorkers | None = None
 
     def groups(self, skip_batches: int) -> Iterator[list[Batch]]:
         s = self.schedule
-        return threaded(self._assembled(skip_batches), groups_ahead(s), f"kbit-loader-r{s.rank}-{s.split}")
+        if self._workers is None:
+            self._workers = PartitionWorkers.join(s.cfg, s.manifest, self.client)
+        assembled = self._assembled(self._workers, skip_batches)
+        return threaded(assembled, groups_ahead(s), f"kbit-loader-r{s.rank}-{s.split}")
 
-    def _assembled(self, skip_batches: int) -> Iterator[list[Batch]]:
+    def _assembled(self, workers: PartitionWorkers, skip_batches: int) -> Iterator[list[Batch]]:
         blocks, skip_records = self.schedule.blocks(skip_batches)
         blocks = [b for b in blocks if len(b.range)]  # the reader yields nothing for an empty range
-        return self.assembler.groups(self._decoded(blocks), skip_batches, skip_records)
+        return self.assembler.groups(self._decoded(workers, blocks), skip_batches, skip_records)
 
-    def _decoded(self, blocks: list[Block]) -> Iterator[tuple[Block, DecodedBatch]]:
+    def _decoded(self, workers: PartitionWorkers, blocks: list[Block]) -> Iterator[tuple[Block, DecodedBatch]]:
         """Each block with its decoded, permuted arrays, in the loader's order, from the worker of its partition."""
+        s = self.schedule
         mine: dict[int, list[Block]] = {}
         for block in blocks:
-            mine.setdefault(worker_of(block.range.partition, self.workers), []).append(block)
+            mine.setdefault(workers.worker_of(block.range.partition), []).append(block)
         with contextlib.ExitStack() as runs:
-            items = {w: runs.enter_context(contextlib.closing(self._child(w).run(b))) for w, b in mine.items()}
+            children = {w: runs.enter_context(workers.borrowed(w, s.rank, s.split)) for w in mine}
+            items = {w: runs.enter_context(contextlib.closing(children[w].run(b))) for w, b in mine.items()}
             for block in blocks:
-                w = worker_of(block.range.partition, self.workers)
+                w = workers.worker_of(block.range.partition)
                 arrays, counts = next(items[w])
-                self._count(w, counts)
+                self._count(workers.counted(children[w], counts))
                 if arrays is not None:
                     yield block, DecodedBatch(*(a.numpy() for a in arrays))
             for w, rest in items.items():  # each run ends after its last block: have its worker say so
                 if next(rest, None) is not None:
-                    raise KbitError(f"{self._child(w).name} sent more blocks than it was asked for")
+                    raise KbitError(f"{children[w].name} sent more blocks than it was asked for")
 
-    def _child(self, w: int) -> ChildProcess[list[Block], _WorkerItem]:
-        if w not in self._children:
-            s = self.schedule
-            parts = [p.partition for p in s.manifest.partitions if worker_of(p.partition, self.workers) == w]
-            name = (
-                f"loader worker process {w} of rank {s.rank} split {s.split} "
-                f"(partitions {', '.join(map(str, parts))} of topic {s.manifest.topic})"
-            )
-            source = _PartitionReader(s.cfg, s.manifest, self.client)
-            self._children[w] = ChildProcess(source, BLOCKS_AHEAD, name=name)
-            self._seen[w] = ReaderStats()
-        return self._children[w]
-
-    def _count(self, w: int, counts: ReaderStats) -> None:
-        """Add what worker ``w`` counted since its last item to the loader's reader counts."""
-        before = self._seen[w]
-        for name, value in dataclasses.asdict(counts).items():
-            setattr(self.stats.reader, name, getattr(self.stats.reader, name) + value - getattr(before, name))
-        self._seen[w] = counts
+    def _count(self, since: dict[str, int | float]) -> None:
+        """Add what a worker counted since its last item to the loader's reader counts."""
+        for name, value in since.items():
+            setattr(self.stats.reader, name, getattr(self.stats.reader, name) + value)
 
     def close(self) -> None:
-        children, self._children, self._seen = self._children, {}, {}
-        for child in children.values():
+        workers, self._workers = self._workers, None
+        if workers is not None:
+            workers.leave()
+
+
+class PartitionWorkers:
+    """One process's worker processes of one topic (one per partition group, each with its consumer), shared by the
+    loaders that joined them (a rank's splits, over its epochs). A run borrows a worker; one that another loader is
+    iterating at the same time gets a worker of its own for the run (kept idle for the next). The last loader to
+    leave ends them all."""
+
+    _shared: dict[tuple[str, ...], PartitionWorkers] = {}
+    _shared_lock = threading.Lock()
+
+    def __init__(self, key: tuple[str, ...], cfg: KbitConfig, manifest: Manifest, client: ClientName) -> None:
+        self.key, self.cfg, self.manifest, self.client = key, cfg, manifest, client
+        partitions = len(manifest.partitions)
+        self.workers = min(cfg.reader.partition_workers or partitions, partitions)
+        self.loaders = 0
+        self._idle: dict[int, list[ChildProcess[list[Block], _WorkerItem]]] = {}
+        self._seen: dict[ChildProcess[list[Block], _WorkerItem], ReaderStats] = {}  # each worker's counts so far
+        self._lock = threading.Lock()
+
+    @classmethod
+    def join(cls, cfg: KbitConfig, manifest: Manifest, client: ClientName) -> PartitionWorkers:
+        """This process's workers of ``manifest``'s topic read with ``client`` and these settings, joined."""
+        key = (manifest.model_dump_json(), client, cfg.kafka.model_dump_json(), cfg.reader.model_dump_json())
+        with cls._shared_lock:
+            if key not in cls._shared:
+                cls._shared[key] = cls(key, cfg, manifest, client)
+            workers = cls._shared[key]
+            workers.loaders += 1
+            return workers
+
+    def leave(self) -> None:
+        with self._shared_lock:
+            self.loaders -= 1
+            if self.loaders:
+                return
+            del self._shared[self.key]
+        with self._lock:
+            children, self._idle, self._seen = list(self._seen), {}, {}
+        for child in children:
             child.close()
+
+    def worker_of(self, partition: int) -> int:
+        return worker_of(partition, self.workers)
+
+    @contextlib.contextmanager
+    def borrowed(self, w: int, rank: int, split: str) -> Iterator[ChildProcess[list[Block], _WorkerItem]]:
+        """Worker ``w`` (an idle one, or a new one), named for the loader of ``split`` of ``rank`` while it runs."""
+        with self._lock:
+            idle = self._idle.setdefault(w, [])
+            child = idle.pop() if idle else None
+        parts = [p.partition for p in self.manifest.partitions if self.worker_of(p.partition) == w]
+        name = (
+            f"loader worker process {w} of rank {rank} split {split} "
+            f"(partitions {', '.join(map(str, parts))} of topic {self.manifest.topic})"
+        )
+        if child is None:
+            child = ChildProcess(_PartitionReader(self.cfg, self.manifest, self.client), BLOCKS_AHEAD, name=name)
+            with self._lock:
+                self._seen[child] = ReaderStats()
+        child.name = name
+        failed = True
+        try:
+            yield child
+            failed = False
+        except GeneratorExit:  # its loader stopped early: the next run resets it
+            failed = False
+            raise
+        finally:
+            if failed:  # it raised (or died): never lent again
+                with self._lock:
+                    self._seen.pop(child, None)
+                child.close()
+            else:
+                with self._lock:
+                    self._idle[w].append(child)
+
+    def counted(self, child: ChildProcess[list[Block], _WorkerItem], counts: ReaderStats) -> dict[str, int | float]:
+        """What ``child`` counted since its last item (``counts``: its counts so far), by name."""
+        with self._lock:
+            before, self._seen[child] = self._seen[child], counts
+        return {name: value - getattr(before, name) for name, value in dataclasses.asdict(counts).items()}
 
 
 class _PartitionReader:
