@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
-from kbit_core.data.batching import Batch, Rows, to_batch
+from kbit_core.data.batching import Batch, BlockRows, to_batch
 from kbit_core.data.reader import ReaderStats
 from kbit_core.data.schedule import ShardSchedule
 from kbit_core.errors import KbitError
@@ -40,49 +41,47 @@ class BatchAssembler:
     def groups(
         self, decoded: Iterator[tuple[Block, Any]], skip_batches: int, skip_records: int
     ) -> Iterator[list[Batch]]:
-        """Permute each block's samples and cut exact batches, yielded per block; pad from the last batch if the
-        data ran short. Whole groups cross the prefetch queue: one hand-off per batch would cost a GIL switch
-        interval (5 ms) each while the worker thread decodes (measured: 12k instead of 150k records/s)."""
-        rows, sizes = Rows(), self.schedule.batch_sizes()
+        """Cut exact batches from each block's samples in its permuted order, yielded per block; pad from the last
+        batch if the data ran short. Whole groups cross the prefetch queue: one hand-off per batch would cost a GIL
+        switch interval (5 ms) each while the worker thread decodes (measured: 12k instead of 150k records/s)."""
+        rows, sizes = BlockRows(self.pin_memory), self.schedule.batch_sizes()
         total = len(sizes)
         emitted, last = skip_batches, None
         for block, batch in decoded:
             if emitted >= total:
                 break
-            pixels, labels, indices = batch.pixels, batch.labels, batch.indices
-            if not self.permuted:
-                perm = block.permutation(len(labels))
-                pixels, labels, indices = pixels[perm], labels[perm], indices[perm]
-            if skip_records:
-                k = min(skip_records, len(labels))
-                pixels, labels, indices, skip_records = pixels[k:], labels[k:], indices[k:], skip_records - k
-            rows.push(pixels, labels, indices)
+            count = len(batch.labels)
+            if self.permuted:  # partitions: the worker already took the rows in the block's order
+                order: np.ndarray | slice = slice(0, count)
+            elif block.shuffle_key is None:  # in offset order: rows themselves, nothing to gather by index
+                order = slice(block.first, block.stop)
+            else:
+                order = block.permutation(count)
+            skip_records -= rows.push(batch.pixels, batch.labels, batch.indices, order, skip_records)
             group = []
             while emitted < total and rows.size >= sizes[emitted]:
                 last = rows.take(sizes[emitted])
                 emitted += 1
-                group.append(to_batch(*last, self.pin_memory))
+                group.append(last)
             if group:
                 yield group
         group = []
         for size in sizes[emitted:]:
             last = self._padded(rows, last, size)
-            group.append(to_batch(*last, self.pin_memory))
+            group.append(last)
         if group:
             yield group
 
-    def _padded(self, rows: Rows, last: tuple[np.ndarray, ...] | None, size: int) -> tuple[np.ndarray, ...]:
-        have = rows.take(rows.size) if rows.size else None
-        source = have if have is not None else last
+    def _padded(self, rows: BlockRows, last: Batch | None, size: int) -> Batch:
+        """A batch of ``size``: the rows left, filled up by repeating them (or the last batch's when none is left)."""
         s = self.schedule
-        if source is None:
+        have = rows.take_arrays(rows.size) if rows.size else None
+        if have is None and last is None:
             raise KbitError(
                 f"rank {s.rank} has no readable record in split {s.split!r} of topic "
                 f"{s.manifest.topic!r} (all skipped as corrupt?) but must yield {len(s)} batches"
             )
         missing = size - (len(have[1]) if have is not None else 0)
-        reuse = np.arange(missing) % len(source[1])
-        filler = tuple(col[reuse] for col in source)
         self.stats.padded_records += missing
         log.warning(
             "rank %d split %s: %d records short of len()=%d batches (skipped records?); repeating %d",
@@ -92,4 +91,9 @@ class BatchAssembler:
             len(s),
             missing,
         )
-        return filler if have is None else tuple(np.concatenate([a, b]) for a, b in zip(have, filler))
+        if have is not None:
+            reuse = np.arange(missing) % len(have[1])
+            return to_batch(*(np.concatenate([col, col[reuse]]) for col in have), pin_memory=self.pin_memory)
+        reuse_rows = torch.from_numpy(np.arange(missing) % len(last.y))  # type: ignore[union-attr]
+        x, y = (t[reuse_rows].pin_memory() if self.pin_memory else t[reuse_rows] for t in (last.x, last.y))  # type: ignore[union-attr]
+        return Batch(x, y, last.indices[reuse_rows])  # type: ignore[union-attr]

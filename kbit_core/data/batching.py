@@ -1,8 +1,10 @@
-"""A rank's batches as tensors: the Batch type every loader yields, and the row queue that cuts decoded blocks into
-batches of exact sizes across block boundaries."""
+"""A rank's batches as tensors: the Batch type every loader yields, the block queue that gathers decoded blocks'
+rows in their permuted order straight into exact-size batch tensors, and the one conversion of a batch's pixels."""
 
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -16,45 +18,147 @@ class Batch(NamedTuple):
     produced_ms: np.ndarray | None = None  # live stream only: each record's produce time (for freshness)
 
 
-class Rows:
-    """A FIFO of decoded rows that hands out exact-size batches across block boundaries."""
+def batch_dtype(pixels: np.dtype) -> torch.dtype:
+    """The dtype of a batch's x for decoded pixels of ``pixels``: uint8 images and floats as float32, token ids (uint16,
+    which torch's embeddings do not index with) as int64."""
+    return torch.int64 if np.issubdtype(pixels, np.integer) and pixels != np.uint8 else torch.float32
 
-    def __init__(self) -> None:
-        self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self.size = 0
 
-    def push(self, pixels: np.ndarray, labels: np.ndarray, indices: np.ndarray) -> None:
-        if len(labels):
-            self._chunks.append((pixels, labels, indices))
-            self.size += len(labels)
+def convert_into(pixels: np.ndarray, out: np.ndarray) -> None:
+    """``pixels`` into ``out`` (of :func:`batch_dtype`), a whole batch per operation: uint8 cast to float32, then
+    divided by 255 in place (exactly the list layout's floats, and numpy's own uint8 / float32; a float32 division
+    over contiguous memory is vectorised, the mixed-type one is not). In numpy, not torch: torch's intra-op threads
+    spin against the training threads (measured 6.5 ms instead of 26 us per 64-image batch on 2 busy cores)."""
+    np.copyto(out, pixels, casting="unsafe")
+    if pixels.dtype == np.uint8:
+        np.divide(out, np.float32(255), out=out)
 
-    def take(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        parts, need = [], n
-        while need:
-            px, lb, ix = self._chunks[0]
-            k = min(need, len(lb))
-            parts.append((px[:k], lb[:k], ix[:k]))
-            if k == len(lb):
-                self._chunks.pop(0)
-            else:
-                self._chunks[0] = (px[k:], lb[k:], ix[k:])
-            need -= k
-        self.size -= n
-        return tuple(np.concatenate(col) for col in zip(*parts))  # type: ignore[return-value]
+
+def empty(shape: tuple[int, ...], dtype: torch.dtype, pin_memory: bool) -> torch.Tensor:
+    # page-locked from the start, on the loader's thread, so the training loop's non_blocking copy to the GPU is
+    # asynchronous (from pageable memory CUDA copies synchronously) and nothing is copied to pin it
+    return torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
 
 
 def to_batch(pixels: np.ndarray, labels: np.ndarray, indices: np.ndarray, pin_memory: bool = False) -> Batch:
-    # uint8 -> [0, 1] in numpy, not torch: torch's intra-op threads spin against the training threads
-    # (measured 6.5 ms instead of 26 us per 64-image batch on 2 busy cores); dividing by 255 in float32
-    # gives exactly the list layout's floats.
-    if pixels.dtype == np.uint8:
-        pixels = np.divide(pixels, np.float32(255), dtype=np.float32)
-    # Token ids (uint16, which torch's embeddings do not index with) become int64; pixels are float32 by now.
-    wanted = np.int64 if np.issubdtype(pixels.dtype, np.integer) else np.float32
-    x = torch.from_numpy(np.ascontiguousarray(pixels, dtype=wanted))
-    y = torch.from_numpy(labels.astype(np.int64, copy=False))
-    if pin_memory:
-        # page-locked here, on the loader's thread, so the training loop's non_blocking copy to the GPU is
-        # asynchronous (from pageable memory CUDA copies synchronously)
-        x, y = x.pin_memory(), y.pin_memory()
+    """A Batch of decoded arrays (rows in order)."""
+    x = empty(pixels.shape, batch_dtype(pixels.dtype), pin_memory)
+    convert_into(pixels, x.numpy())
+    y = empty(labels.shape, torch.int64, pin_memory)
+    y.numpy()[...] = labels
     return Batch(x, y, torch.from_numpy(indices.astype(np.int64, copy=False)))
+
+
+_NUMPY = {torch.float32: np.float32, torch.int64: np.int64}
+
+
+@dataclass
+class _Block:
+    """A decoded block's columns, and the rows still to take: ``order[at:end]`` (its permutation), or rows ``at..end``
+    themselves when ``order`` is None (in order)."""
+
+    pixels: np.ndarray
+    labels: np.ndarray
+    indices: np.ndarray
+    order: np.ndarray | None
+    at: int
+    end: int
+
+    def rows(self, k: int) -> np.ndarray | slice:
+        """The next ``k`` rows to take (an index or a slice), taken."""
+        at, self.at = self.at, self.at + k
+        return slice(at, at + k) if self.order is None else self.order[at : at + k]
+
+
+class BlockRows:
+    """A FIFO of decoded blocks that hands out exact-size batches across block boundaries: each batch's rows are
+    gathered from the blocks (by index, no permuted copy of a block) straight into its tensors (page-locked with
+    ``pin_memory``), its pixels converted in one operation; the numpy calls per batch do not grow with its size."""
+
+    def __init__(self, pin_memory: bool = False) -> None:
+        self.pin_memory = pin_memory
+        self._blocks: deque[_Block] = deque()
+        self._staging: np.ndarray | None = None  # the rows' pixels as decoded, reused by every batch
+        self.size = 0
+
+    def push(
+        self, pixels: np.ndarray, labels: np.ndarray, indices: np.ndarray, order: np.ndarray | slice, skip: int = 0
+    ) -> int:
+        """Queue a block's rows in ``order`` (an index: its permutation; or a slice of rows in order), past its
+        first ``skip`` (a resume's); returns how many of them were skipped."""
+        if isinstance(order, slice):
+            start, stop, _ = order.indices(len(labels))
+            block = _Block(pixels, labels, indices, None, start, max(start, stop))
+        else:
+            block = _Block(pixels, labels, indices, order, 0, len(order))
+        skipped = min(skip, block.end - block.at)
+        block.at += skipped
+        if block.end > block.at:
+            self._blocks.append(block)
+            self.size += block.end - block.at
+        return skipped
+
+    def take(self, n: int) -> Batch:
+        parts = self._parts(n)
+        pixels = parts[0][0].pixels
+        x, xs = self._empty((n, *pixels.shape[1:]), batch_dtype(pixels.dtype))
+        y, ys = self._empty((n,), torch.int64)
+        indices = np.empty(n, np.int64)
+        staged = xs if xs.dtype == pixels.dtype else self._staged(n, pixels)
+        at = 0
+        for block, rows, k in parts:
+            _gather(block.pixels, rows, staged[at : at + k])
+            _gather(block.labels, rows, ys[at : at + k])
+            _gather(block.indices, rows, indices[at : at + k])
+            at += k
+        if staged is not xs:
+            convert_into(staged, xs)
+        return Batch(x, y, torch.from_numpy(indices))
+
+    def _empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, np.ndarray]:
+        """A batch tensor and its numpy view (page-locked with ``pin_memory``; else numpy's allocation, the cheaper
+        one on a busy core)."""
+        if self.pin_memory:
+            tensor = empty(shape, dtype, pin_memory=True)
+            return tensor, tensor.numpy()
+        array = np.empty(shape, _NUMPY[dtype])
+        return torch.from_numpy(array), array
+
+    def take_arrays(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The next ``n`` rows as decoded arrays (for padding, rare)."""
+        parts = self._parts(n)
+        return tuple(  # type: ignore[return-value]
+            np.concatenate([getattr(block, name)[rows] for block, rows, _ in parts])
+            for name in ("pixels", "labels", "indices")
+        )
+
+    def _parts(self, n: int) -> list[tuple[_Block, np.ndarray | slice, int]]:
+        """The blocks the next ``n`` rows come from, with their rows and how many, taken."""
+        parts, need = [], n
+        while need:
+            block = self._blocks[0]
+            k = min(need, block.end - block.at)
+            parts.append((block, block.rows(k), k))
+            if block.at == block.end:
+                self._blocks.popleft()
+            need -= k
+        self.size -= n
+        return parts
+
+    def _staged(self, n: int, pixels: np.ndarray) -> np.ndarray:
+        staging = self._staging
+        if (
+            staging is None
+            or len(staging) < n
+            or staging.shape[1:] != pixels.shape[1:]
+            or staging.dtype != pixels.dtype
+        ):
+            staging = self._staging = np.empty((n, *pixels.shape[1:]), pixels.dtype)
+        return staging[:n]
+
+
+def _gather(column: np.ndarray, rows: np.ndarray | slice, out: np.ndarray) -> None:
+    if isinstance(rows, slice) or column.dtype != out.dtype:
+        out[...] = column[rows]
+    else:
+        np.take(column, rows, axis=0, out=out, mode="wrap")  # rows are in range; "raise" would buffer the output
