@@ -86,6 +86,7 @@ class BlockRows:
     ) -> int:
         """Queue a block's rows in ``order`` (an index: its permutation; or a slice of rows in order), past its
         first ``skip`` (a resume's); returns how many of them were skipped."""
+        pixels = np.ascontiguousarray(pixels)  # np.take copies a strided array whole on every call: once here
         if isinstance(order, slice):
             start, stop, _ = order.indices(len(labels))
             block = _Block(pixels, labels, indices, None, start, max(start, stop))

@@ -77,9 +77,11 @@ class RawCodec(Codec):
             if problem:
                 raise ValueError(problem)
             records = np.frombuffer(b"".join(v[HEADER.size :] for v in values), dtype=self._record)
-        # pixels stay a view into the joined values: the loader gathers each batch's rows from it, so a contiguous
-        # copy of the block would be one more pass over its bytes
-        return self._finish(records["index"].astype(np.int64), records["label"].astype(np.int64), records["pixels"])
+        return self._finish(
+            records["index"].astype(np.int64),
+            records["label"].astype(np.int64),
+            np.ascontiguousarray(records["pixels"]),
+        )
 
     def _header_problem(self, value: bytes) -> str:
         """Why a value's header does not match this codec, or "" when it does."""
