@@ -26,7 +26,7 @@ from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.datasets import DatasetSource, open_source
 from kbit_core.errors import ConfigError, KbitError, ManifestMismatchError, TopicError
 from kbit_core.formats import Codec, get_codec
-from kbit_core.kafka import admin, registry
+from kbit_core.kafka import admin, ownership, registry
 from kbit_core.kafka.contents import check_topic_and_records
 from kbit_core.kafka.manifest import DataIdentity, DatasetInfo, Manifest, manifest_path, message_digest
 from kbit_core.kafka.producers import DeliveryLedger, ProducerBackend, delivery_timeout_ms, make_producer
@@ -174,13 +174,11 @@ def _known_manifest(cfg: KbitConfig, topic: str) -> tuple[Manifest, str]:
     local = Manifest.load(path) if path.is_file() else None
     registered = _registration(cfg, topic)
     if registered is not None and registered.manifest is not None and registered.manifest != local:
+        if not registered.manifest.kbit_wrote_it:
+            raise ownership.not_kbits(topic, "write")
         return registered.manifest, f"recorded in {registry.REGISTRY_TOPIC} by {registered.owner}"
-    if local is None:
-        raise ManifestMismatchError(
-            f"topic {topic!r} exists but has no manifest, neither at {path} nor in the broker's "
-            f"{registry.REGISTRY_TOPIC}, so its contents are unknown; pass --recreate (produce.recreate) to "
-            "replace it, or set produce.topic to another name"
-        )
+    if local is None or not local.kbit_wrote_it:
+        raise ownership.not_kbits(topic, "write")
     return local, str(path)
 
 
@@ -248,6 +246,7 @@ def produce_dataset(
     with _producing(cfg, topic):
         path = manifest_path(cfg.workdir, topic)
         if recreate:
+            ownership.refuse_unless_kbits(cfg.kafka, cfg.workdir, topic, "delete", [_partial_marker(cfg, topic)])
             _delete_for_recreate(cfg, topic)
         else:
             reused = _reusable(cfg, topic, identity)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -122,6 +123,13 @@ class ProduceConfig(Section):
 
 class ShardConfig(Section):
     split_rates: list[float] = Field(default_factory=lambda: [6 / 7, 1 / 14, 1 / 14])
+    split_by: Literal["ratio", "time"] = Field(
+        "ratio",
+        description="ratio: each split takes its rate's share of every partition; time (a snapshot of a user's "
+        "topic, source.topic): train on the records before shard.split_time, val and test share the later ones "
+        "by their rates.",
+    )
+    split_time: datetime | None = Field(None, description="shard.split_by: time: where train ends.")
     remainder: Literal["drop", "pad"] = Field("drop", description="How ranks are given equal sample counts.")
     shuffle: bool = True
     seed: int = 0
@@ -130,6 +138,12 @@ class ShardConfig(Section):
         ge=1,
         description="Samples per shuffle block: read with one seek; larger reads faster, smaller shuffles finer.",
     )
+
+    @model_validator(mode="after")
+    def _time_split_has_a_time(self) -> ShardConfig:
+        if (self.split_by == "time") != (self.split_time is not None):
+            raise ValueError("shard.split_time is set exactly when shard.split_by is 'time'")
+        return self
 
     @field_validator("split_rates")
     @classmethod

@@ -1,0 +1,150 @@
+"""A topic kbit did not write, on the real broker: snapshots (now, at a time, ranges), moved-on detection, splits by
+time, and `kbit train` end to end on the user's own JSON field names."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from kbit_core.data.split_loaders import make_split_loader
+from kbit_core.errors import ConfigError, ManifestMismatchError
+from kbit_core.jobs.train import train
+from kbit_core.kafka.manifest import Manifest, manifest_path
+from kbit_core.topic_dataset import snapshot_dataset
+from tests.integration.user_topics import (
+    USER_MAPPING,
+    bootstrap,
+    create_user_topic,
+    end_offsets,
+    fill_user_topic,
+)
+
+pytestmark = pytest.mark.kafka
+
+
+def _user_config(make_config, topic, **dotted):
+    return make_config({"source": {"topic": topic, "mapping": USER_MAPPING}, "tracking": {"enabled": False}}, **dotted)
+
+
+def test_a_snapshot_covers_every_stored_record_and_indexes_them_by_position(broker, make_config, topic_name):
+    create_user_topic(broker, topic_name)
+    fill_user_topic(broker, topic_name, 300)
+    cfg = _user_config(make_config, topic_name, shard__split_rates=[1.0])
+    manifest = snapshot_dataset(cfg)
+    assert manifest.source is not None and not manifest.kbit_wrote_it
+    assert manifest.ranges() == {p: bounds for p, bounds in end_offsets(broker, topic_name).items()}
+    assert manifest.num_records == 300 and manifest.source.vocabulary == ["cold", "hot"]
+    assert manifest.dataset.num_classes == 2 and manifest.source.topic_id
+    loader = make_split_loader(cfg.override({"train.global_batch_size": 10}), manifest, "train", 0, 1)
+    seen = sorted(int(i) for batch in loader.iter_indexed() for i in batch.indices)
+    assert seen == list(range(300))  # every record once, its index its place in the snapshot, not its key
+    # reused by another workdir through the broker's manifest registry, unchanged
+    other = _user_config(make_config, topic_name, shard__split_rates=[1.0], workdir=str(cfg.workdir) + "-other")
+    assert snapshot_dataset(other) == manifest
+
+
+def test_a_snapshot_at_a_time_and_explicit_ranges(broker, make_config, topic_name):
+    create_user_topic(broker, topic_name)
+    early, late = 1_700_000_000_000, 1_800_000_000_000
+    fill_user_topic(broker, topic_name, 100, timestamp_ms=early)
+    fill_user_topic(broker, topic_name, 60, timestamp_ms=late, seed=1)
+    at = datetime.fromtimestamp((early + late) / 2000, UTC)
+    manifest = snapshot_dataset(_user_config(make_config, topic_name, source__at=at))
+    assert manifest.ranges() == {0: (0, 50), 1: (0, 50)} and manifest.source.at == at
+    ranged = snapshot_dataset(_user_config(make_config, topic_name, source__ranges=["1:10:19"], source__snapshot="new"))
+    assert ranged.ranges() == {0: (0, 0), 1: (10, 20)} and ranged.num_records == 10
+
+
+def test_a_split_by_time_trains_before_and_validates_after(broker, make_config, topic_name):
+    create_user_topic(broker, topic_name)
+    early, late = 1_700_000_000_000, 1_800_000_000_000
+    fill_user_topic(broker, topic_name, 120, timestamp_ms=early)
+    fill_user_topic(broker, topic_name, 80, timestamp_ms=late, seed=1)
+    split_time = datetime.fromtimestamp((early + late) / 2000, UTC)
+    cfg = _user_config(
+        make_config, topic_name, shard__split_by="time", shard__split_time=split_time, shard__split_rates=[0.5, 0.5]
+    )
+    manifest = snapshot_dataset(cfg)
+    assert manifest.source.split_offsets == {0: 60, 1: 60}
+    loader = make_split_loader(cfg.override({"train.global_batch_size": 10}), manifest, "train", 0, 1)
+    assert all(r.stop <= 60 for b in loader.schedule.blocks(0)[0] for r in [b.range])
+    val = make_split_loader(cfg.override({"train.global_batch_size": 10}), manifest, "val", 0, 1)
+    assert all(b.range.start >= 60 for b in val.schedule.blocks(0)[0])
+
+
+def test_a_topic_that_moved_on_is_named_in_one_line(broker, make_config, topic_name):
+    create_user_topic(broker, topic_name)
+    fill_user_topic(broker, topic_name, 100)
+    cfg = _user_config(make_config, topic_name)
+    snapshot_dataset(cfg)
+    fill_user_topic(broker, topic_name, 10, seed=3)  # appended records do not change the snapshot
+    assert snapshot_dataset(cfg).num_records == 100
+    from confluent_kafka import TopicPartition
+
+    client = AdminClient({"bootstrap.servers": bootstrap(broker)})
+    client.delete_records([TopicPartition(topic_name, 0, 20)])[TopicPartition(topic_name, 0, 20)].result(30)
+    with pytest.raises(ManifestMismatchError) as exc:
+        snapshot_dataset(cfg)
+    message = str(exc.value)
+    assert "\n" not in message and "moved on" in message and "partition 0: offsets 0..19 are deleted" in message
+    assert "source.snapshot=new" in message
+
+
+def test_a_recreated_topic_is_named(broker, make_config, topic_name):
+    create_user_topic(broker, topic_name)
+    fill_user_topic(broker, topic_name, 50)
+    cfg = _user_config(make_config, topic_name)
+    snapshot_dataset(cfg)
+    client = AdminClient({"bootstrap.servers": bootstrap(broker)})
+    client.delete_topics([topic_name])[topic_name].result(30)
+    _wait_gone(client, topic_name)
+    create_user_topic(broker, topic_name)
+    fill_user_topic(broker, topic_name, 50)
+    with pytest.raises(ManifestMismatchError, match="deleted and created again"):
+        snapshot_dataset(cfg)
+
+
+def test_a_mapping_that_does_not_fit_is_one_line_at_preflight(broker, make_config, topic_name):
+    create_user_topic(broker, topic_name)
+    fill_user_topic(broker, topic_name, 40)
+    mapping = {**USER_MAPPING, "features": ["device.site"], "vocabulary": ["cold", "hot"]}
+    cfg = make_config({"source": {"topic": topic_name, "mapping": mapping}})
+    with pytest.raises(ConfigError) as exc:
+        snapshot_dataset(cfg)
+    message = str(exc.value)
+    assert "\n" not in message and f"topic {topic_name!r} partition 0 offset 0" in message
+    assert "'device.site' must hold numbers" in message
+    assert not manifest_path(cfg.workdir, topic_name).exists()
+
+
+@pytest.mark.slow
+def test_kbit_train_on_a_users_json_topic_with_two_ranks(broker, make_config, topic_name):
+    create_user_topic(broker, topic_name)
+    fill_user_topic(broker, topic_name, 1200)
+    cfg = _user_config(
+        make_config,
+        topic_name,
+        launch__engine="torchrun",
+        launch__num_processes=2,
+        shard__split_rates=[0.8, 0.1, 0.1],
+        train__epochs=3,
+        train__global_batch_size=32,
+        train__model={"name": "mlp", "kwargs": {"hidden": 32}},
+        train__optim={"name": "adam", "lr": 0.01},
+    )
+    result = train(cfg, progress=False)
+    assert result["topic"] == topic_name and result["world_size"] == 2
+    assert result["test_accuracy"] >= 0.85, result
+    assert Manifest.load(manifest_path(cfg.workdir, topic_name)).source is not None
+    assert end_offsets(broker, topic_name) == {0: (0, 600), 1: (0, 600)}  # nothing written
+
+
+def _wait_gone(client: AdminClient, topic: str) -> None:
+    import time
+
+    for _ in range(100):
+        if topic not in client.list_topics(timeout=10).topics:
+            return
+        time.sleep(0.1)
