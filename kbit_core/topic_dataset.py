@@ -109,9 +109,7 @@ def take_snapshot(cfg: KbitConfig) -> Manifest:
     draft = Manifest(
         topic=topic,
         dataset=info,
-        variant=DataVariant(
-            format="json", layout="list" if mapping.dtype == "float32" else "bytes", compression="none"
-        ),
+        variant=snapshot_variant(cfg),
         schema_fingerprint="",
         partitions=parts,
         num_messages=total,
@@ -123,6 +121,14 @@ def take_snapshot(cfg: KbitConfig) -> Manifest:
         source=snapshot,
     )
     return draft.model_copy(update={"schema_fingerprint": manifest_codec(draft, "stock").schema_fingerprint()})
+
+
+def snapshot_variant(cfg: KbitConfig) -> DataVariant:
+    """The variant a snapshot's manifest names: JSON-like records of float features (list) or of integers (bytes);
+    its compression is the user's producers', unknown to kbit ("none")."""
+    assert cfg.source.mapping is not None
+    layout = "list" if cfg.source.mapping.dtype == "float32" else "bytes"
+    return DataVariant(format="json", layout=layout, compression="none")
 
 
 def _asked(cfg: KbitConfig) -> dict[str, object]:
