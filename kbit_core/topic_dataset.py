@@ -140,7 +140,7 @@ def _asked(cfg: KbitConfig) -> dict[str, object]:
         "value_format": src.value_format,
         "value_options": src.value_options,
         "mapping": src.mapping,
-        "split_time": cfg.shard.split_time,
+        "split_times": cfg.shard.split_times,
     }
 
 
@@ -169,13 +169,16 @@ def _saved_snapshot(cfg: KbitConfig, topic: str) -> Manifest | None:
     return registered.manifest
 
 
-def _split_offsets(cfg: KbitConfig, ranges: dict[int, tuple[int, int]]) -> dict[int, int] | None:
-    """partition -> its first offset at ``shard.split_time`` inside the snapshot (a split by time)."""
-    when = cfg.shard.split_time
-    if when is None:
+def _split_offsets(cfg: KbitConfig, ranges: dict[int, tuple[int, int]]) -> dict[int, list[int]] | None:
+    """partition -> its first offset at each of ``shard.split_times`` inside the snapshot (a split by time)."""
+    if not cfg.shard.split_times:
         return None
-    found = offsets_at(cfg.kafka, str(cfg.source.topic), when, ranges)
-    return {p: (stop if found[p] is None else min(max(found[p], start), stop)) for p, (start, stop) in ranges.items()}
+    cuts: dict[int, list[int]] = {p: [] for p in ranges}
+    for when in cfg.shard.split_times:
+        found = offsets_at(cfg.kafka, str(cfg.source.topic), when, ranges)
+        for p, (start, stop) in ranges.items():
+            cuts[p].append(stop if found[p] is None else min(max(found[p], start), stop))
+    return cuts
 
 
 def _classes(

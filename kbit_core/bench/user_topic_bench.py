@@ -26,7 +26,7 @@ def run_user_topic_bench(
             f"bench-data's peers ({', '.join(peers)}) read kbit's own formats; on source.topic "
             f"{cfg.source.topic!r} run it without them"
         )
-    whole = cfg.override({"shard.split_rates": [1.0], "shard.split_by": "ratio", "shard.split_time": None})
+    whole = cfg.override({"shard.split_rates": [1.0], "shard.split_by": "ratio", "shard.split_times": []})
     manifest = snapshot_dataset(whole)
     rows = [
         measure_variant(whole, manifest, client, repeats, loader_workers) for client in clients or cfg.bench.clients

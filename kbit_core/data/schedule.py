@@ -88,16 +88,16 @@ class ShardSchedule:
         except ValueError as exc:
             raise ConfigError(f"cannot plan shards of topic {self.manifest.topic!r}: {exc}") from None
 
-    def _time_boundaries(self) -> dict[int, int] | None:
-        """shard.split_by: time: each partition's first offset at shard.split_time, found when the snapshot was
+    def _time_boundaries(self) -> dict[int, list[int]] | None:
+        """shard.split_by: time: each partition's first offset at each shard.split_times, found when the snapshot was
         taken."""
         if self.cfg.shard.split_by != "time":
             return None
         snapshot = self.manifest.source
-        if snapshot is None or snapshot.split_offsets is None or snapshot.split_time != self.cfg.shard.split_time:
+        if snapshot is None or snapshot.split_offsets is None or snapshot.split_times != self.cfg.shard.split_times:
             raise ConfigError(
                 f"shard.split_by: time needs a snapshot of topic {self.manifest.topic!r} taken for "
-                f"shard.split_time={self.cfg.shard.split_time} (a user's topic, source.topic)"
+                f"shard.split_times={[t.isoformat() for t in self.cfg.shard.split_times]} (a user's topic, source.topic)"
             )
         return snapshot.split_offsets
 

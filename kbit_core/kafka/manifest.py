@@ -127,9 +127,11 @@ class TopicSnapshot(_Frozen):
     value_options: dict[str, Any] = Field(default_factory=dict)
     mapping: MappingConfig
     vocabulary: list[str] | None = Field(None, description="String labels, in class order (given or discovered).")
-    split_time: datetime | None = Field(None, description="shard.split_time the split_offsets were found for.")
-    split_offsets: dict[int, int] | None = Field(
-        None, description="partition -> first offset at split_time (a split by time)."
+    split_times: list[datetime] = Field(
+        default_factory=list, description="shard.split_times the split_offsets were found for."
+    )
+    split_offsets: dict[int, list[int]] | None = Field(
+        None, description="partition -> its first offset at each of split_times (a split by time)."
     )
 
     def partition_starts(self, partitions: list[PartitionManifest]) -> dict[int, tuple[int, int]]:

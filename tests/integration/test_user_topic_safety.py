@@ -22,7 +22,9 @@ runner = CliRunner()
 
 def _records(broker, topic: str) -> list[tuple[int, int, bytes | None, bytes | None]]:
     """Every (partition, offset, key, value) of ``topic``."""
-    consumer = Consumer({"bootstrap.servers": bootstrap(broker), "group.id": "safety-probe", "enable.partition.eof": True})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap(broker), "group.id": "safety-probe", "enable.partition.eof": True}
+    )
     ends = end_offsets(broker, topic)
     consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
     found, eof = [], set()
@@ -81,8 +83,18 @@ def test_train_and_bench_data_on_it_as_kbits_topic_refuse(user_topic, profile, m
     derived = cfg.produce.topic_for(cfg.dataset, cfg.produce.variant)
     create_user_topic_like(cfg, derived)
     result = _kbit(
-        "bench-data", "--config", str(profile), "--set", f"produce.topic_prefix={prefix}", "--records", "200",
-        "--variants", cfg.produce.variant.name, "--no-rss", "--repeats", "1",
+        "bench-data",
+        "--config",
+        str(profile),
+        "--set",
+        f"produce.topic_prefix={prefix}",
+        "--records",
+        "200",
+        "--variants",
+        cfg.produce.variant.name,
+        "--no-rss",
+        "--repeats",
+        "1",
     )
     _refusal(result, derived)
     assert admin.topic_partitions(cfg.kafka, derived) == [0]
@@ -94,9 +106,19 @@ def create_user_topic_like(cfg, topic: str) -> None:
 
 def test_continuous_training_refuses_a_users_topic_without_a_heldout_topic(user_topic, profile, make_config):
     result = _kbit(
-        "train", "--config", str(profile), "--set", "train.mode=continuous", "--set", f"stream.topic={user_topic}",
-        "--set", "produce.variant.records_per_message=1", "--set", "kafka.client=confluent",
-        "--set", "train.data=kafka",
+        "train",
+        "--config",
+        str(profile),
+        "--set",
+        "train.mode=continuous",
+        "--set",
+        f"stream.topic={user_topic}",
+        "--set",
+        "produce.variant.records_per_message=1",
+        "--set",
+        "kafka.client=confluent",
+        "--set",
+        "train.data=kafka",
     )
     assert result.exit_code != 0, result.output
     message = " ".join(result.output.split())
@@ -117,8 +139,14 @@ def test_inspect_shows_a_users_topic_as_it_is(user_topic, profile):
 def test_training_on_its_snapshot_writes_nothing(user_topic, profile):
     mapping = json.dumps(USER_MAPPING)
     result = _kbit(
-        "inspect", user_topic, "--config", str(profile), "--set", f"source.topic={user_topic}",
-        "--set", f"source.mapping={mapping}",
+        "inspect",
+        user_topic,
+        "--config",
+        str(profile),
+        "--set",
+        f"source.topic={user_topic}",
+        "--set",
+        f"source.mapping={mapping}",
     )
     assert result.exit_code == 0, result.output  # inspect never snapshots: nothing recorded yet
     assert "no snapshot yet" in " ".join(result.output.split())

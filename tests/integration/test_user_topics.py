@@ -64,10 +64,10 @@ def test_a_split_by_time_trains_before_and_validates_after(broker, make_config, 
     fill_user_topic(broker, topic_name, 80, timestamp_ms=late, seed=1)
     split_time = datetime.fromtimestamp((early + late) / 2000, UTC)
     cfg = _user_config(
-        make_config, topic_name, shard__split_by="time", shard__split_time=split_time, shard__split_rates=[0.5, 0.5]
+        make_config, topic_name, shard__split_by="time", shard__split_times=[split_time], shard__split_rates=[0.5, 0.5]
     )
     manifest = snapshot_dataset(cfg)
-    assert manifest.source.split_offsets == {0: 60, 1: 60}
+    assert manifest.source.split_offsets == {0: [60], 1: [60]}
     loader = make_split_loader(cfg.override({"train.global_batch_size": 10}), manifest, "train", 0, 1)
     assert all(r.stop <= 60 for b in loader.schedule.blocks(0)[0] for r in [b.range])
     val = make_split_loader(cfg.override({"train.global_batch_size": 10}), manifest, "val", 0, 1)
