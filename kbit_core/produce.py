@@ -191,7 +191,7 @@ def _registration(cfg: KbitConfig, topic: str) -> registry.Registration | None:
         return None
 
 
-def _record(cfg: KbitConfig, topic: str, manifest: Manifest | None) -> None:
+def record_manifest(cfg: KbitConfig, topic: str, manifest: Manifest | None) -> None:
     """Record ``manifest`` (None: deleted) in the broker registry; a broker that refuses it only costs the sharing."""
     try:
         registry.register(cfg.kafka, topic, registry.owner_name(str(cfg.run_dir)), manifest)
@@ -218,7 +218,7 @@ def _delete_for_recreate(cfg: KbitConfig, topic: str) -> None:
         )
     manifest_path(cfg.workdir, topic).unlink(missing_ok=True)
     if admin.delete_topic(cfg.kafka, topic) and registered is not None:
-        _record(cfg, topic, None)
+        record_manifest(cfg, topic, None)
 
 
 def produce_dataset(
@@ -332,7 +332,7 @@ def _produce(
     backend.close()
     saved = manifest.save(cfg.manifest_dir)
     marker.unlink()
-    _record(cfg, topic, manifest)
+    record_manifest(cfg, topic, manifest)
     log.info(
         "produced %s: %d records in %d messages, %.1f MB in %.2fs; manifest %s",
         topic,

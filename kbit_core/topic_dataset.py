@@ -20,7 +20,7 @@ from kbit_core.kafka import registry
 from kbit_core.kafka.manifest import DatasetInfo, Manifest, PartitionManifest, TopicSnapshot, manifest_codec
 from kbit_core.kafka.manifest import manifest_path as manifest_file
 from kbit_core.kafka.snapshot import moved_on, offsets_at, snapshot_ranges, topic_offsets
-from kbit_core.produce import kbit_version
+from kbit_core.produce import kbit_version, record_manifest
 from kbit_core.sharding import OffsetRange
 
 log = logging.getLogger(__name__)
@@ -57,15 +57,7 @@ def snapshot_dataset(cfg: KbitConfig) -> Manifest:
     manifest = take_snapshot(cfg)
     check_mapping(cfg, manifest)
     manifest.save(cfg.manifest_dir)
-    try:
-        registry.register(cfg.kafka, topic, registry.owner_name(str(cfg.run_dir)), manifest)
-    except KbitError as exc:
-        log.warning(
-            "the snapshot of %s is not recorded in %s (other workdirs will not find it): %s",
-            topic,
-            registry.REGISTRY_TOPIC,
-            exc,
-        )
+    record_manifest(cfg, topic, manifest)
     return manifest
 
 

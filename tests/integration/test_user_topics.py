@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from kbit_core.bench.user_topic_bench import run_user_topic_bench
 from kbit_core.data.split_loaders import make_split_loader
 from kbit_core.errors import ConfigError, ManifestMismatchError
 from kbit_core.jobs.train import train
@@ -45,12 +46,17 @@ def test_a_snapshot_covers_every_stored_record_and_indexes_them_by_position(brok
     assert snapshot_dataset(other) == manifest
 
 
-def test_a_snapshot_at_a_time_and_explicit_ranges(broker, make_config, topic_name):
-    create_user_topic(broker, topic_name)
+def _two_periods(broker, topic: str, early_records: int, late_records: int) -> datetime:
+    """A user's topic filled in two periods far apart; a time between them."""
+    create_user_topic(broker, topic)
     early, late = 1_700_000_000_000, 1_800_000_000_000
-    fill_user_topic(broker, topic_name, 100, timestamp_ms=early)
-    fill_user_topic(broker, topic_name, 60, timestamp_ms=late, seed=1)
-    at = datetime.fromtimestamp((early + late) / 2000, UTC)
+    fill_user_topic(broker, topic, early_records, timestamp_ms=early)
+    fill_user_topic(broker, topic, late_records, timestamp_ms=late, seed=1)
+    return datetime.fromtimestamp((early + late) / 2000, UTC)
+
+
+def test_a_snapshot_at_a_time_and_explicit_ranges(broker, make_config, topic_name):
+    at = _two_periods(broker, topic_name, 100, 60)
     manifest = snapshot_dataset(_user_config(make_config, topic_name, source__at=at))
     assert manifest.ranges() == {0: (0, 50), 1: (0, 50)} and manifest.source.at == at
     ranged = snapshot_dataset(_user_config(make_config, topic_name, source__ranges=["1:10:19"], source__snapshot="new"))
@@ -58,11 +64,7 @@ def test_a_snapshot_at_a_time_and_explicit_ranges(broker, make_config, topic_nam
 
 
 def test_a_split_by_time_trains_before_and_validates_after(broker, make_config, topic_name):
-    create_user_topic(broker, topic_name)
-    early, late = 1_700_000_000_000, 1_800_000_000_000
-    fill_user_topic(broker, topic_name, 120, timestamp_ms=early)
-    fill_user_topic(broker, topic_name, 80, timestamp_ms=late, seed=1)
-    split_time = datetime.fromtimestamp((early + late) / 2000, UTC)
+    split_time = _two_periods(broker, topic_name, 120, 80)
     cfg = _user_config(
         make_config, topic_name, shard__split_by="time", shard__split_times=[split_time], shard__split_rates=[0.5, 0.5]
     )
@@ -148,3 +150,16 @@ def _wait_gone(client: AdminClient, topic: str) -> None:
         if topic not in client.list_topics(timeout=10).topics:
             return
         time.sleep(0.1)
+
+
+def test_bench_data_measures_a_users_topic_without_producing(broker, make_config, topic_name, tmp_path):
+    create_user_topic(broker, topic_name)
+    fill_user_topic(broker, topic_name, 400)
+    cfg = _user_config(make_config, topic_name, train__global_batch_size=32, bench__clients=["confluent"])
+    results = run_user_topic_bench(cfg, repeats=1)
+    [row] = results["rows"]
+    assert row["records"] == 400 and row["client"] == "confluent" and row["fetch_records_per_s"] > 0
+    assert results["meta"]["topic"] == topic_name
+    assert end_offsets(broker, topic_name) == {0: (0, 200), 1: (0, 200)}
+    with pytest.raises(ConfigError, match="peers"):
+        run_user_topic_bench(cfg, repeats=1, peers=["ray_read_kafka"])
