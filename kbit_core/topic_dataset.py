@@ -16,7 +16,7 @@ from kbit_core.data.reader import RangeReader
 from kbit_core.errors import ConfigError, KbitError, ManifestMismatchError
 from kbit_core.formats.decoders import make_record_decoder
 from kbit_core.formats.records import RecordDecoder, WriterSchema
-from kbit_core.kafka import registry
+from kbit_core.kafka import manifest_registry
 from kbit_core.kafka.manifest import DatasetInfo, Manifest, PartitionManifest, TopicSnapshot, manifest_codec
 from kbit_core.kafka.manifest import manifest_path as manifest_file
 from kbit_core.kafka.snapshot import moved_on, offsets_at, snapshot_ranges, topic_offsets
@@ -152,12 +152,17 @@ def _saved_snapshot(cfg: KbitConfig, topic: str) -> Manifest | None:
         saved = Manifest.load(path)
         return saved if saved.source is not None else None
     try:
-        registered = registry.lookup(cfg.kafka, topic)
+        registered = manifest_registry.lookup(cfg.kafka, topic)
     except KbitError:
         return None
     if registered is None or registered.manifest is None or registered.manifest.source is None:
         return None
-    log.info("adopting the snapshot of topic %s recorded in %s by %s", topic, registry.REGISTRY_TOPIC, registered.owner)
+    log.info(
+        "adopting the snapshot of topic %s recorded in %s by %s",
+        topic,
+        manifest_registry.REGISTRY_TOPIC,
+        registered.owner,
+    )
     return registered.manifest
 
 

@@ -16,7 +16,7 @@ from kbit_core.cli.stream import produce_stream
 from kbit_core.cli.topic_view import print_user_topic, user_topic_facts
 from kbit_core.config import COMPRESSIONS, FORMATS, KbitConfig, deep_merge, load_config, nest_dotted, parse_overrides
 from kbit_core.errors import TopicError
-from kbit_core.kafka import admin, registry
+from kbit_core.kafka import admin, manifest_registry
 from kbit_core.kafka.contents import TopicCheck, check_topic_and_records
 from kbit_core.kafka.manifest import Manifest, manifest_path
 from kbit_core.produce import produce_dataset
@@ -214,7 +214,7 @@ def _inspect(cfg: KbitConfig, topic: str) -> tuple[TopicCheck, Manifest] | dict[
     if path.is_file():
         manifest = Manifest.load(path)
     else:
-        registered = registry.lookup(cfg.kafka, topic)
+        registered = manifest_registry.lookup(cfg.kafka, topic)
         if registered is None or registered.manifest is None:
             if not admin.topic_exists(cfg.kafka, topic):
                 raise TopicError(
@@ -222,7 +222,9 @@ def _inspect(cfg: KbitConfig, topic: str) -> tuple[TopicCheck, Manifest] | dict[
                 )
             return user_topic_facts(cfg, topic, None)
         manifest = registered.manifest
-        console.print(f"manifest recorded in {registry.REGISTRY_TOPIC} by {escape(registered.owner)}", highlight=False)
+        console.print(
+            f"manifest recorded in {manifest_registry.REGISTRY_TOPIC} by {escape(registered.owner)}", highlight=False
+        )
     if not manifest.kbit_wrote_it:
         return user_topic_facts(cfg, topic, manifest)
     return check_topic_and_records(cfg.kafka, manifest), manifest

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kbit_core.config import KafkaConfig
 from kbit_core.errors import KbitError, TopicError
-from kbit_core.kafka import admin, registry
+from kbit_core.kafka import admin, manifest_registry
 from kbit_core.kafka.manifest import Manifest, manifest_path
 
 
@@ -24,11 +24,11 @@ def kbit_evidence(kcfg: KafkaConfig, workdir: Path, topic: str, notes: Iterable[
         if note.is_file():
             return str(note)
     try:
-        registered = registry.lookup(kcfg, topic)
+        registered = manifest_registry.lookup(kcfg, topic)
     except KbitError:
         return None  # the registry cannot be read: no evidence, so the topic is left alone
     if registered is not None and registered.manifest is not None and registered.manifest.kbit_wrote_it:
-        return f"its manifest in {registry.REGISTRY_TOPIC}, recorded by {registered.owner}"
+        return f"its manifest in {manifest_registry.REGISTRY_TOPIC}, recorded by {registered.owner}"
     return None
 
 
@@ -36,7 +36,7 @@ def not_kbits(topic: str, doing: str) -> TopicError:
     """The one-line refusal to ``doing`` (delete, recreate, write...) a topic kbit did not create."""
     return TopicError(
         f"topic {topic!r} exists and kbit did not create it (no kbit manifest for it in this workdir or "
-        f"{registry.REGISTRY_TOPIC}), so kbit will not {doing} it; produce into another topic (produce.topic), or "
+        f"{manifest_registry.REGISTRY_TOPIC}), so kbit will not {doing} it; produce into another topic (produce.topic), or "
         f"train on it as it is: source.topic={topic} with a source.mapping (docs/your_topics.md)"
     )
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from kbit_core.bench.user_topic_bench import run_user_topic_bench
+from kbit_core.bench.dataplane.user_topic_bench import run_user_topic_bench
 from kbit_core.data.split_loaders import make_split_loader
 from kbit_core.errors import ConfigError, ManifestMismatchError
 from kbit_core.jobs.train import train

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from kbit_core.bench.data_plane import evaluate_targets, measure_variant, run_meta
+from kbit_core.bench.dataplane.data_plane import evaluate_targets, measure_variant, run_meta
 from kbit_core.config import ClientName, KbitConfig
 from kbit_core.errors import ConfigError
 from kbit_core.topic_dataset import snapshot_dataset
