@@ -220,12 +220,21 @@ def check_mapping(cfg: KbitConfig, manifest: Manifest) -> None:
     )
     with RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec) as reader:
         _, records = next(reader.read_raw([sample]))
-    for position, reason in codec.failing_values([r.value for r in records]):
-        if not codec.skips(reason):
-            raise ConfigError(
-                f"source.mapping does not fit topic {manifest.topic!r} partition {first.partition} offset "
-                f"{records[position].offset}: {reason}"
-            )
+    failing = [(p, reason) for p, reason in codec.failing_values([r.value for r in records]) if not codec.skips(reason)]
+    skipped = cfg.reader.bad_records == "skip" and len(failing) < len(records)
+    if failing and not skipped:
+        position, reason = failing[0]
+        raise ConfigError(
+            f"source.mapping does not fit topic {manifest.topic!r} partition {first.partition} offset "
+            f"{records[position].offset}: {reason}"
+        )
+    if failing:
+        log.warning(
+            "topic %s: %d of the first %d records do not fit source.mapping (reader.bad_records: skip skips them)",
+            manifest.topic,
+            len(failing),
+            len(records),
+        )
 
 
 def check_against_schema(mapping: MappingConfig, schema: WriterSchema) -> None:

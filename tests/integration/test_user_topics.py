@@ -6,11 +6,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from kbit_core.bench.dataplane.user_topic_bench import run_user_topic_bench
 from kbit_core.data.split_loaders import make_split_loader
-from kbit_core.errors import ConfigError, ManifestMismatchError
+from kbit_core.errors import ConfigError, CorruptRecordError, ManifestMismatchError
 from kbit_core.jobs.train import train
 from kbit_core.kafka.manifest import Manifest, manifest_path
 from kbit_core.topic_dataset import snapshot_dataset
@@ -163,3 +164,28 @@ def test_bench_data_measures_a_users_topic_without_producing(broker, make_config
     assert end_offsets(broker, topic_name) == {0: (0, 200), 1: (0, 200)}
     with pytest.raises(ConfigError, match="peers"):
         run_user_topic_bench(cfg, repeats=1, peers=["ray_read_kafka"])
+
+
+def test_records_that_do_not_fit_are_named_or_skipped_and_counted(broker, make_config, topic_name):
+    create_user_topic(broker, topic_name, partitions=1)
+    fill_user_topic(broker, topic_name, 30, partitions=1)
+    producer = Producer({"bootstrap.servers": bootstrap(broker)})
+    producer.produce(topic_name, b"not json", partition=0)  # offset 30
+    producer.produce(topic_name, b'{"device": {"readings": "warm"}, "verdict": "hot"}', partition=0)  # offset 31
+    assert producer.flush(10) == 0
+    fill_user_topic(broker, topic_name, 8, partitions=1, seed=5)
+    mapping = {**USER_MAPPING, "vocabulary": ["cold", "hot"]}
+    cfg = make_config({"source": {"topic": topic_name, "mapping": mapping}}, shard__split_rates=[1.0])
+    with pytest.raises(
+        ConfigError, match=f"does not fit topic '{topic_name}' partition 0 offset 30: a value is not JSON"
+    ):
+        snapshot_dataset(cfg)  # at preflight, before any rank
+    skipping = cfg.override({"train.global_batch_size": 8, "reader.bad_records": "skip"})
+    manifest = snapshot_dataset(skipping)  # most records fit: the bad ones are skipped
+    strict = make_split_loader(cfg.override({"train.global_batch_size": 8}), manifest, "train", 0, 1)
+    with pytest.raises(CorruptRecordError) as exc:
+        list(strict.iter_indexed())
+    assert f"topic={topic_name}" in str(exc.value) and "partition=0" in str(exc.value) and "offset=30" in str(exc.value)
+    loader = make_split_loader(skipping, manifest, "train", 0, 1)
+    seen = {int(i) for batch in loader.iter_indexed() for i in batch.indices}
+    assert loader.reader.stats.skipped == 2 and {30, 31}.isdisjoint(seen) and len(seen) == 38
