@@ -18,14 +18,16 @@ from markdown_it import MarkdownIt
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Top-level folders whose paths a doc may name; a path under any other word is prose (`train/val/test`, `<workdir>/`).
-REPO_FOLDERS = ("kbit_core", "tests", "scripts", "deployments", "tasks", "flows", "requirements", "docs")
+REPO_FOLDERS = ("kbit_core", "tests", "scripts", "deployments", "tasks", "flows", "requirements", "docs", ".ci")
 _PATH = re.compile(
     r"(?<![\w./<>:-])"  # not the tail of a longer path, a URL or a <placeholder>/
-    rf"((?:{'|'.join(REPO_FOLDERS)})/[\w./-]*[\w/]"  # a path under a repository folder ...
+    rf"((?:{'|'.join(map(re.escape, REPO_FOLDERS))})/[\w./-]*[\w/]"  # a path under a repository folder ...
     r"|[a-z_]\w*(?:/\w+)*/\w+\.py)"  # ... or a .py path relative to the root or kbit_core (`bench/report.py`)
     r"(?![\w/-])"
 )
 _DOTTED = re.compile(r"(?<![\w.])kbit_core(?:\.\w+)+")
+_TEST_FILE = re.compile(r"(?<![\w./-])test_\w+\.py\b")  # a test file named without its folder
+_TEST_ID = re.compile(r"(?<![\w./-])(tests/[\w./-]+\.py)((?:::\w+)+)")  # a pytest node id: file::Class::test
 _MAP_HEADING = "Modules, one sentence each"
 _MAP_NAME = re.compile(r"[\w*]+(?:\.py|/)")
 
@@ -129,8 +131,24 @@ def _check_link(root: Path, doc: Path, href: str, slugs: dict[Path, set[str]], m
     return None
 
 
+def node_id_exists(root: Path, path: str, names: str) -> bool:
+    """Whether every ``::``-separated name of a pytest node id is a class or function defined in ``path``."""
+    source = (root / path).read_text()
+    return all(re.search(rf"^\s*(?:async def|def|class) {name}\b", source, re.M) for name in names.split("::")[1:])
+
+
 def _names_in(root: Path, text: str) -> list[str]:
     missing = [f"names {p!r}, which does not exist" for p in _PATH.findall(text) if not path_exists(root, p)]
+    missing += [
+        f"names {name!r}, which no folder of tests/ holds"
+        for name in _TEST_FILE.findall(text)
+        if not any((root / "tests").rglob(name))
+    ]
+    missing += [
+        f"names {path + names!r}, which is not a test there"
+        for path, names in _TEST_ID.findall(text)
+        if (root / path).is_file() and not node_id_exists(root, path, names)
+    ]
     return missing + [
         f"names {d!r}, which kbit_core does not have" for d in _DOTTED.findall(text) if not dotted_name_exists(root, d)
     ]
@@ -181,6 +199,8 @@ See [the real one](#real-heading-2026-11-25-23122323-utc), [a gone one](#gone-he
 [outside](/work/main/x.py), and [the web](https://example.com/kbit_core/gone.py).
 `kbit_core/pkg/mod.py` is real, `kbit_core/pkg/gone.py` is not; `pkg/mod.py` is real, `pkg/gone.py` is not;
 `kbit_core.pkg.mod.thing` and `kbit_core/pkg/mod.thing` are real, `kbit_core/pkg/mod.gone` is not, `kbit_core.pkg.mod.gone` and `kbit_core.pkg.gone` are not.
+`tests/unit/test_x.py::TestX::test_real[case]` runs, `tests/unit/test_x.py::test_gone` does not;
+`test_x.py` is a test file, `test_y.py` is not.
 Prose is no path: train/val/test, <workdir>/manifests/x.json, tasks and flows.
 
 ## Modules, one sentence each
@@ -204,6 +224,8 @@ def test_the_checker_finds_each_kind_of_broken_name(tmp_path: Path) -> None:
     (tmp_path / "kbit_core" / "pkg" / "json_codec.py").write_text("")
     (tmp_path / "kbit_core" / "pkg" / "sub" / "deep.py").write_text("")
     (tmp_path / "kbit_core" / "mod_top.py").write_text("")
+    (tmp_path / "tests" / "unit").mkdir(parents=True)
+    (tmp_path / "tests" / "unit" / "test_x.py").write_text("class TestX:\n    def test_real(self):\n        pass\n")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "other.md").write_text("# Other heading\n")
     doc = tmp_path / "docs" / "doc.md"
@@ -223,6 +245,8 @@ def test_the_checker_finds_each_kind_of_broken_name(tmp_path: Path) -> None:
             "names 'kbit_core.pkg.mod.gone', which kbit_core does not have",
             "names 'kbit_core.pkg.gone', which kbit_core does not have",
             "module map lists 'pkg/gone_too.py', which kbit_core does not have",
+            "names 'tests/unit/test_x.py::test_gone', which is not a test there",
+            "names 'test_y.py', which no folder of tests/ holds",
         ]
     )
 
