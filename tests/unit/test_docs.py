@@ -190,6 +190,17 @@ def test_doc_names_only_what_exists(doc: Path) -> None:
     assert not problems, "\n".join(map(str, problems))
 
 
+def test_the_readme_links_every_doc() -> None:
+    tokens = MarkdownIt("commonmark").parse((ROOT / "README.md").read_text())
+    links = {
+        child.attrs["href"].partition("#")[0]
+        for token in tokens
+        for child in token.children or ()
+        if child.type == "link_open"
+    }
+    assert not {f"docs/{doc.name}" for doc in DOCS[1:]} - links
+
+
 SYNTHETIC_DOC = """# A doc
 
 ## Real heading (2026-11-25 23:12–23:23 UTC)
