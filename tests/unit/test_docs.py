@@ -9,8 +9,8 @@ code is not taken for a link; paths are matched in text, inline code and code bl
 
 import ast
 import re
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from markdown_it import MarkdownIt
@@ -32,8 +32,9 @@ _MAP_HEADING = "Modules, one sentence each"
 _MAP_NAME = re.compile(r"[\w*]+(?:\.py|/)")
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(NamedTuple):
+    """One name a doc gets wrong, where."""
+
     doc: str
     line: int
     what: str
