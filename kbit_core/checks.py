@@ -156,12 +156,14 @@ def check_shards(
         f"{num_records} records in {messages} message(s) of {rpm}, shard.split_rates={cfg.shard.split_rates}, "
         f"{world_size} rank(s)"
     )
+    more = (
+        f"snapshot more of topic {snapshot.topic!r} (source.at, source.ranges), move shard.split_times"
+        if snapshot is not None
+        else "produce more records (dataset.num_records), fewer records per message"
+    )
     for split, ranks in shards.items():
         if ranks[0].num_messages == 0:
-            raise ConfigError(
-                f"split {split!r} gives each rank no message ({where}); produce more records "
-                "(dataset.num_records), fewer records per message, or use fewer ranks"
-            )
+            raise ConfigError(f"split {split!r} gives each rank no message ({where}); {more}, or use fewer ranks")
     per_rank_batch = batch_size // world_size
     train_records = shards["train"][0].num_records
     if train_records < per_rank_batch:

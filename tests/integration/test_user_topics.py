@@ -12,6 +12,8 @@ from confluent_kafka.admin import AdminClient
 from kbit_core.bench.dataplane.user_topic_bench import run_user_topic_bench
 from kbit_core.data.split_loaders import make_split_loader
 from kbit_core.errors import ConfigError, CorruptRecordError, ManifestMismatchError
+from kbit_core.jobs.benchmark import run_benchmark
+from kbit_core.jobs.preflight import check_training
 from kbit_core.jobs.train import train
 from kbit_core.kafka.manifest import Manifest, manifest_path
 from kbit_core.topic_dataset import snapshot_dataset
@@ -189,3 +191,33 @@ def test_records_that_do_not_fit_are_named_or_skipped_and_counted(broker, make_c
     loader = make_split_loader(skipping, manifest, "train", 0, 1)
     seen = {int(i) for batch in loader.iter_indexed() for i in batch.indices}
     assert loader.reader.stats.skipped == 2 and {30, 31}.isdisjoint(seen) and len(seen) == 38
+
+
+@pytest.mark.slow
+def test_kbit_bench_measures_a_users_topic_as_one_configuration(broker, make_config, topic_name, tmp_path):
+    create_user_topic(broker, topic_name)
+    fill_user_topic(broker, topic_name, 300)
+    cfg = _user_config(
+        make_config,
+        topic_name,
+        launch__engine="torchrun",
+        launch__num_processes=2,
+        train__global_batch_size=32,
+        bench={"iterations": 1, "warmup_iterations": 0, "output_dir": str(tmp_path / "reports")},
+        tracking__enabled=False,
+    )
+    result = run_benchmark(cfg, progress=False).to_dict()
+    assert list(result["configurations"]) == ["json_list_none.confluent"]
+    assert result["metadata"]["topics"] == {"json_list_none.confluent": topic_name}
+    assert end_offsets(broker, topic_name) == {0: (0, 150), 1: (0, 150)}
+
+
+def test_preflight_names_a_snapshot_too_small_for_its_splits(broker, make_config, topic_name):
+    split_time = _two_periods(broker, topic_name, 40, 0)
+    cfg = _user_config(
+        make_config, topic_name, shard__split_by="time", shard__split_times=[split_time], shard__split_rates=[0.5, 0.5]
+    )
+    with pytest.raises(
+        ConfigError, match=f"split 'val' gives each rank no message .*snapshot more of topic '{topic_name}'"
+    ):
+        check_training(cfg)
