@@ -3,13 +3,17 @@ time, and `kbit train` end to end on the user's own JSON field names."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
+import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
+from typer.testing import CliRunner
 
 from kbit_core.bench.dataplane.user_topic_bench import run_user_topic_bench
+from kbit_core.cli import app
 from kbit_core.data.split_loaders import make_split_loader
 from kbit_core.errors import ConfigError, CorruptRecordError, ManifestMismatchError
 from kbit_core.jobs.benchmark import run_benchmark
@@ -79,7 +83,7 @@ def test_a_split_by_time_trains_before_and_validates_after(broker, make_config, 
     assert all(b.range.start >= 60 for b in val.schedule.blocks(0)[0])
 
 
-def test_a_topic_that_moved_on_is_named_in_one_line(broker, make_config, topic_name):
+def test_a_topic_that_moved_on_is_named_in_one_line(broker, make_config, topic_name, tmp_path):
     create_user_topic(broker, topic_name)
     fill_user_topic(broker, topic_name, 100)
     cfg = _user_config(make_config, topic_name)
@@ -95,6 +99,12 @@ def test_a_topic_that_moved_on_is_named_in_one_line(broker, make_config, topic_n
     message = str(exc.value)
     assert "\n" not in message and "moved on" in message and "partition 0: offsets 0..19 are deleted" in message
     assert "source.snapshot=new" in message
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump(cfg.to_dict()))
+    shown = CliRunner().invoke(app, ["inspect", topic_name, "--json", "--config", str(profile)])
+    assert shown.exit_code == 1, shown.output  # inspect names how the topic moved on under its snapshot
+    facts = json.loads(shown.stdout)
+    assert facts["snapshot"]["records"] == 100 and "partition 0: offsets 0..19" in facts["snapshot"]["moved_on"][0]
 
 
 def test_a_recreated_topic_is_named(broker, make_config, topic_name):
