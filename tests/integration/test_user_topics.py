@@ -136,13 +136,11 @@ def test_a_mapping_that_does_not_fit_is_one_line_at_preflight(broker, make_confi
 
 @pytest.mark.slow
 def test_kbit_train_on_a_users_json_topic_with_two_ranks(broker, make_config, topic_name):
-    create_user_topic(broker, topic_name)
-    fill_user_topic(broker, topic_name, 1200)
-    cfg = _user_config(
+    cfg = _two_ranks_on_a_filled_topic(
+        broker,
         make_config,
         topic_name,
-        launch__engine="torchrun",
-        launch__num_processes=2,
+        1200,
         shard__split_rates=[0.8, 0.1, 0.1],
         train__epochs=3,
         train__global_batch_size=32,
@@ -154,6 +152,13 @@ def test_kbit_train_on_a_users_json_topic_with_two_ranks(broker, make_config, to
     assert result["test_accuracy"] >= 0.85, result
     assert Manifest.load(manifest_path(cfg.workdir, topic_name)).source is not None
     assert end_offsets(broker, topic_name) == {0: (0, 600), 1: (0, 600)}  # nothing written
+
+
+def _two_ranks_on_a_filled_topic(broker, make_config, topic, records, **dotted):
+    """A user's topic of ``records`` JSON records and a config training on it with 2 torchrun ranks."""
+    create_user_topic(broker, topic)
+    fill_user_topic(broker, topic, records)
+    return _user_config(make_config, topic, launch__engine="torchrun", launch__num_processes=2, **dotted)
 
 
 def _wait_gone(client: AdminClient, topic: str) -> None:
@@ -205,13 +210,11 @@ def test_records_that_do_not_fit_are_named_or_skipped_and_counted(broker, make_c
 
 @pytest.mark.slow
 def test_kbit_bench_measures_a_users_topic_as_one_configuration(broker, make_config, topic_name, tmp_path):
-    create_user_topic(broker, topic_name)
-    fill_user_topic(broker, topic_name, 300)
-    cfg = _user_config(
+    cfg = _two_ranks_on_a_filled_topic(
+        broker,
         make_config,
         topic_name,
-        launch__engine="torchrun",
-        launch__num_processes=2,
+        300,
         train__global_batch_size=32,
         bench={"iterations": 1, "warmup_iterations": 0, "output_dir": str(tmp_path / "reports")},
         tracking__enabled=False,
