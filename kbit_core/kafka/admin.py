@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -21,8 +20,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from kbit_core.config import KafkaConfig
 from kbit_core.errors import BrokerError, TopicError
 from kbit_core.kafka.broker import port_open
+from kbit_core.kafka.clients import ConsumerUse, client_options, open_consumer
 from kbit_core.kafka.local import died_here
-from kbit_core.kafka.settings import confluent_options
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +29,6 @@ log = logging.getLogger(__name__)
 METADATA_TIMEOUT_S = 5.0
 # Topic deletion is asynchronous on real clusters; wait this long for the name to disappear.
 DELETE_WAIT_S = 15.0
-# librdkafka's sparse connections open a broker connection only when a request needs one, and the first
-# request of a new client then waited ~52 ms in a third of the attempts (measured: 8 of 24 metadata calls on
-# loopback; 0 of 24 with eager connections). Short-lived clients that need the broker at once connect eagerly.
-EAGER_CONNECT = {"enable.sparse.connections": False}
 # How long one poll waits for a bounds probe's answer (a fetch answered with nothing raises no event to return on):
 # briefly while an answer is due, then longer, so a broker that is down is not asked a thousand times a second.
 PROBE_POLL_S = 0.001
@@ -46,21 +41,6 @@ OUT_OF_RANGE = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSE
 UNKNOWN_PARTITION = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
 )
-
-
-class _DemotedLog(logging.LoggerAdapter):
-    """librdkafka logs every refused connection as an error; kbit raises its own clear error instead."""
-
-    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
-        self.logger.debug(msg, *args, **kwargs)
-
-
-_rdkafka_log = _DemotedLog(logging.getLogger("kbit_core.kafka.librdkafka"), {})
-
-
-def client_options(kcfg: KafkaConfig) -> dict[str, Any]:
-    """confluent connection options with librdkafka's own logging routed to Python logging at DEBUG."""
-    return {**confluent_options(kcfg), "logger": _rdkafka_log}
 
 
 def describe_broker(kcfg: KafkaConfig) -> str:
@@ -234,20 +214,15 @@ def max_message_bytes(kcfg: KafkaConfig, topic: str) -> int | None:
 
 def _offset_consumer(kcfg: KafkaConfig) -> Consumer:
     require_embedded_listening(kcfg)
-    return Consumer(
-        {
-            **client_options(kcfg),
-            **EAGER_CONNECT,
-            # never joins the group (assign only) and never commits; the id is required by librdkafka
-            "group.id": f"kbit-offsets-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "error",  # a probe outside the log is answered as such, never moved silently
-            "enable.partition.eof": True,
-            "fetch.wait.max.ms": 10,
-            "fetch.max.bytes": 1024 * 1024,
-            "max.partition.fetch.bytes": 64 * 1024,
-        }
+    # a probe outside the log is answered as such (the use's default), never moved silently
+    use = ConsumerUse(
+        purpose="offsets",
+        partition_eof=True,
+        fetch_wait_ms=10,
+        fetch_max_bytes=1024 * 1024,
+        partition_fetch_bytes=64 * 1024,
     )
+    return open_consumer(kcfg, use)
 
 
 def _checked_partitions(kcfg: KafkaConfig, topic: str, partitions: Iterable[int]) -> list[int]:
