@@ -17,11 +17,11 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
+from kbit_core.brokers.broker import port_open
+from kbit_core.brokers.local import died_here
 from kbit_core.config import KafkaConfig
 from kbit_core.errors import BrokerError, TopicError
-from kbit_core.kafka.broker import port_open
 from kbit_core.kafka.clients import ConsumerUse, client_options, open_consumer
-from kbit_core.kafka.local import died_here
 
 log = logging.getLogger(__name__)
 

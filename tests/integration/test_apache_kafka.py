@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from kbit_core.brokers.apache_broker import ApacheKafkaBroker, kafka_version
 from kbit_core.config import DataVariant, KafkaConfig, KbitConfig, ProduceConfig, ReaderConfig
 from kbit_core.data.reader import RangeReader
 from kbit_core.errors import OffsetRangeError
 from kbit_core.formats import get_codec
 from kbit_core.kafka import admin, contents
-from kbit_core.kafka.apache_broker import ApacheKafkaBroker, kafka_version
 from kbit_core.kafka.consumers import RawRecord, make_consumer
 from kbit_core.kafka.producers import make_producer
 from kbit_core.produce import produce_dataset
@@ -320,7 +320,7 @@ def test_kbit_produce_dataset_and_range_reader(
 
 def test_config_selects_apache_kafka_as_the_embedded_broker(tmp_path, make_config: Callable[..., KbitConfig]) -> None:
     """``kafka.embedded.broker: apache-kafka`` runs Apache Kafka wherever kbit starts its local broker."""
-    from kbit_core.kafka.local import embedded_broker, local_broker
+    from kbit_core.brokers.local import embedded_broker, local_broker
     from kbit_core.tracking.environment import broker_identity
     from tests.conftest import free_port
 

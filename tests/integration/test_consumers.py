@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator
 import pytest
 from confluent_kafka import Producer
 
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError, TopicError
 from kbit_core.kafka import admin
-from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.kafka.consumers import ConfluentConsumer, KafkaPythonConsumer, RawRecord, make_consumer
 from tests.conftest import embedded_settings
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kbit_core.bench import kafka_tools
-from kbit_core.bench.spark_kafka_peer import measure_spark_source
+from kbit_core.bench.dataplane import kafka_tools
+from kbit_core.bench.dataplane.spark_kafka_peer import measure_spark_source
 from kbit_core.errors import KbitError
 from kbit_core.kafka import admin
 from tests.integration.dataplane_fixtures import RAW, Produce

@@ -20,14 +20,14 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from typer.testing import CliRunner
 
 from kbit_core import produce
+from kbit_core.brokers.apache_broker import ApacheKafkaBroker
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.cli import app
 from kbit_core.config import DataVariant, KafkaConfig, KbitConfig
 from kbit_core.datasets import open_source
 from kbit_core.errors import BrokerError, ConfigError, ManifestMismatchError
 from kbit_core.formats import get_codec
 from kbit_core.kafka import admin, contents
-from kbit_core.kafka.apache_broker import ApacheKafkaBroker
-from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.kafka.manifest import Manifest, manifest_path
 from kbit_core.kafka.producers import BACKENDS, DeliveryLedger, make_producer
 from kbit_core.produce import ensure_topics, produce_dataset

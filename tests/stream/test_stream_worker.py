@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.config import KbitConfig
 from kbit_core.datasets import open_source
 from kbit_core.formats.fast import FastPath
-from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.produce import produce_dataset
 from kbit_core.stream.live_producer import LiveProducer
 from kbit_core.train import stream_worker

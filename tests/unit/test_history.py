@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kbit_core.bench.history import Night, analyze_history, history_markdown, write_history
 from kbit_core.errors import StatisticsError
+from kbit_core.stats.history import Night, analyze_history, history_markdown, write_history
 
 
 def nights(levels: dict[str, list[float]], noise: float, seed: int) -> list[Night]:

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kbit_core.bench.compare import METRICS, compare_configs
-from kbit_core.bench.crossover import network_markdown, network_section
-from kbit_core.bench.measure import COUNTERS, SAMPLE_COLUMNS, STAGES
-from kbit_core.bench.stats import BoxStats, boxplot_stats, rate_median
+from kbit_core.bench.loading.measure import COUNTERS, SAMPLE_COLUMNS, STAGES
 from kbit_core.errors import StatisticsError
+from kbit_core.stats.compare import METRICS, compare_configs
+from kbit_core.stats.crossover import network_markdown, network_section
+from kbit_core.stats.samples import BoxStats, boxplot_stats, rate_median
 from kbit_core.testbed.shaping import LOOPBACK
 
 RAW_CSV = "raw_timings.csv"

@@ -1,6 +1,6 @@
 """Benchmark history: each configuration's nightly median with its CI, change points, unstable configurations.
 
-A night is one finished benchmark run of one identity (``bench.identity``) started without measurement
+A night is one finished benchmark run of one identity (``stats.identity``) started without measurement
 overrides. Per configuration, the series of nightly median makespans is searched for level shifts with
 ruptures' PELT (least-squares cost on the log of the medians, so a change is relative), scaled by a robust
 estimate of the night-to-night noise (the MAD of successive differences, which a single step barely moves).
