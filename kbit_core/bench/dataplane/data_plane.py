@@ -167,7 +167,7 @@ def measure_variant(
             f"{manifest.topic}: read {fetched} messages / {decoded} records, the manifest has "
             f"{manifest.num_messages} / {manifest.num_records}"
         )
-    return _row(cfg, manifest, client, fetch_s, decode_s, loader_s, loaded, fast is not stock)
+    return _row(cfg, manifest, client, fetch_s, decode_s, loader_s, loaded, isinstance(fast, FastPath))
 
 
 def _row(
