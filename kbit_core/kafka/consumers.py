@@ -22,8 +22,9 @@ import kafka.errors
 
 from kbit_core.config import ClientName, KafkaConfig, ReaderConfig
 from kbit_core.errors import BrokerError, ConfigError, OffsetRangeError
-from kbit_core.kafka.admin import OUT_OF_RANGE, UNKNOWN_PARTITION, offset_bounds
+from kbit_core.kafka.admin import OUT_OF_RANGE, UNKNOWN_PARTITION
 from kbit_core.kafka.clients import ConsumerUse, consumer_options, open_consumer
+from kbit_core.kafka.offsets import offset_bounds
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +214,7 @@ class ConfluentConsumer(ConsumerBackend):
     def offset_bounds(
         self, topic: str, probes: Mapping[int, int], meanwhile: Callable[[], object] | None = None
     ) -> dict[int, tuple[int, int]]:
-        """See :func:`kbit_core.kafka.admin.offset_bounds` (``meanwhile`` overlaps its round trips)."""
+        """See :func:`kbit_core.kafka.offsets.offset_bounds` (``meanwhile`` overlaps its round trips)."""
         self.topic = topic
         self._starts = {}  # the check leaves no assignment behind
         return offset_bounds(self._consumer, self.kafka_cfg, topic, probes, meanwhile, lambda: self.last_error)
