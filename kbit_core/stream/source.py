@@ -309,7 +309,9 @@ class StreamSource:
                 f"(partition/offset of the first: {chosen[0][0]}/{chosen[0][1].offset})"
             )
         produced_ms = np.array([rec.produced_ms for _, rec in chosen], dtype=np.int64)
-        return to_batch(decoded.pixels, decoded.labels, decoded.indices)._replace(produced_ms=produced_ms)
+        # a fast decoder's float lists are a read-only view of its own buffer; the training step gets a tensor of its own
+        pixels = decoded.pixels if decoded.pixels.flags.writeable else decoded.pixels.copy()
+        return to_batch(pixels, decoded.labels, decoded.indices)._replace(produced_ms=produced_ms)
 
     # ---- lag -----------------------------------------------------------------------------------------------
 
