@@ -25,7 +25,7 @@ from kbit_core.checks import check_produce
 from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.datasets import DatasetSource, open_source
 from kbit_core.errors import ConfigError, KbitError, ManifestMismatchError, TopicError
-from kbit_core.formats import Codec, get_codec
+from kbit_core.formats import Codec, variant_codec
 from kbit_core.kafka import admin, manifest_registry, ownership
 from kbit_core.kafka.contents import check_topic_and_records
 from kbit_core.kafka.manifest import DataIdentity, DatasetInfo, Manifest, manifest_path, message_digest
@@ -93,14 +93,7 @@ def _send_dataset(
 
 def _requested_identity(cfg: KbitConfig, variant: DataVariant) -> tuple[DataIdentity, DatasetSource, Codec]:
     source = open_source(cfg.dataset)
-    codec = get_codec(
-        variant.format,
-        variant.layout,
-        source.image_shape,
-        variant.records_per_message,
-        num_classes=source.num_classes,
-        dtype=source.record_dtype,
-    )
+    codec = variant_codec(variant, source)
     info = DatasetInfo(
         name=source.name,
         seed=cfg.dataset.seed,

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from kbit_core.config import DataVariant, MappingConfig
 from kbit_core.errors import ManifestMismatchError, TopicError
-from kbit_core.formats import Codec, get_codec
+from kbit_core.formats import Codec, variant_codec
 from kbit_core.formats.decoders import make_record_decoder
 from kbit_core.formats.mapping import MappedCodec
 from kbit_core.sharding import OffsetRange
@@ -238,15 +238,7 @@ def manifest_codec(manifest: Manifest, decoder: str = "stock") -> Codec:
     if manifest.source is not None:
         return _mapped_codec(manifest, manifest.source, decoder)
     variant = manifest.variant
-    codec = get_codec(
-        variant.format,
-        variant.layout,
-        tuple(manifest.dataset.image_shape),
-        variant.records_per_message,
-        num_classes=manifest.dataset.num_classes,
-        decoder=decoder,
-        dtype=manifest.dataset.record_dtype,
-    )
+    codec = variant_codec(variant, manifest.dataset, decoder)
     if codec.schema_fingerprint() != manifest.schema_fingerprint:
         raise ManifestMismatchError(
             f"topic {manifest.topic!r} was written with schema {manifest.schema_fingerprint}, but this kbit's "

@@ -20,7 +20,7 @@ from kbit_core.data.reader import RangeReader
 from kbit_core.errors import ManifestMismatchError, OffsetRangeError, TopicError
 from kbit_core.formats import get_codec
 from kbit_core.jobs import train as train_job
-from kbit_core.kafka import admin
+from kbit_core.kafka import admin, offsets
 from kbit_core.kafka.producers import DeliveryLedger
 from kbit_core.produce import produce_dataset
 from kbit_core.sharding import OffsetRange

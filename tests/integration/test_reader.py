@@ -15,6 +15,7 @@ from kbit_core.data.reader import RangeReader
 from kbit_core.data.split_loaders import make_split_loader
 from kbit_core.errors import ConfigError
 from kbit_core.formats import get_codec
+from kbit_core.kafka import offsets
 from kbit_core.sharding import OffsetRange
 from tests.integration.dataplane_fixtures import Produce
 
