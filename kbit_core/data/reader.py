@@ -41,12 +41,32 @@ def continues_at(batch: Sequence[RawRecord], partition: int, offset: int) -> boo
     return bool((partitions == partition).all()) and np.array_equal(offsets, np.arange(offset, offset + count))
 
 
-def freeze_heap() -> None:
-    """Move every object alive now (the imports: torch's and the clients' ~200k) out of the cyclic garbage collector's
-    reach, once per process. A fetch allocates a record per message, and the collections that triggers walked that
-    whole heap: measured 4.5 µs of CPU per message with it, 1.6 µs frozen (docs/data_plane_benchmark.md, issue 32)."""
-    if not gc.get_freeze_count():
-        gc.freeze()
+class _CollectorPause:
+    """Automatic cyclic garbage collection held off while any reader polls a range (a count of the threads inside).
+    A fetch allocates a record per message, and the collections those allocations trigger walked the whole heap (the
+    imports' ~200k objects): measured 4.5 µs of CPU per message with them, 1.4 µs without (docs/data_plane_benchmark.md,
+    issue 32). A record holds no cycle, so nothing is lost: the collections run again when the range is read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._was_enabled = False
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if not self._inside:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+            self._inside += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._inside -= 1
+            if not self._inside and self._was_enabled:
+                gc.enable()
+
+
+_COLLECTOR_PAUSE = _CollectorPause()
 
 
 @dataclass
@@ -100,7 +120,6 @@ class RangeReader:
 
     def _open(self) -> ConsumerBackend:
         if self._consumer is None:
-            freeze_heap()
             self._consumer = make_consumer(self.kafka_cfg, self.reader_cfg, self.client)
             self.stats.kafka_clients += 1
         return self._consumer
@@ -167,7 +186,7 @@ class RangeReader:
         return consumer
 
     def _fetch(self, rng: OffsetRange) -> list[RawRecord]:
-        with self._lock:
+        with self._lock, _COLLECTOR_PAUSE:
             return self._fetch_locked(rng)
 
     def _fetch_locked(self, rng: OffsetRange) -> list[RawRecord]:
