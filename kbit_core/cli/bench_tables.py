@@ -74,15 +74,21 @@ def results_table(stats: dict[str, Any], width: int | None = None) -> Table:
 
 
 def comparison_table(result: Any) -> Table:
+    """Run B against baseline A, one row per configuration. Every figure and verdict keeps its whole text on any
+    terminal (an 80-column one included): only the configuration's name folds onto more lines."""
     table = Table(
         title=f"B vs A ({result.metric} per iteration, threshold {result.threshold:.0%}, "
-        f"alpha {result.alpha}, Holm-corrected)"
+        f"alpha {result.alpha}, Holm-corrected)",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
     )
     for column in COMPARISON_COLUMNS:
+        words = column in ("configuration", "verdict")  # may wrap between words; figures never do
         table.add_column(
-            column,
-            justify="left" if column in ("configuration", "verdict") else "right",
-            no_wrap=column == "configuration",
+            column.replace(" ", "\n", 1) if not words else column,
+            justify="left" if words else "right",
+            no_wrap=not words,
+            overflow="fold",
         )
     for *cells, verdict in comparison_rows(result.to_dict()["deltas"]):
         table.add_row(
