@@ -71,32 +71,35 @@ KafkaToolsOpt = Annotated[
 ]
 
 
+VariantsOpt = Annotated[
+    list[str] | None,
+    typer.Option("--variants", "-v", help="format_layout_compression[_xN], repeatable (default: bench.variants)."),
+]
+ClientsOpt = Annotated[
+    list[str] | None, typer.Option("--clients", help="confluent | kafka-python, repeatable (default: bench.clients).")
+]
+RssRecordsOpt = Annotated[str, typer.Option("--rss-records", help="Small,large topic sizes for the RSS check.")]
+LoaderWorkersOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--loader-workers",
+        help="Also time the loader with this reader.workers (thread | process | partitions), repeatable.",
+    ),
+]
+
+
 def bench_data(
     config: ConfigOpt = None,
     sets: SetOpt = None,
     records: Annotated[int | None, typer.Option("--records", "-n", help="Records per topic.")] = None,
-    variants: Annotated[
-        list[str] | None,
-        typer.Option("--variants", "-v", help="format_layout_compression[_xN], repeatable (default: bench.variants)."),
-    ] = None,
-    clients: Annotated[
-        list[str] | None,
-        typer.Option("--clients", help="confluent | kafka-python, repeatable (default: bench.clients)."),
-    ] = None,
+    variants: VariantsOpt = None,
+    clients: ClientsOpt = None,
     datasets: DatasetsOpt = None,
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, help="Timed reads per cell (median).")] = 3,
     rss: Annotated[bool, typer.Option("--rss/--no-rss", help="Measure streaming peak RSS on two topic sizes.")] = True,
-    rss_records: Annotated[
-        str, typer.Option("--rss-records", help="Small,large topic sizes for the RSS check.")
-    ] = "60000,600000",
+    rss_records: RssRecordsOpt = "60000,600000",
     keep_topics: Annotated[bool, typer.Option("--keep-topics", help="Keep the topics this run produced.")] = False,
-    loader_workers: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--loader-workers",
-            help="Also time the loader with this reader.workers (thread | process | partitions), repeatable.",
-        ),
-    ] = None,
+    loader_workers: LoaderWorkersOpt = None,
     ray_peer: RayPeerOpt = False,
     spark_peer: SparkPeerOpt = False,
     kafka_tools: KafkaToolsOpt = False,
