@@ -186,16 +186,10 @@ def _row(
     f = statistics.median(fetch_s)
     stock_t = statistics.median(decode_s["stock"])
     fast_t = statistics.median(decode_s["fast"]) if "fast" in decode_s else stock_t
+    # each loader's (seconds, records) at the default batch size, then at the large one
+    sizes = ("default", "large")
     by_workers = {
-        w: loader_figures(
-            n,
-            fetch_s,
-            f + fast_t,
-            loader_s[w, "default"],
-            loaded[w, "default"],
-            loader_s[w, "large"],
-            loaded[w, "large"],
-        )
+        w: loader_figures(n, fetch_s, f + fast_t, *(x for s in sizes for x in (loader_s[w, s], loaded[w, s])))
         for w, _ in loader_s
     }
     own = by_workers[cfg.reader.workers]
