@@ -30,7 +30,9 @@ def registry_app() -> Path:
     """The unpacked Apicurio Registry: ``$KBIT_REGISTRY_HOME``, else ``<venv>/registry/app``."""
     app = Path(os.environ.get("KBIT_REGISTRY_HOME") or Path(sys.prefix) / "registry" / "app")
     if not (app / "quarkus-run.jar").is_file():
-        raise RegistryServiceError(f"Apicurio Registry is not installed ({app} holds no quarkus-run.jar): {_INSTALL_HINT}")
+        raise RegistryServiceError(
+            f"Apicurio Registry is not installed ({app} holds no quarkus-run.jar): {_INSTALL_HINT}"
+        )
     return app
 
 
@@ -110,7 +112,7 @@ def local_registry(run_dir: Path, local: LocalRegistryConfig) -> Service:
         f"-Dapicurio.datasource.url={database}",
         "-Dapicurio.datasource.jdbc.initial-size=2",
         "-Dapicurio.datasource.jdbc.min-size=2",
-        "-Dquarkus.log.category.\"io.quarkus.http.access-log\".level=WARN",
+        '-Dquarkus.log.category."io.quarkus.http.access-log".level=WARN',
         "-jar",
         str(app / "quarkus-run.jar"),
     ]
