@@ -35,6 +35,8 @@ def _leaf_type(ftype: Any, named: dict[str, Any], where: str) -> tuple[str | dic
         if len(ftype) != 2 or "null" not in ftype:
             raise UnsupportedSchema(f"field {where}: a union other than [null, T] is not handled by the fast path")
         null_branch = ftype.index("null")
+        if isinstance(ftype[1 - null_branch], list):
+            raise UnsupportedSchema(f"field {where}: a union inside a union is not Avro")
         inner, _ = _leaf_type(ftype[1 - null_branch], named, where)
         if isinstance(inner, dict):
             raise UnsupportedSchema(f"field {where}: a nullable record is not handled by the fast path")
