@@ -205,6 +205,7 @@ def manifest_codec(manifest: Manifest, decoder: str = "stock") -> Codec:
         num_classes=manifest.dataset.num_classes,
         decoder=decoder,
         dtype=manifest.dataset.record_dtype,
+        framing=variant.framing,
     )
     if codec.schema_fingerprint() != manifest.schema_fingerprint:
         raise ManifestMismatchError(

@@ -76,6 +76,8 @@ class LiveProducer:
                 "a stream carries one record per message (produce.variant.records_per_message=1), "
                 "so that each record has its own offset and produce time"
             )
+        if cfg.produce.variant.framing != "kbit":
+            raise ConfigError("a stream is written in kbit's framing (produce.variant.framing: kbit)")
         self.cfg = cfg
         self.topic = cfg.stream.topic_for(cfg.dataset, cfg.produce)
         self.partitions = cfg.produce.partitions
