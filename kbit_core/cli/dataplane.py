@@ -67,7 +67,9 @@ def bench_data(
     records: Annotated[int | None, typer.Option("--records", "-n", help="Records per topic.")] = None,
     variants: Annotated[
         list[str] | None,
-        typer.Option("--variants", "-v", help="format_layout_compression[_xN], repeatable (default: bench.variants)."),
+        typer.Option(
+            "--variants", "-v", help="format_layout_compression[_xN][_confluent], repeatable (default: bench.variants)."
+        ),
     ] = None,
     clients: Annotated[
         list[str] | None,

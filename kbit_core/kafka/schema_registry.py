@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -55,7 +56,7 @@ def _candidates() -> list[tuple[str, str]]:
         found.append((str(Path(home) / "bin" / "java"), f"JAVA_HOME={home}"))
     jdks = sorted(JVM_ROOT.glob("*/bin/java"), key=lambda p: _version_key(p.parent.parent.name), reverse=True)
     found += [(str(java), str(java)) for java in jdks]
-    on_path = subprocess.run(["which", "java"], capture_output=True, text=True).stdout.strip()
+    on_path = shutil.which("java")
     if on_path:
         found.append((on_path, "java on PATH"))
     return found
