@@ -17,7 +17,7 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from kbit_core.config.registry import RegistryConfig
-from kbit_core.errors import ConfigError, CorruptRecordError
+from kbit_core.errors import ConfigError
 from kbit_core.formats.base import Codec, DecodedBatch
 from kbit_core.formats.confluent.framing import HEADER_BYTES, FramingError, message_indexes, schema_id
 from kbit_core.formats.confluent.source import SchemaSource
