@@ -34,8 +34,8 @@ for _variable, _subdir in {
     os.environ[_variable] = str(TEST_HOME / _subdir)
 
 from kbit_core import ray_env  # noqa: E402  (after the home is set)
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.config import KbitConfig, deep_merge
-from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.service import Service
 
 
@@ -164,8 +164,8 @@ def tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
 
 def require_apache_kafka() -> None:
     """Skip when Java or Apache Kafka's jars are missing, except under CI or KBIT_REQUIRE_APACHE_KAFKA=1 (fail)."""
+    from kbit_core.brokers.apache_broker import java_binary, kafka_libs
     from kbit_core.errors import BrokerError
-    from kbit_core.kafka.apache_broker import java_binary, kafka_libs
 
     try:
         kafka_libs(), java_binary()
@@ -179,7 +179,7 @@ def require_apache_kafka() -> None:
 def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One Apache Kafka broker (single KRaft node, data on disk) for the whole session. Skipped when Java or its jars
     are missing (`scripts/run.sh install` puts them in .venv/kafka), except under CI or KBIT_REQUIRE_APACHE_KAFKA=1."""
-    from kbit_core.kafka.apache_broker import ApacheKafkaBroker
+    from kbit_core.brokers.apache_broker import ApacheKafkaBroker
 
     require_apache_kafka()
     b = ApacheKafkaBroker(tmp_path_factory.mktemp("apache-kafka"), port=free_port(), controller_port=free_port())
@@ -190,7 +190,7 @@ def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 def require_schema_registry() -> None:
     """Skip when Apicurio Registry or a Java 21+ is missing, except under CI or KBIT_REQUIRE_APACHE_KAFKA=1 (fail)."""
-    from kbit_core.kafka.schema_registry import RegistryServiceError, find_java, registry_app
+    from kbit_core.brokers.schema_registry import RegistryServiceError, find_java, registry_app
 
     try:
         registry_app(), find_java()
@@ -205,7 +205,7 @@ def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servic
     """One real Schema Registry (kbit's local Apicurio Registry, in memory) for the whole session; tests register
     under subjects of their own topics. Its URL (the Confluent-compatible API) is ``schema_registry.url``."""
     from kbit_core.config import LocalRegistryConfig
-    from kbit_core.kafka.schema_registry import local_registry
+    from kbit_core.brokers.schema_registry import local_registry
 
     require_schema_registry()
     local = LocalRegistryConfig(enabled=True, port=free_port(), management_port=free_port())

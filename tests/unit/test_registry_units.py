@@ -20,7 +20,7 @@ from kbit_core.errors import ConfigError, CorruptRecordError
 from kbit_core.formats.confluent import avro_file_decoder, protobuf_descriptor_decoder
 from kbit_core.formats.confluent.framing import FramingError, frame, message_indexes, schema_id
 from kbit_core.formats.schemas import kbit_pb2
-from kbit_core.kafka.schema_registry import RegistryServiceError, find_java
+from kbit_core.brokers.schema_registry import RegistryServiceError, find_java
 from kbit_core.tracking.params import config_params
 
 
@@ -89,7 +89,7 @@ def test_nothing_21_found_is_one_line(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk17"))
     (tmp_path / "jdk17" / "bin").mkdir(parents=True)
     os.symlink(fake_java(tmp_path, 17), tmp_path / "jdk17" / "bin" / "java")
-    monkeypatch.setattr("kbit_core.kafka.schema_registry.JVM_ROOT", tmp_path / "no-jvms")
+    monkeypatch.setattr("kbit_core.brokers.schema_registry.JVM_ROOT", tmp_path / "no-jvms")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(RegistryServiceError) as exc:
         find_java()
