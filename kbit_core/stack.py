@@ -16,8 +16,8 @@ from typing import Any
 
 from kbit_core import ray_env
 from kbit_core.brokers.local import local_broker
-from kbit_core.config import KbitConfig
 from kbit_core.brokers.schema_registry import local_registry
+from kbit_core.config import KbitConfig
 from kbit_core.service import Service, ServiceError, ServiceStatus, http_ok
 
 log = logging.getLogger(__name__)

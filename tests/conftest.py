@@ -204,8 +204,8 @@ def require_schema_registry() -> None:
 def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """One real Schema Registry (kbit's local Apicurio Registry, in memory) for the whole session; tests register
     under subjects of their own topics. Its URL (the Confluent-compatible API) is ``schema_registry.url``."""
-    from kbit_core.config import LocalRegistryConfig
     from kbit_core.brokers.schema_registry import local_registry
+    from kbit_core.config import LocalRegistryConfig
 
     require_schema_registry()
     local = LocalRegistryConfig(enabled=True, port=free_port(), management_port=free_port())

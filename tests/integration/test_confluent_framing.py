@@ -13,6 +13,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from kbit_core.config import COMPRESSIONS
 from kbit_core.data.reader import RangeReader
 from kbit_core.errors import ConfigError, CorruptRecordError
+from kbit_core.formats.fast import FastPath, select_codec
 from kbit_core.kafka.manifest import manifest_codec
 from kbit_core.service import Service
 from kbit_core.sharding import OffsetRange
@@ -67,6 +68,7 @@ def test_grouped_values_and_a_record_not_in_the_framing(produce_topic: Produce, 
         {**variant, "framing": "confluent"}, 10, partitions=1, registry__url=schema_registry.url
     )
     assert read_all(cfg, manifest)["indices"].tolist() == list(range(10))
+    assert isinstance(select_codec(manifest_codec(manifest, "stock"), "fast").inner, FastPath)  # as the benches pick
 
     codec = manifest_codec(manifest, "fast")
     offset = inject(cfg, manifest.topic, 0, b"\x07not framed")

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from google.protobuf import descriptor_pb2
 
+from kbit_core.brokers.schema_registry import RegistryServiceError, find_java
 from kbit_core.config import KbitConfig, RegistryConfig
 from kbit_core.errors import ConfigError, CorruptRecordError
 from kbit_core.formats.confluent import avro_file_decoder, protobuf_descriptor_decoder
 from kbit_core.formats.confluent.framing import FramingError, frame, message_indexes, schema_id
 from kbit_core.formats.schemas import kbit_pb2
-from kbit_core.brokers.schema_registry import RegistryServiceError, find_java
 from kbit_core.tracking.params import config_params
 
 

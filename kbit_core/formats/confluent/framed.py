@@ -40,6 +40,12 @@ class ConfluentFramedCodec:
         self._serializer: Any = None
         self._context: SerializationContext | None = None
 
+    def with_inner(self, inner: Codec) -> ConfluentFramedCodec:
+        """The same framing around ``inner`` (the fast or stock codec of the same schema), bound as this one is."""
+        other = ConfluentFramedCodec(inner)
+        other._serializer, other._context = self._serializer, self._context
+        return other
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
