@@ -4,6 +4,7 @@ broker: written by confluent-kafka's own serializers and producer, decoded by kb
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -175,3 +176,19 @@ def test_a_registry_that_is_down_is_named_within_its_deadline(topic_name: str) -
     message = str(exc.value)
     assert "\n" not in message and "did not answer for schema id 7" in message and topic_name in message
     assert "registry.deadline_s=1s" in message
+
+
+def test_a_slow_registry_is_retried_until_its_deadline(topic_name: str) -> None:
+    """A registry that accepts connections but never answers: each request times out, kbit retries, then names it."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        settings = RegistryConfig(
+            url=f"http://127.0.0.1:{silent.getsockname()[1]}", deadline_s=1.5, request_timeout_s=0.4
+        )
+        decoder = confluent_decoder(settings, topic_name, "json", reader="writer")
+        with pytest.raises(SchemaRegistryError) as exc:
+            decoder.decode_columns([b"\x00\x00\x00\x00\x09{}"], ["x"])
+    message = str(exc.value)
+    assert "\n" not in message and "schema id 9" in message and "Timeout" in message
+    assert int(message.split(" attempt(s)")[0].rsplit("(", 1)[1]) >= 2  # retried within the deadline

@@ -79,8 +79,9 @@ class ConfluentFramedCodec:
         else:
             message = kbit_pb2.Sample if codec.records_per_message == 1 else kbit_pb2.SampleBatch
             self._serializer = ProtobufSerializer(message, source.client, {"use.deprecated.format": False})
-        # registered now (and within registry.deadline_s), not by the first send
-        self._serializer(self.inner.encode_objects(*_one_sample(codec))[0], self._context)
+        # registered now, retried within registry.deadline_s as every registry call is, not by the first send
+        sample = self.inner.encode_objects(*_one_sample(codec))[0]
+        source.call(f"registering kbit's schema for topic {topic}", self._serializer, sample, self._context)
         return self
 
     def encode(self, indices: np.ndarray, images: np.ndarray, labels: np.ndarray) -> list[bytes]:
@@ -97,6 +98,14 @@ class ConfluentFramedCodec:
         return value[start:]
 
     def decode(self, values: Sequence[bytes]) -> DecodedBatch:
+        protobuf = self.inner.format == "protobuf"
+        start, index = (HEADER_BYTES + 1, HEADER_BYTES) if protobuf else (HEADER_BYTES, 0)
+        try:  # the common case in one pass: the magic byte (and Protobuf's single message index [0], byte 0x00)
+            payloads = [v[start:] for v in values if v[0] == 0 and v[index] == 0 and len(v) >= start]
+        except (TypeError, IndexError):  # a null or empty value
+            payloads = []
+        if len(payloads) == len(values):
+            return self.inner.decode(payloads)
         try:
             payloads = [self.payload(value) for value in values]
         except FramingError:

@@ -40,22 +40,18 @@ class SchemaSource:
         """The writer schema ``schema_id``; UnknownSchemaError when the registry has none with that id."""
         cached = self._by_id.get(schema_id)
         if cached is None:
-            cached = self._by_id[schema_id] = self._call(
+            cached = self._by_id[schema_id] = self.call(
                 f"schema id {schema_id}{f' (topic {topic})' if topic else ''}", self.client.get_schema, schema_id
             )
         return cached
 
     def latest(self, subject: str) -> tuple[int, Schema]:
         """The id and schema of ``subject``'s latest version."""
-        registered = self._call(f"subject {subject!r}", self.client.get_latest_version, subject)
+        registered = self.call(f"subject {subject!r}", self.client.get_latest_version, subject)
         self._by_id.setdefault(registered.schema_id, registered.schema)
         return registered.schema_id, registered.schema
 
-    def register(self, subject: str, schema: Schema) -> int:
-        """Register ``schema`` under ``subject`` (the registry answers an existing one's id) and return its id."""
-        return self._call(f"subject {subject!r}", self.client.register_schema, subject, schema)
-
-    def _call(self, what: str, method: Any, *args: Any) -> Any:
+    def call(self, what: str, method: Any, *args: Any) -> Any:
         """``method(*args)`` retried while the registry cannot be reached or answers 5xx, until ``deadline_s``."""
         deadline = time.monotonic() + self.settings.deadline_s
         attempt = 0
