@@ -162,17 +162,23 @@ def tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     b.stop()
 
 
+def installed_or_skip(check: Callable[[], object], missing: type[Exception]) -> None:
+    """Run ``check``; when it raises ``missing`` (a Java or jars not installed), skip, except under CI or
+    KBIT_REQUIRE_APACHE_KAFKA=1 (fail)."""
+    try:
+        check()
+    except missing as exc:
+        if os.environ.get("CI") or os.environ.get("KBIT_REQUIRE_APACHE_KAFKA") == "1":
+            raise
+        pytest.skip(str(exc))
+
+
 def require_apache_kafka() -> None:
     """Skip when Java or Apache Kafka's jars are missing, except under CI or KBIT_REQUIRE_APACHE_KAFKA=1 (fail)."""
     from kbit_core.brokers.apache_broker import java_binary, kafka_libs
     from kbit_core.errors import BrokerError
 
-    try:
-        kafka_libs(), java_binary()
-    except BrokerError as exc:
-        if os.environ.get("CI") or os.environ.get("KBIT_REQUIRE_APACHE_KAFKA") == "1":
-            raise
-        pytest.skip(str(exc))
+    installed_or_skip(lambda: (kafka_libs(), java_binary()), BrokerError)
 
 
 @pytest.fixture(scope="session")
@@ -192,12 +198,7 @@ def require_schema_registry() -> None:
     """Skip when Apicurio Registry or a Java 21+ is missing, except under CI or KBIT_REQUIRE_APACHE_KAFKA=1 (fail)."""
     from kbit_core.brokers.schema_registry import RegistryServiceError, find_java, registry_app
 
-    try:
-        registry_app(), find_java()
-    except RegistryServiceError as exc:
-        if os.environ.get("CI") or os.environ.get("KBIT_REQUIRE_APACHE_KAFKA") == "1":
-            raise
-        pytest.skip(str(exc))
+    installed_or_skip(lambda: (registry_app(), find_java()), RegistryServiceError)
 
 
 @pytest.fixture(scope="session")

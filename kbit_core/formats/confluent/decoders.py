@@ -171,20 +171,13 @@ def _messages(messages: list[Any], fields: Sequence[str]) -> dict[str, Any]:
 
 
 def confluent_decoder(
-    registry: RegistryConfig,
-    topic: str,
-    value_format: ValueFormat,
-    *,
-    reader: str | int = "latest",
-    subject: str | None = None,
-    decoder: str = "fast",
+    registry: RegistryConfig, topic: str, value_format: ValueFormat, **options: Any
 ) -> ConfluentDecoder:
     """The RecordDecoder of ``topic``'s values in the Confluent framing (``value_format``: avro, json or protobuf),
-    writer schemas from the registry ``registry`` names; see :class:`ConfluentDecoder` for ``reader``."""
+    writer schemas from the registry ``registry`` names; ``options`` are :class:`ConfluentDecoder`'s keywords
+    (``reader``, ``subject``, ``decoder``)."""
     if not registry.enabled:
         raise ConfigError(
             f"topic {topic}'s values are in the Confluent framing: set registry.url (or registry.local.enabled)"
         )
-    return ConfluentDecoder(
-        SchemaSource(registry), topic, value_format, reader=reader, subject=subject, decoder=decoder
-    )
+    return ConfluentDecoder(SchemaSource(registry), topic, value_format, **options)
