@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from kbit_core.config.base import ClientName, Compression, Format, Layout, Section
 
@@ -105,6 +105,15 @@ class DataVariant(Section):
         base = f"{self.format}_{self.layout}_{self.compression}"
         base = base if self.records_per_message == 1 else f"{base}_x{self.records_per_message}"
         return base if self.framing == "kbit" else f"{base}_confluent"
+
+    @model_serializer(mode="wrap")
+    def _kbit_framing_unwritten(self, handler: Any) -> dict[str, Any]:
+        """kbit's own framing is left out of dumps, so manifests, run identities and baselines stay what they were
+        before variants had a framing."""
+        data = handler(self)
+        if self.framing == "kbit":
+            data.pop("framing", None)
+        return data
 
     @model_validator(mode="after")
     def _framing_carries_format(self) -> DataVariant:
