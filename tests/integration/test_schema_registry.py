@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import SchemaRegistryClient, topic_subject_name_strategy
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
@@ -93,7 +93,7 @@ def readings(count: int, seed: int, with_gain: bool) -> list[dict[str, Any]]:
 def test_two_writer_schemas_decode_as_one_dataset_resolved_to_the_latest(
     broker: Any, schema_registry: Service, topic_name: str
 ) -> None:
-    client = SchemaRegistryClient({"url": schema_registry.url})
+    client = SchemaRegistryClient({"url": schema_registry.url, "timeout": 60})
     v1, v2 = readings(40, 1, False), readings(40, 2, True)
     values = serialize(AvroSerializer(client, json.dumps(V1)), topic_name, v1)
     values += serialize(AvroSerializer(client, json.dumps(V2)), topic_name, v2)
@@ -105,7 +105,11 @@ def test_two_writer_schemas_decode_as_one_dataset_resolved_to_the_latest(
         columns = confluent_decoder(
             registry_settings(schema_registry), topic_name, "avro", decoder=decoder
         ).decode_columns(read, FIELDS)
-        stock = AvroDeserializer(client, client.get_latest_version(f"{topic_name}-value").schema)
+        stock = AvroDeserializer(
+            client,
+            client.get_latest_version(f"{topic_name}-value").schema,
+            conf={"subject.name.strategy": topic_subject_name_strategy},
+        )
         expected = [stock(v, SerializationContext(topic_name, MessageField.VALUE)) for v in read]
         for path in FIELDS:
             column = columns[path]
@@ -115,7 +119,7 @@ def test_two_writer_schemas_decode_as_one_dataset_resolved_to_the_latest(
 
 
 def test_writer_schema_names_the_subject_and_id(broker: Any, schema_registry: Service, topic_name: str) -> None:
-    client = SchemaRegistryClient({"url": schema_registry.url})
+    client = SchemaRegistryClient({"url": schema_registry.url, "timeout": 60})
     serialize(AvroSerializer(client, json.dumps(V2)), topic_name, readings(1, 0, True))
     schema = confluent_decoder(registry_settings(schema_registry), topic_name, "avro").writer_schema()
     assert schema.subject == f"{topic_name}-value" and schema.schema_id is not None
@@ -129,7 +133,7 @@ def test_writer_schema_names_the_subject_and_id(broker: Any, schema_registry: Se
 
 
 def test_json_schema_and_protobuf_values_decode(broker: Any, schema_registry: Service, topic_name: str) -> None:
-    client = SchemaRegistryClient({"url": schema_registry.url})
+    client = SchemaRegistryClient({"url": schema_registry.url, "timeout": 60})
     json_topic, proto_topic = f"{topic_name}-json", f"{topic_name}-proto"
     schema = {
         "type": "object",
@@ -154,7 +158,7 @@ def test_json_schema_and_protobuf_values_decode(broker: Any, schema_registry: Se
 
 
 def test_bad_values_are_named_in_one_line(schema_registry: Service, topic_name: str) -> None:
-    client = SchemaRegistryClient({"url": schema_registry.url})
+    client = SchemaRegistryClient({"url": schema_registry.url, "timeout": 60})
     good = serialize(AvroSerializer(client, json.dumps(V2)), topic_name, readings(3, 0, True))
     decoder = confluent_decoder(registry_settings(schema_registry), topic_name, "avro")
     unknown = b"\x00" + (987654).to_bytes(4, "big") + good[0][5:]

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 import orjson
-from confluent_kafka.schema_registry import Schema
+from confluent_kafka.schema_registry import Schema, topic_subject_name_strategy
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -18,17 +18,20 @@ from fastavro import parse_schema
 from google.protobuf.message_factory import GetMessageClass
 
 from kbit_core.config.registry import RegistryConfig
-from kbit_core.errors import ConfigError, CorruptRecordError
+from kbit_core.errors import ConfigError, CorruptRecordError, SchemaRegistryError
 from kbit_core.formats.confluent.avro_decoder import AvroSchemaDecoder
 from kbit_core.formats.confluent.columns import in_order, message_value, pluck
 from kbit_core.formats.confluent.fields import avro_fields, json_schema_fields, protobuf_fields
 from kbit_core.formats.confluent.framing import HEADER_BYTES, FramingError, message_indexes, schema_id
 from kbit_core.formats.confluent.protobuf_decoder import indexed_message, registry_file
-from kbit_core.formats.confluent.source import SchemaSource, UnknownSchemaError
+from kbit_core.formats.confluent.source import REGISTRY_FAILURES, SchemaSource, UnknownSchemaError
 from kbit_core.formats.records import Column, WriterSchema
 
 ValueFormat = Literal["avro", "json", "protobuf"]
 VALUE_FORMATS = ("avro", "json", "protobuf")
+# The deserializers' subject is <topic>-value, named without asking the registry (confluent-kafka's default asks it
+# for the topic's "associations", a call outside kbit's retries and deadline).
+DESERIALIZER_CONF = {"subject.name.strategy": topic_subject_name_strategy}
 # Each group of values of one writer schema decodes to {path: column}.
 GroupDecoder = Callable[[Sequence[bytes], Sequence[str]], dict[str, Any]]
 
@@ -105,6 +108,11 @@ class ConfluentDecoder:
             raise self._corrupt(int(positions[0]), total, sid, "the Schema Registry does not hold it") from None
         try:
             return decode(values, fields)
+        except REGISTRY_FAILURES as exc:  # the registry's fault, never the record's: not skippable as a bad record
+            raise SchemaRegistryError(
+                f"the Schema Registry at {self.source.url} failed while topic {self.topic}'s values of schema id "
+                f"{sid} were decoded: {type(exc).__name__}: {exc}"
+            ) from None
         except Exception as exc:  # noqa: BLE001 - each library raises its own types for malformed input
             for position, value in zip(positions.tolist(), values):
                 try:
@@ -129,7 +137,7 @@ class ConfluentDecoder:
 
     def _avro(self, sid: int, writer: Schema) -> GroupDecoder:
         reader = self.reader_schema()
-        stock = AvroDeserializer(self.source.client, reader[1] if reader is not None else None)
+        stock = AvroDeserializer(self.source.client, reader[1] if reader is not None else None, conf=DESERIALIZER_CONF)
         parsed_reader = parse_schema(json.loads(reader[1].schema_str)) if reader is not None else None
         decoder = AvroSchemaDecoder(
             parse_schema(json.loads(writer.schema_str)),
@@ -142,7 +150,7 @@ class ConfluentDecoder:
 
     def _json(self, sid: int, writer: Schema) -> GroupDecoder:
         if self.decoder == "stock":
-            stock = JSONDeserializer(None, schema_registry_client=self.source.client)
+            stock = JSONDeserializer(None, schema_registry_client=self.source.client, conf=DESERIALIZER_CONF)
             parse: Callable[[bytes], Any] = lambda value: stock(value, self.context)  # noqa: E731
         else:
             parse = lambda value: orjson.loads(memoryview(value)[HEADER_BYTES:])  # noqa: E731

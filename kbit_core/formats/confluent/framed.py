@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from confluent_kafka.schema_registry import topic_subject_name_strategy
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
@@ -72,13 +73,14 @@ class ConfluentFramedCodec:
         source = SchemaSource(registry)
         self._context = SerializationContext(topic, MessageField.VALUE)
         codec = self.inner
+        conf = {"subject.name.strategy": topic_subject_name_strategy}  # <topic>-value, named without a registry call
         if codec.format == "avro":
-            self._serializer = AvroSerializer(source.client, codec.schema_text())
+            self._serializer = AvroSerializer(source.client, codec.schema_text(), conf=conf)
         elif codec.format == "json":
-            self._serializer = JSONSerializer(json.dumps(codec.json_schema()), source.client)
+            self._serializer = JSONSerializer(json.dumps(codec.json_schema()), source.client, conf=conf)
         else:
             message = kbit_pb2.Sample if codec.records_per_message == 1 else kbit_pb2.SampleBatch
-            self._serializer = ProtobufSerializer(message, source.client, {"use.deprecated.format": False})
+            self._serializer = ProtobufSerializer(message, source.client, {**conf, "use.deprecated.format": False})
         # registered now, retried within registry.deadline_s as every registry call is, not by the first send
         sample = self.inner.encode_objects(*_one_sample(codec))[0]
         source.call(f"registering kbit's schema for topic {topic}", self._serializer, sample, self._context)

@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 # API returns too): a record's problem, not the registry's.
 NOT_FOUND_CODES = (40401, 40402, 40403)
 RETRY_PAUSE_S = 0.5
+# What a registry call raises when the registry, not the request, failed (unreachable, slow, 5xx).
+REGISTRY_FAILURES = (httpx.HTTPError, ClientError)
 
 
 class UnknownSchemaError(SchemaRegistryError):
