@@ -73,7 +73,9 @@ KafkaToolsOpt = Annotated[
 
 VariantsOpt = Annotated[
     list[str] | None,
-    typer.Option("--variants", "-v", help="format_layout_compression[_xN], repeatable (default: bench.variants)."),
+    typer.Option(
+        "--variants", "-v", help="format_layout_compression[_xN][_confluent], repeatable (default: bench.variants)."
+    ),
 ]
 ClientsOpt = Annotated[
     list[str] | None, typer.Option("--clients", help="confluent | kafka-python, repeatable (default: bench.clients).")

@@ -100,7 +100,9 @@ def bench_train_command(
     variants: Annotated[
         list[str] | None,
         typer.Option(
-            "--variants", "-v", help="Also stream these variants (format_layout_compression[_xN]), repeatable."
+            "--variants",
+            "-v",
+            help="Also stream these variants (format_layout_compression[_xN][_confluent]), repeatable.",
         ),
     ] = None,
     fast_consumer: Annotated[

@@ -47,7 +47,10 @@ TARGET_CONNECT_MS = 5.0
 
 
 def parse_variant(name: str) -> DataVariant:
-    """``format_layout_compression[_xN]`` (e.g. ``mongodb_avro_list_lz4``, ``raw_bytes_zstd_x8``) -> variant."""
+    """``format_layout_compression[_xN][_confluent]`` (e.g. ``mongodb_avro_list_lz4``, ``raw_bytes_zstd_x8``,
+    ``avro_bytes_lz4_confluent``: the Confluent framing) -> variant."""
+    framing = "confluent" if name.endswith("_confluent") else "kbit"
+    name = name.removesuffix("_confluent")
     for fmt in sorted(FORMATS, key=len, reverse=True):
         if name.startswith(fmt + "_"):
             rest = name[len(fmt) + 1 :].split("_")
@@ -64,6 +67,7 @@ def parse_variant(name: str) -> DataVariant:
             layout=rest[0],
             compression=rest[1],
             records_per_message=int(rest[2][1:]) if len(rest) == 3 else 1,
+            framing=framing,
         )
     except ValueError as exc:
         raise ConfigError(f"variant {name!r}: {exc}") from None
@@ -125,7 +129,7 @@ def measure_variant(
     loader's loader ÷ fetch per round for its spread. Fetch and both decodes alternate per block, so load that drifts
     on a shared machine hits all three."""
     ranges = whole_topic_blocks(cfg, manifest)
-    stock, fast = manifest_codec(manifest, "stock"), manifest_codec(manifest, "fast")
+    stock, fast = (manifest_codec(manifest, decoder, cfg.registry) for decoder in ("stock", "fast"))
     processes = cfg.reader.decode_processes
     # without a fast decoder (and no pool) both columns are the stock library, timed once
     pool = DecodePool(fast, processes) if processes else None
