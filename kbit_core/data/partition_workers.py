@@ -119,7 +119,11 @@ class PartitionWorkers:
     @classmethod
     def join(cls, cfg: KbitConfig, manifest: Manifest, client: ClientName) -> PartitionWorkers:
         """This process's workers of ``manifest``'s topic read with ``client`` and these settings, joined."""
-        key = (manifest.model_dump_json(), client, cfg.kafka.model_dump_json(), cfg.reader.model_dump_json())
+        key = (
+            manifest.model_dump_json(),
+            client,
+            *(c.model_dump_json() for c in (cfg.kafka, cfg.reader, cfg.registry)),
+        )
         with cls._shared_lock:
             if key not in cls._shared:
                 cls._shared[key] = cls(key, cfg, manifest, client)
