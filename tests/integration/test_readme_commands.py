@@ -99,6 +99,7 @@ def script(blocks: list[Block]) -> str:
 @pytest.mark.spark
 @pytest.mark.ray
 @pytest.mark.prefect
+@pytest.mark.timeout(3000)  # the blocks' own limit (2,400 s) and the clean-up after it
 def test_every_readme_command_block_runs_as_written_on_a_fresh_clone(tmp_path: Path) -> None:
     clone, home = tmp_path / "clone", tmp_path / "home"
     home.mkdir()
