@@ -26,7 +26,7 @@ from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.datasets import DatasetSource, open_source
 from kbit_core.errors import ConfigError, KbitError, ManifestMismatchError, TopicError
 from kbit_core.formats import Codec, get_codec
-from kbit_core.kafka import admin, registry
+from kbit_core.kafka import admin, manifest_registry
 from kbit_core.kafka.contents import check_topic_and_records
 from kbit_core.kafka.manifest import DataIdentity, DatasetInfo, Manifest, manifest_path, message_digest
 from kbit_core.kafka.producers import DeliveryLedger, ProducerBackend, delivery_timeout_ms, make_producer
@@ -174,34 +174,34 @@ def _known_manifest(cfg: KbitConfig, topic: str) -> tuple[Manifest, str]:
     local = Manifest.load(path) if path.is_file() else None
     registered = _registration(cfg, topic)
     if registered is not None and registered.manifest is not None and registered.manifest != local:
-        return registered.manifest, f"recorded in {registry.REGISTRY_TOPIC} by {registered.owner}"
+        return registered.manifest, f"recorded in {manifest_registry.REGISTRY_TOPIC} by {registered.owner}"
     if local is None:
         raise ManifestMismatchError(
             f"topic {topic!r} exists but has no manifest, neither at {path} nor in the broker's "
-            f"{registry.REGISTRY_TOPIC}, so its contents are unknown; pass --recreate (produce.recreate) to "
+            f"{manifest_registry.REGISTRY_TOPIC}, so its contents are unknown; pass --recreate (produce.recreate) to "
             "replace it, or set produce.topic to another name"
         )
     return local, str(path)
 
 
-def _registration(cfg: KbitConfig, topic: str) -> registry.Registration | None:
+def _registration(cfg: KbitConfig, topic: str) -> manifest_registry.Registration | None:
     """The broker registry's entry for ``topic``; None (with a warning) when the broker cannot tell."""
     try:
-        return registry.lookup(cfg.kafka, topic)
+        return manifest_registry.lookup(cfg.kafka, topic)
     except KbitError as exc:
-        log.warning("cannot look topic %s up in %s: %s", topic, registry.REGISTRY_TOPIC, exc)
+        log.warning("cannot look topic %s up in %s: %s", topic, manifest_registry.REGISTRY_TOPIC, exc)
         return None
 
 
 def _record(cfg: KbitConfig, topic: str, manifest: Manifest | None) -> None:
     """Record ``manifest`` (None: deleted) in the broker registry; a broker that refuses it only costs the sharing."""
     try:
-        registry.register(cfg.kafka, topic, registry.owner_name(str(cfg.run_dir)), manifest)
+        manifest_registry.register(cfg.kafka, topic, manifest_registry.owner_name(str(cfg.run_dir)), manifest)
     except KbitError as exc:
         log.warning(
             "cannot record the manifest of %s in %s (other workdirs will not find it): %s",
             topic,
-            registry.REGISTRY_TOPIC,
+            manifest_registry.REGISTRY_TOPIC,
             exc,
         )
 
@@ -209,14 +209,14 @@ def _record(cfg: KbitConfig, topic: str, manifest: Manifest | None) -> None:
 def _delete_for_recreate(cfg: KbitConfig, topic: str) -> None:
     """Delete ``topic`` and this workdir's manifest of it, saying so when another workdir's manifest owns it."""
     registered = _registration(cfg, topic) if admin.topic_exists(cfg.kafka, topic) else None
-    me = registry.owner_name(str(cfg.run_dir))
+    me = manifest_registry.owner_name(str(cfg.run_dir))
     if registered is not None and registered.manifest is not None and registered.owner != me:
         log.warning(
             "--recreate deletes topic %s, which %s produced and describes in its manifest (%s); "
             "it is produced again here, and that workdir will find the new manifest",
             topic,
             registered.owner,
-            registry.REGISTRY_TOPIC,
+            manifest_registry.REGISTRY_TOPIC,
         )
     manifest_path(cfg.workdir, topic).unlink(missing_ok=True)
     if admin.delete_topic(cfg.kafka, topic) and registered is not None:

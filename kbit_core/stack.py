@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from kbit_core import ray_env, stack_record
+from kbit_core.brokers.local import local_broker
 from kbit_core.config import KbitConfig
-from kbit_core.kafka.local import local_broker
 from kbit_core.service import Service, ServiceError, ServiceStatus, http_ok
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from kbit_core.brokers.local import embedded_broker
 from kbit_core.config import KbitConfig
-from kbit_core.kafka.local import embedded_broker
 
 VARIANTS = ("raw_bytes_none", "avro_list_lz4")
 WORKERS = ("thread", "process", "partitions")

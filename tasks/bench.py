@@ -8,13 +8,13 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from kbit_core import tracking
-from kbit_core.bench.compare import compare_runs, no_baseline_verdict, regression_message, regression_verdict
-from kbit_core.bench.history import history_markdown
-from kbit_core.bench.report import RANKING_METRIC, load_stats
+from kbit_core.bench.loading.report import RANKING_METRIC, load_stats
 from kbit_core.config import KbitConfig
 from kbit_core.errors import KbitError
 from kbit_core.jobs.benchmark import run_benchmark
 from kbit_core.jobs.history import history_report
+from kbit_core.stats.compare import compare_runs, no_baseline_verdict, regression_message, regression_verdict
+from kbit_core.stats.history import history_markdown
 from tasks.policy import BACKOFF_S, is_transient, show_progress
 
 # Nights the nightly history looks back over: two months of nights keeps the plot readable.

@@ -10,8 +10,8 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.context import TaskRunContext
 
+from kbit_core.brokers.local import local_broker
 from kbit_core.config import DataVariant, KbitConfig
-from kbit_core.kafka.local import local_broker
 from kbit_core.produce import ensure_topics
 from tasks.policy import BACKOFF_S, is_transient, show_progress
 

@@ -8,7 +8,7 @@ from typing import Any
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
-from kbit_core.bench.compare import COMPARISON_COLUMNS, comparison_rows
+from kbit_core.stats.compare import COMPARISON_COLUMNS, comparison_rows
 
 
 def _key(text: str) -> str:

@@ -11,10 +11,10 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from kbit_core import tracking
-from kbit_core.bench.identity import stats_identity
-from kbit_core.bench.report import STATS_JSON, load_stats
+from kbit_core.bench.loading.report import STATS_JSON, load_stats
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError
+from kbit_core.stats.identity import stats_identity
 from tasks.policy import BACKOFF_S, is_transient
 
 

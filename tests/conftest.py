@@ -38,8 +38,8 @@ os.environ["KBIT_STATE_DIR"] = str(TEST_HOME / "kbit-state")
 os.environ.pop("KBIT_SET", None)
 
 from kbit_core import ray_env  # noqa: E402  (after the home is set)
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.config import KbitConfig, deep_merge
-from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.service import Service
 
 
@@ -188,8 +188,8 @@ def unavailable(reason: str, variable: str = REQUIRE_BED) -> NoReturn:
 
 def require_apache_kafka() -> None:
     """Skip when Java or Apache Kafka's jars are missing, except under CI or KBIT_REQUIRE_APACHE_KAFKA=1 (fail)."""
+    from kbit_core.brokers.apache_broker import java_binary, kafka_libs
     from kbit_core.errors import BrokerError
-    from kbit_core.kafka.apache_broker import java_binary, kafka_libs
 
     try:
         kafka_libs(), java_binary()
@@ -201,7 +201,7 @@ def require_apache_kafka() -> None:
 def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One Apache Kafka broker (single KRaft node, data on disk) for the whole session. Skipped when Java or its jars
     are missing (`scripts/run.sh install` puts them in .venv/kafka), except under CI or KBIT_REQUIRE_APACHE_KAFKA=1."""
-    from kbit_core.kafka.apache_broker import ApacheKafkaBroker
+    from kbit_core.brokers.apache_broker import ApacheKafkaBroker
 
     require_apache_kafka()
     b = ApacheKafkaBroker(tmp_path_factory.mktemp("apache-kafka"), port=free_port(), controller_port=free_port())

@@ -1,2 +1,2 @@
-"""Benchmarks: statistics, rank-side measurement, reports, run comparison and history, and the data-plane and
-training benchmarks."""
+"""Benchmarks, one room each: the loading benchmark (rank-side timing and its reports), the data-plane benchmark
+with its peer readers, and the training benchmarks. Their statistics live in :mod:`kbit_core.stats`."""

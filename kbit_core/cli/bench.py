@@ -14,10 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kbit_core.bench.compare import COMPARISON_COLUMNS, compare_runs, comparison_rows
-from kbit_core.bench.history import history_markdown
-from kbit_core.bench.identity import check_comparable, comparability_problems
-from kbit_core.bench.report import RANKING_METRIC, load_stats, rebuild_report, significance_label
+from kbit_core.bench.loading.report import RANKING_METRIC, load_stats, rebuild_report, significance_label
 from kbit_core.cli.common import (
     BENCH_STOPPED,
     ConfigOpt,
@@ -31,6 +28,9 @@ from kbit_core.cli.common import (
 from kbit_core.config import BenchConfig, load_config, parse_overrides
 from kbit_core.jobs.benchmark import run_benchmark
 from kbit_core.jobs.history import history_report
+from kbit_core.stats.compare import COMPARISON_COLUMNS, compare_runs, comparison_rows
+from kbit_core.stats.history import history_markdown
+from kbit_core.stats.identity import check_comparable, comparability_problems
 from kbit_core.tracking import record_overrides
 
 # Below this many columns the results table stacks its figures two to a cell instead of giving each a column.

@@ -15,7 +15,7 @@ from kbit_core.cli.common import PRODUCE_STOPPED, ConfigOpt, JsonOpt, SetOpt, co
 from kbit_core.cli.stream import produce_stream
 from kbit_core.config import COMPRESSIONS, FORMATS, KbitConfig, deep_merge, load_config, nest_dotted, parse_overrides
 from kbit_core.errors import TopicError
-from kbit_core.kafka import admin, registry
+from kbit_core.kafka import admin, manifest_registry
 from kbit_core.kafka.contents import TopicCheck, check_topic_and_records
 from kbit_core.kafka.manifest import Manifest, manifest_path
 from kbit_core.produce import produce_dataset
@@ -206,14 +206,16 @@ def _inspect(cfg: KbitConfig, topic: str) -> tuple[TopicCheck, Manifest]:
     if path.is_file():
         manifest = Manifest.load(path)
     else:
-        registered = registry.lookup(cfg.kafka, topic)
+        registered = manifest_registry.lookup(cfg.kafka, topic)
         if registered is None or registered.manifest is None:
             exists = admin.topic_exists(cfg.kafka, topic)
             advice = "`kbit produce --recreate` replaces it" if exists else "produce it with `kbit produce`"
             raise TopicError(
-                f"topic {topic!r} has no manifest at {path} nor in the broker's {registry.REGISTRY_TOPIC} and "
+                f"topic {topic!r} has no manifest at {path} nor in the broker's {manifest_registry.REGISTRY_TOPIC} and "
                 f"{'exists on' if exists else 'is not on'} the {admin.describe_broker(cfg.kafka)}; {advice}"
             )
         manifest = registered.manifest
-        console.print(f"manifest recorded in {registry.REGISTRY_TOPIC} by {escape(registered.owner)}", highlight=False)
+        console.print(
+            f"manifest recorded in {manifest_registry.REGISTRY_TOPIC} by {escape(registered.owner)}", highlight=False
+        )
     return check_topic_and_records(cfg.kafka, manifest), manifest

@@ -11,8 +11,8 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from kbit_core.bench import data_plane, data_plane_report, ray_data_peer, spark_kafka_peer
-from kbit_core.bench import kafka_tools as kafka_tools_module
+from kbit_core.bench.dataplane import data_plane, data_plane_report, ray_data_peer, spark_kafka_peer
+from kbit_core.bench.dataplane import kafka_tools as kafka_tools_module
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
 from kbit_core.config import DatasetConfig, KbitConfig, ReaderConfig
 from kbit_core.errors import ConfigError

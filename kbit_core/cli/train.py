@@ -15,11 +15,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kbit_core.bench.data_plane import parse_variant
-from kbit_core.bench.direct_bench import direct_table, run_direct_bench
-from kbit_core.bench.fast_consumer_bench import fast_consumer_table, run_fast_consumer_bench
-from kbit_core.bench.placement_bench import placement_table, run_placement_bench
-from kbit_core.bench.train_bench import results_table, run_train_bench
+from kbit_core.bench.dataplane.data_plane import parse_variant
+from kbit_core.bench.training.direct_bench import direct_table, run_direct_bench
+from kbit_core.bench.training.fast_consumer_bench import fast_consumer_table, run_fast_consumer_bench
+from kbit_core.bench.training.placement_bench import placement_table, run_placement_bench
+from kbit_core.bench.training.train_bench import results_table, run_train_bench
 from kbit_core.cli.common import (
     TRAINING_STOPPED,
     ConfigOpt,

@@ -8,7 +8,14 @@ from kbit_core.config.data import DatasetConfig, DataVariant, ProduceConfig, Rea
 from kbit_core.config.kafka import EmbeddedBrokerConfig, KafkaConfig
 from kbit_core.config.kbit import KbitConfig, deep_merge, flatten, load_config, nest_dotted, parse_overrides
 from kbit_core.config.launch import LaunchConfig, is_loopback, local_slots
-from kbit_core.config.runs import BenchConfig, StackConfig, SweepConfig, TrackingConfig, default_bench_variants
+from kbit_core.config.runs import (
+    LOOPBACK,
+    BenchConfig,
+    StackConfig,
+    SweepConfig,
+    TrackingConfig,
+    default_bench_variants,
+)
 from kbit_core.config.training import (
     BUILTIN_OPTIMIZERS,
     BUILTIN_SCHEDULES,
@@ -53,6 +60,7 @@ __all__ = [
     "is_loopback",
     "local_slots",
     "BenchConfig",
+    "LOOPBACK",
     "StackConfig",
     "SweepConfig",
     "TrackingConfig",

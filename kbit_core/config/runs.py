@@ -10,6 +10,9 @@ from pydantic import Field
 from kbit_core.config.base import ClientName, Section
 from kbit_core.config.data import DatasetConfig, DataVariant
 
+# The network profile of a bed whose links are not shaped (one of bench.networks).
+LOOPBACK = "loopback"
+
 
 class BenchConfig(Section):
     iterations: int = Field(30, ge=1)

@@ -22,16 +22,16 @@ import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kbit_core import testbed
-from kbit_core.bench.measure import Sample, Task, measure_iteration
-from kbit_core.bench.report import ReportFiles, load_stats, timings_frame, write_report
-from kbit_core.config import DataVariant, KbitConfig
+from kbit_core.bench.loading.measure import Sample, Task, measure_iteration
+from kbit_core.bench.loading.report import ReportFiles, load_stats, timings_frame, write_report
+from kbit_core.brokers.local import embedded_broker
+from kbit_core.config import LOOPBACK, DataVariant, KbitConfig
 from kbit_core.errors import ConfigError
 from kbit_core.jobs.preflight import check_benchmark
-from kbit_core.kafka.local import embedded_broker
 from kbit_core.kafka.manifest import manifest_path
 from kbit_core.launch import launch
 from kbit_core.produce import ensure_topics
-from kbit_core.testbed.shaping import LOOPBACK, network_shape
+from kbit_core.testbed.shaping import network_shape
 from kbit_core.tracking import make_tracker, run_environment
 
 log = logging.getLogger(__name__)

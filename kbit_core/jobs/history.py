@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kbit_core.bench.history import History, analyze_history, write_history
+from kbit_core.bench.loading.history_files import write_history
 from kbit_core.config import KbitConfig
+from kbit_core.stats.history import History, analyze_history
 from kbit_core.tracking import benchmark_nights
 
 

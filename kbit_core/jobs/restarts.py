@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kbit_core.brokers.local import died_here
 from kbit_core.config import KbitConfig
 from kbit_core.errors import BrokerError
-from kbit_core.kafka.local import died_here
 from kbit_core.launch import launch
 from kbit_core.launch.distributor import WorkerFailedError
 from kbit_core.train import checkpoint as ckpt

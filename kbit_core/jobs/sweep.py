@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kbit_core import handoff
+from kbit_core.brokers.local import embedded_broker
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError
-from kbit_core.kafka.local import embedded_broker
 from kbit_core.launch import launch
 from kbit_core.launch.ray_train import ensure_ray
 from kbit_core.produce import produce_dataset

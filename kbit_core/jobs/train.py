@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kbit_core.brokers.local import embedded_broker
 from kbit_core.config import KbitConfig
 from kbit_core.data.dataset_reader import dataset_manifest
 from kbit_core.datasets import open_source
 from kbit_core.jobs.continuous import train_continuous
 from kbit_core.jobs.preflight import check_training
 from kbit_core.jobs.restarts import train_with_restarts
-from kbit_core.kafka.local import embedded_broker
 from kbit_core.kafka.manifest import manifest_path
 from kbit_core.produce import produce_dataset
 from kbit_core.tracking import Tracker, make_tracker

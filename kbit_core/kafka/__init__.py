@@ -1,1 +1,1 @@
-"""Kafka clients: the embedded broker, connection settings, topic admin, producer and consumer backends, manifests."""
+"""Kafka clients: connection settings, topic admin, producer and consumer backends, manifests and their registry."""

@@ -1,27 +1,23 @@
-"""Topic administration over confluent_kafka.admin, and exact log bounds on every broker.
+"""Topic administration over confluent_kafka.admin: metadata, topics and their configuration, and ListOffsets.
 
-Apache Kafka answers ListOffsets(EARLIEST/LATEST) exactly, so :func:`offset_bounds` asks it there. Tansu 0.6.0
-answers ListOffsets(LATEST) with "base offset of the last batch + 1", which is short whenever the last batch holds
-more than one record; the high watermark carried by every Fetch response is right, so on Tansu (``kcfg.tansu``)
-:func:`fetch_bounds` fetches once near the end of each partition and reads the watermarks that came back. Keep every
-end-offset lookup behind :func:`offset_bounds` or :func:`exact_end_offsets`, which choose per broker.
+Exact log bounds are :mod:`kbit_core.kafka.offsets`' (it chooses per broker); Tansu's workaround for its short
+ListOffsets(LATEST) is :mod:`kbit_core.kafka.tansu`'s.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
+from kbit_core.brokers.broker import port_open
+from kbit_core.brokers.local import died_here
 from kbit_core.config import KafkaConfig
 from kbit_core.errors import BrokerError, TopicError
-from kbit_core.kafka.broker import port_open
-from kbit_core.kafka.local import died_here
 from kbit_core.kafka.settings import confluent_options
 
 log = logging.getLogger(__name__)
@@ -34,12 +30,7 @@ DELETE_WAIT_S = 15.0
 # request of a new client then waited ~52 ms in a third of the attempts (measured: 8 of 24 metadata calls on
 # loopback; 0 of 24 with eager connections). Short-lived clients that need the broker at once connect eagerly.
 EAGER_CONNECT = {"enable.sparse.connections": False}
-# How long one poll waits for a bounds probe's answer (a fetch answered with nothing raises no event to return on):
-# briefly while an answer is due, then longer, so a broker that is down is not asked a thousand times a second.
-PROBE_POLL_S = 0.001
 LEADER_ELECTION_S = 30.0  # how long a replicated cluster is given to elect a dead leader's successor
-PROBE_DUE_S = 0.05
-SLOW_PROBE_POLL_S = 0.05
 AUTHORIZATION_FAILED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED})
 CLEANUP_POLICY = "cleanup.policy"
 OUT_OF_RANGE = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
@@ -232,28 +223,6 @@ def max_message_bytes(kcfg: KafkaConfig, topic: str) -> int | None:
         return None
 
 
-def _offset_consumer(kcfg: KafkaConfig) -> Consumer:
-    require_embedded_listening(kcfg)
-    return Consumer(
-        {
-            **client_options(kcfg),
-            **EAGER_CONNECT,
-            # never joins the group (assign only) and never commits; the id is required by librdkafka
-            "group.id": f"kbit-offsets-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "error",  # a probe outside the log is answered as such, never moved silently
-            "enable.partition.eof": True,
-            "fetch.wait.max.ms": 10,
-            "fetch.max.bytes": 1024 * 1024,
-            "max.partition.fetch.bytes": 64 * 1024,
-        }
-    )
-
-
-def _checked_partitions(kcfg: KafkaConfig, topic: str, partitions: Iterable[int]) -> list[int]:
-    return require_partitions(topic, partitions, topic_partitions(kcfg, topic))
-
-
 def require_partitions(topic: str, partitions: Iterable[int], present: list[int]) -> list[int]:
     """The sorted ``partitions``; TopicError naming those missing from ``present``."""
     wanted = sorted(set(partitions))
@@ -261,31 +230,6 @@ def require_partitions(topic: str, partitions: Iterable[int], present: list[int]
     if missing:
         raise TopicError(f"topic {topic!r} has no partition(s) {missing} (it has {sorted(present)})")
     return wanted
-
-
-def earliest_offsets(kcfg: KafkaConfig, topic: str, partitions: Iterable[int] | None = None) -> dict[int, int]:
-    """partition -> first offset still stored (ListOffsets(EARLIEST) is correct on every broker)."""
-    parts = _checked_partitions(kcfg, topic, partitions if partitions is not None else topic_partitions(kcfg, topic))
-    consumer = _offset_consumer(kcfg)
-    try:
-        return {p: low for p, (low, _) in list_offsets(consumer, kcfg, topic, parts).items()}
-    finally:
-        consumer.close()
-
-
-def exact_end_offsets(kcfg: KafkaConfig, topic: str, partitions: Iterable[int] | None = None) -> dict[int, int]:
-    """partition -> log-end offset (exclusive): ListOffsets(LATEST), or on Tansu (``kcfg.tansu``), whose answer may
-    be short, the high watermark of a real Fetch response."""
-    parts = _checked_partitions(kcfg, topic, partitions if partitions is not None else topic_partitions(kcfg, topic))
-    consumer = _offset_consumer(kcfg)
-    try:
-        if not kcfg.tansu:
-            return {p: high for p, (_, high) in list_offsets(consumer, kcfg, topic, parts).items()}
-        # just below the approximate end: the response comes at once with the last batch, not after a fetch wait
-        probes = {p: max(low, high - 1) for p, (low, high) in list_offsets(consumer, kcfg, topic, parts).items()}
-        return {p: end for p, (_, end) in fetch_bounds(consumer, kcfg, topic, probes).items()}
-    finally:
-        consumer.close()
 
 
 def list_offsets(
@@ -313,118 +257,3 @@ def _several_brokers(consumer: Consumer, timeout: float) -> bool:
         return len(consumer.list_topics(timeout=timeout).brokers) > 1
     except KafkaException:
         return False
-
-
-def offset_bounds(
-    consumer: Consumer,
-    kcfg: KafkaConfig,
-    topic: str,
-    probes: Mapping[int, int],
-    meanwhile: Callable[[], object] | None = None,
-    client_error: Callable[[], str | None] = lambda: None,
-) -> dict[int, tuple[int, int]]:
-    """partition -> (earliest stored offset, exact log end) of each partition in ``probes`` (see
-    :func:`fetch_bounds` for the arguments): ListOffsets on Apache Kafka, where it is exact; Tansu's short
-    ListOffsets(LATEST) needs the fetch probe. ``consumer`` holds no assignment afterwards.
-
-    Raises:
-        TopicError: the topic or one of the partitions does not exist.
-    """
-    if kcfg.tansu:
-        return fetch_bounds(consumer, kcfg, topic, probes, meanwhile, client_error)
-    if meanwhile is not None:
-        meanwhile()
-    consumer.assign([])
-    return list_offsets(
-        consumer, kcfg, topic, require_partitions(topic, probes, consumer_partitions(consumer, kcfg, topic))
-    )
-
-
-def fetch_bounds(
-    consumer: Consumer,
-    kcfg: KafkaConfig,
-    topic: str,
-    probes: Mapping[int, int],
-    meanwhile: Callable[[], object] | None = None,
-    client_error: Callable[[], str | None] = lambda: None,
-) -> dict[int, tuple[int, int]]:
-    """partition -> (earliest stored offset, exact log end) from one Fetch at ``probes`` (a partition -> offset
-    expected to be at most its log end): the response carries the log start offset and the high watermark, which
-    is exact where ListOffsets(LATEST) is not (Tansu). ``consumer`` holds no assignment afterwards.
-
-    The fetch is assigned before the metadata request that checks the partitions, so both round trips overlap (and
-    ``meanwhile``, run right after the assignment, with them: librdkafka works on threads of its own). A probe the
-    broker answers as out of range (Apache Kafka; Tansu answers with the bounds regardless) is asked with
-    ListOffsets, then probed again just below the approximate end. ``client_error`` gives the latest client-level
-    error for the timeout message.
-
-    Raises:
-        TopicError: the topic or one of the partitions does not exist.
-    """
-    consumer.assign([TopicPartition(topic, p, o) for p, o in probes.items()])
-    try:
-        if meanwhile is not None:
-            meanwhile()
-        require_partitions(topic, probes, consumer_partitions(consumer, kcfg, topic))
-        bounds = _await_watermarks(consumer, kcfg, topic, probes, client_error)
-        outside = [p for p in probes if p not in bounds]
-        if outside:
-            listed = list_offsets(consumer, kcfg, topic, outside)
-            below_end = {p: max(low, high - 1) for p, (low, high) in listed.items()}
-            consumer.assign([TopicPartition(topic, p, o) for p, o in below_end.items()])
-            again = _await_watermarks(consumer, kcfg, topic, below_end, client_error)
-            if len(again) < len(outside):
-                raise unreachable(
-                    kcfg,
-                    f"{topic} partition(s) {sorted(set(outside) - set(again))} answer a fetch "
-                    f"below their listed end offset as out of range",
-                )
-            bounds.update({p: (listed[p][0], again[p][1]) for p in outside})
-        unknown_start = [p for p, (low, _) in bounds.items() if low < 0]
-        if unknown_start:  # the Fetch response had no log start offset (before Fetch v5)
-            listed = list_offsets(consumer, kcfg, topic, unknown_start)
-            bounds.update({p: (listed[p][0], bounds[p][1]) for p in unknown_start})
-        return bounds
-    finally:
-        consumer.assign([])
-
-
-def _await_watermarks(
-    consumer: Consumer,
-    kcfg: KafkaConfig,
-    topic: str,
-    partitions: Mapping[int, int],
-    client_error: Callable[[], str | None],
-) -> dict[int, tuple[int, int]]:
-    """partition -> (log start offset or -1, high watermark) from the first Fetch response of each assigned
-    partition, leaving out those answered as out of range. A poll returns at the first record or error, and a
-    fetch answered with nothing at the log end raises no event, so the polls are short rather than waiting."""
-    started = time.monotonic()
-    deadline, outside, last_error = started + kcfg.request_timeout_s, set(), None
-    while True:
-        marks = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
-            for p in partitions
-            if p not in outside
-        }
-        if all(high >= 0 for _, high in marks.values()):
-            return marks
-        if time.monotonic() > deadline:
-            waiting = sorted(p for p, (_, high) in marks.items() if high < 0)
-            raise unreachable(
-                kcfg,
-                f"no fetch response for {topic} partition(s) {waiting} within "
-                f"{kcfg.request_timeout_s:g}s; last client error: "
-                f"{last_error or client_error() or 'none'}",
-            )
-        due = time.monotonic() - started < PROBE_DUE_S
-        for msg in consumer.consume(1, PROBE_POLL_S if due else SLOW_PROBE_POLL_S):
-            err = msg.error()
-            if err is None or err.code() == KafkaError._PARTITION_EOF:
-                continue
-            if err.code() in OUT_OF_RANGE:
-                outside.update([msg.partition()] if msg.partition() in partitions else partitions)
-            elif err.code() in UNKNOWN_PARTITION:
-                raise TopicError(f"topic {topic!r} partition {msg.partition()}: {err.str()}")
-            else:  # transport trouble may heal before the deadline
-                last_error = err.str()

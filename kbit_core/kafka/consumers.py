@@ -23,7 +23,8 @@ import kafka.errors
 
 from kbit_core.config import ClientName, KafkaConfig, ReaderConfig
 from kbit_core.errors import BrokerError, ConfigError, OffsetRangeError
-from kbit_core.kafka.admin import EAGER_CONNECT, OUT_OF_RANGE, UNKNOWN_PARTITION, client_options, offset_bounds
+from kbit_core.kafka.admin import EAGER_CONNECT, OUT_OF_RANGE, UNKNOWN_PARTITION, client_options
+from kbit_core.kafka.offsets import offset_bounds
 from kbit_core.kafka.settings import kafka_python_options, mask
 
 log = logging.getLogger(__name__)
@@ -216,7 +217,7 @@ class ConfluentConsumer(ConsumerBackend):
     def offset_bounds(
         self, topic: str, probes: Mapping[int, int], meanwhile: Callable[[], object] | None = None
     ) -> dict[int, tuple[int, int]]:
-        """See :func:`kbit_core.kafka.admin.offset_bounds` (``meanwhile`` overlaps its round trips)."""
+        """See :func:`kbit_core.kafka.offsets.offset_bounds` (``meanwhile`` overlaps its round trips)."""
         self.topic = topic
         self._starts = {}  # the check leaves no assignment behind
         return offset_bounds(self._consumer, self.kafka_cfg, topic, probes, meanwhile, lambda: self.last_error)

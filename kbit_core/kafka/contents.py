@@ -27,7 +27,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollectio
 from confluent_kafka.admin import AdminClient
 
 from kbit_core.config import KafkaConfig
-from kbit_core.kafka import admin
+from kbit_core.kafka import admin, offsets
 from kbit_core.kafka.manifest import Manifest, PartitionManifest, digest_hex, message_digest, record_digest
 
 log = logging.getLogger(__name__)
@@ -78,8 +78,8 @@ def check_topic(kcfg: KafkaConfig, manifest: Manifest) -> TopicCheck:
     problems = [] if present == expected else [f"partitions: the broker has {present}, the manifest has {expected}"]
     differing = set(expected) - set(present)
     shared = [p for p in manifest.partitions if p.partition in present]
-    earliest = admin.earliest_offsets(kcfg, topic, [p.partition for p in shared])
-    ends = admin.exact_end_offsets(kcfg, topic, [p.partition for p in shared])
+    earliest = offsets.earliest_offsets(kcfg, topic, [p.partition for p in shared])
+    ends = offsets.exact_end_offsets(kcfg, topic, [p.partition for p in shared])
     for part in shared:
         if ends[part.partition] != part.stop_offset:
             problems.append(

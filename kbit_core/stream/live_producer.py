@@ -22,7 +22,7 @@ from kbit_core.config import KbitConfig
 from kbit_core.datasets import DatasetSource, open_source
 from kbit_core.errors import BrokerError, ConfigError, TopicError
 from kbit_core.formats import get_codec
-from kbit_core.kafka import admin
+from kbit_core.kafka import admin, offsets
 from kbit_core.kafka.producers import DeliveryLedger, ProducerBackend, make_producer
 from kbit_core.stream.stream_log import Segment, StreamLog, stream_log_path
 
@@ -228,7 +228,7 @@ class LiveProducer:
                 if not admin.topic_exists(kcfg, self.topic):
                     admin.create_topic(kcfg, self.topic, self.partitions)
                 present = admin.topic_partitions(kcfg, self.topic)
-                ends = admin.exact_end_offsets(kcfg, self.topic)
+                ends = offsets.exact_end_offsets(kcfg, self.topic)
                 break
             except BrokerError as exc:
                 if time.monotonic() > deadline:

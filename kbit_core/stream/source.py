@@ -24,7 +24,7 @@ from kbit_core.config import KbitConfig
 from kbit_core.data.batching import Batch, to_batch
 from kbit_core.errors import BrokerError, ConfigError, TopicError
 from kbit_core.formats import Codec
-from kbit_core.kafka import admin
+from kbit_core.kafka import admin, offsets
 from kbit_core.kafka.consumers import FETCH_WAIT_MS
 from kbit_core.stream.ledger import IndexRuns, extend_runs
 
@@ -98,7 +98,7 @@ class StreamSource:
         if missing:
             # The embedded broker answers ListOffsets(timestamp) with 0, so a timestamp start reads from the
             # beginning and skips what was produced before it.
-            starts.update(self._wait_for(lambda: admin.earliest_offsets(self.cfg.kafka, self.topic, missing)))
+            starts.update(self._wait_for(lambda: offsets.earliest_offsets(self.cfg.kafka, self.topic, missing)))
         self.positions = {p: PartitionPosition(offset=o, index=None) for p, o in starts.items()}
 
     def load_positions(self, offsets: list[int], indices: list[int | None], trained: list[IndexRuns]) -> None:
@@ -217,7 +217,7 @@ class StreamSource:
             update={"request_timeout_s": min(REFILL_PROBE_TIMEOUT_S, self.cfg.kafka.request_timeout_s)}
         )
         try:
-            ends = admin.exact_end_offsets(kcfg, self.topic)  # every partition: the count tells the stream's topic
+            ends = offsets.exact_end_offsets(kcfg, self.topic)  # every partition: the count tells the stream's topic
         except (BrokerError, TopicError):
             return False
         # a topic with other partitions is not the stream's (yet): the producer recreates it
@@ -230,7 +230,7 @@ class StreamSource:
             return
         self._ends_checked = time.monotonic()
         try:
-            ends = admin.exact_end_offsets(self.cfg.kafka, self.topic, self.partitions)
+            ends = offsets.exact_end_offsets(self.cfg.kafka, self.topic, self.partitions)
         except (BrokerError, TopicError) as exc:
             ends, detail = {}, str(exc)
         else:

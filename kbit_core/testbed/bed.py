@@ -22,9 +22,9 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from kbit_core import ray_env
+from kbit_core.brokers.apache_broker import kafka_libs
 from kbit_core.config import KafkaConfig
 from kbit_core.errors import BrokerError
-from kbit_core.kafka.apache_broker import kafka_libs
 from kbit_core.kafka.settings import confluent_options
 from kbit_core.service import Service, pid_alive
 from kbit_core.testbed import network, ray_cluster, shaping

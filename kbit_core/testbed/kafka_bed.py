@@ -24,7 +24,7 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
-from kbit_core.kafka.cluster import ClusterNode, KafkaCluster
+from kbit_core.brokers.cluster import ClusterNode, KafkaCluster
 from kbit_core.testbed.certs import BROKER_CN, BedCertificates
 from kbit_core.testbed.network import Host, TestbedError, in_host
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
+from kbit_core.config import LOOPBACK
 from kbit_core.service import Service
 from kbit_core.testbed.network import Host, TestbedError, in_host
 from kbit_core.testbed.state import BedOptions
@@ -36,7 +37,6 @@ MAX_DELAY_S = 10.0
 RELAY_MARK = 0x6B62  # the relay's own upstream connections carry this mark and are not redirected again
 DELAY_TABLE = "kbit_delay"
 _FORMAT = "RATE[,DELAY[,LOSS]], e.g. 1gbit,0.5ms or 100mbit,2ms,0.1%"
-LOOPBACK = "loopback"  # the network profile of a bed whose links are not shaped
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A benchmark is one parent run (params = the flattened, masked config; tags = git commit, versions, hardware,
 broker) with one nested child run per configuration carrying every statistic as a metric under names that never
-change between runs (:mod:`kbit_core.bench.metrics`). A training run gets per-epoch metrics, system metrics and
+change between runs (:mod:`kbit_core.stats.metrics`). A training run gets per-epoch metrics, system metrics and
 the model. This package is the only one that imports mlflow.
 """
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import psutil
 
-from kbit_core.bench.identity import run_identity
+from kbit_core.brokers.apache_broker import kafka_version
+from kbit_core.brokers.broker import tansu_binary
 from kbit_core.config import KbitConfig
 from kbit_core.errors import BrokerError
-from kbit_core.kafka.apache_broker import kafka_version
-from kbit_core.kafka.broker import tansu_binary
+from kbit_core.stats.identity import run_identity
 
 TRACKED_PACKAGES = (
     "kbit",
@@ -120,7 +120,7 @@ def tansu_version() -> str:
 
 def run_environment(cfg: KbitConfig) -> dict[str, Any]:
     """What a run's numbers depend on besides the config (pyperf-style metadata), and the run's identity: what
-    another run must share to be compared with it (``kbit_core.bench.identity``)."""
+    another run must share to be compared with it (``kbit_core.stats.identity``)."""
     machine, broker = hardware(cfg), broker_identity(cfg)
     described = (
         f"embedded {broker['version']} at {cfg.kafka.resolved_bootstrap()}"

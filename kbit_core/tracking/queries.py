@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kbit_core.bench.history import Night
-from kbit_core.bench.identity import identity_differences, measurement_overrides
-from kbit_core.bench.metrics import stat_metric_name
 from kbit_core.config import KbitConfig
 from kbit_core.kafka.settings import mask
+from kbit_core.stats.history import Night
+from kbit_core.stats.identity import identity_differences, measurement_overrides
+from kbit_core.stats.metrics import stat_metric_name
 from kbit_core.tracking.trackers import (
     BENCHMARK_ARTIFACT_DIR,
     HISTORY_ARTIFACT_DIR,
@@ -102,7 +102,7 @@ def log_history(cfg: KbitConfig, run_id: str | None, files: Sequence[Path], verd
 
 def benchmark_nights(cfg: KbitConfig, last: int | None = None) -> tuple[list[Any], list[str]]:
     """The finished, override-free benchmark runs of this profile that share the newest such run's identity, as
-    ``bench.history.Night``s (oldest first, at most ``last``), and what was left out and why."""
+    ``stats.history.Night``s (oldest first, at most ``last``), and what was left out and why."""
     from mlflow import MlflowClient  # mlflow takes seconds to import: only when a run is looked up
 
     client = MlflowClient(tracking_uri=cfg.tracking_uri())

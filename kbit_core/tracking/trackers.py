@@ -17,11 +17,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from kbit_core.bench.identity import identity_hash
-from kbit_core.bench.metrics import configuration_metrics, verdict_against_fastest
-from kbit_core.bench.report import headline, ranking_table, record_sizes, run_line, slower_count
+from kbit_core.bench.loading.report import headline, ranking_table, record_sizes, run_line, slower_count
 from kbit_core.config import KbitConfig
 from kbit_core.service import owner_token
+from kbit_core.stats.identity import identity_hash
+from kbit_core.stats.metrics import configuration_metrics, verdict_against_fastest
 from kbit_core.tracking.environment import run_environment
 from kbit_core.tracking.params import config_params, run_settings
 from kbit_core.tracking.reconcile import DRIVER_TAG, end_abandoned_runs

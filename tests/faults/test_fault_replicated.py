@@ -1,7 +1,7 @@
 """Broker faults on a replicated Apache Kafka cluster: three KRaft nodes on 127.0.0.1 (each a broker and a voter),
 topics replicated three times with min.insync.replicas=2, kbit's producers with acks=all and idempotence.
 
-The same cluster as the test bed's (:class:`kbit_core.kafka.cluster.KafkaCluster`), without namespaces, TLS or
+The same cluster as the test bed's (:class:`kbit_core.brokers.cluster.KafkaCluster`), without namespaces, TLS or
 SCRAM: what is proven here is what replication does for kbit's reads, produces and resumes.
 """
 
@@ -18,13 +18,13 @@ import pytest
 import torch
 from confluent_kafka.admin import ConfigResource
 
+from kbit_core.brokers.apache_broker import ApacheKafkaBroker
+from kbit_core.brokers.cluster import ClusterNode, KafkaCluster
 from kbit_core.data.reader import RangeReader
 from kbit_core.errors import BrokerError
 from kbit_core.formats import get_codec
 from kbit_core.jobs.train import train
-from kbit_core.kafka import admin, contents
-from kbit_core.kafka.apache_broker import ApacheKafkaBroker
-from kbit_core.kafka.cluster import ClusterNode, KafkaCluster
+from kbit_core.kafka import contents, offsets
 from kbit_core.kafka.manifest import Manifest
 from kbit_core.kafka.producers import DeliveryLedger, ProducerBackend, delivery_timeout_ms, make_producer
 from kbit_core.produce import produce_dataset
@@ -208,11 +208,11 @@ def test_a_broker_restarted_with_its_disk_keeps_the_topic_and_nothing_is_produce
 ):
     cfg = on_cluster(dataset__num_records=500)
     manifest = produce_dataset(cfg, progress=False)
-    ends = admin.exact_end_offsets(cfg.kafka, topic_name)
+    ends = offsets.exact_end_offsets(cfg.kafka, topic_name)
     leader = cluster.leader_of(topic_name, 0)
     leader.stop()
     cluster.start()
     monkeypatch.setattr("kbit_core.produce._produce", lambda *a, **k: pytest.fail("produced again"))
     assert produce_dataset(cfg, progress=False) == manifest
-    assert admin.exact_end_offsets(cfg.kafka, topic_name) == ends
+    assert offsets.exact_end_offsets(cfg.kafka, topic_name) == ends
     assert _read_indices(cfg, manifest) == list(range(500))

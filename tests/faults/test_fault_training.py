@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.errors import BrokerError, DistributedError
 from kbit_core.jobs.train import train
-from kbit_core.kafka.broker import EmbeddedBroker
 from tests.conftest import SMALL_TRAINING, free_port, processes_mentioning
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]

@@ -11,9 +11,9 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import TaskRun
 from prefect.states import State
 
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.config import KafkaConfig, deep_merge
 from kbit_core.kafka import admin
-from kbit_core.kafka.broker import EmbeddedBroker
 from tests.conftest import embedded_settings
 
 

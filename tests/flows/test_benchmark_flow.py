@@ -12,7 +12,7 @@ from prefect.artifacts import Artifact
 
 from flows.benchmark import benchmark
 from flows.nightly import nightly
-from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.brokers.broker import EmbeddedBroker
 from tasks.bench import RegressionError, compare_with_baseline, fail_on_regressions
 from tests.flows.helpers import delete_topics, flow_overrides, task_runs
 

@@ -9,9 +9,9 @@ import pytest
 
 import flows.produce
 from flows.produce import produce
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.config import load_config
 from kbit_core.kafka import admin
-from kbit_core.kafka.broker import EmbeddedBroker
 from tasks.config import profile_path
 from tasks.policy import is_transient
 from tasks.produce import ensure_dataset_topics

@@ -23,9 +23,9 @@ from prefect.settings import PREFECT_API_URL
 from prefect.states import State
 
 from flows.stream import produce_stream, train_stream
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.config import deep_merge
 from kbit_core.jobs.train import train
-from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.stack import PROJECT_ROOT
 from kbit_core.stream.ledger import audit
 from kbit_core.stream.live_producer import LiveProducer

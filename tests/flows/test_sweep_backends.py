@@ -10,8 +10,8 @@ import pytest
 from mlflow import MlflowClient
 
 from flows.sweep import sweep
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.config import deep_merge
-from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.service import Service
 from tests.conftest import ray_head_settings
 from tests.flows.helpers import delete_topics, flow_overrides

@@ -11,7 +11,7 @@ from prefect.artifacts import Artifact
 
 from flows.sweep import sweep
 from flows.train import train
-from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.brokers.broker import EmbeddedBroker
 from tests.flows.helpers import delete_topics, flow_overrides, task_runs
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]

@@ -132,7 +132,8 @@ def test_cuda_rng_state_round_trips_through_a_checkpoint(env: DistEnv, tmp_path)
 
 def test_loader_batches_are_pinned_and_copy_without_blocking(env: DistEnv) -> None:
     pixels = np.random.default_rng(0).integers(0, 256, (16, 1, 28, 28), dtype=np.uint8)
-    x, y, _ = to_batch(pixels, np.arange(16), np.arange(16), pin_memory=True)
+    batch = to_batch(pixels, np.arange(16), np.arange(16), pin_memory=True)
+    x, y = batch.x, batch.y
     assert x.is_pinned() and y.is_pinned()
     on_gpu = x.to(env.device, non_blocking=True)
     torch.cuda.current_stream(env.device).synchronize()

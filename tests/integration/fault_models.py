@@ -18,8 +18,8 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 from torch import Tensor, nn
 
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.config import ModelConfig
-from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.train.models import build_model
 
 
@@ -110,7 +110,7 @@ def kill_leader(
     *, image_shape: tuple[int, ...], num_classes: int, at_step: int, bootstrap: str, topic: str, run_dir: str
 ) -> nn.Module:
     """Rank 0 SIGKILLs the broker leading partition 0 of ``topic`` at training step ``at_step`` (a cluster of
-    :class:`kbit_core.kafka.cluster.KafkaCluster` in ``run_dir``, nodes named ``kafka-<id>``); ``run_dir/killed``
+    :class:`kbit_core.brokers.cluster.KafkaCluster` in ``run_dir``, nodes named ``kafka-<id>``); ``run_dir/killed``
     records the node id."""
 
     def fault() -> None:

@@ -10,7 +10,7 @@ from confluent_kafka import Producer
 
 from kbit_core.config import DataVariant, KafkaConfig, KbitConfig
 from kbit_core.errors import BrokerError, TopicError
-from kbit_core.kafka import admin, contents
+from kbit_core.kafka import admin, contents, offsets
 from kbit_core.kafka.manifest import DatasetInfo, Manifest, PartitionManifest
 from tests.conftest import free_port
 
@@ -87,17 +87,17 @@ def test_missing_topic_is_named(kcfg: KafkaConfig, topic_name: str) -> None:
     with pytest.raises(TopicError, match=f"topic '{topic_name}' does not exist on the embedded broker"):
         admin.topic_partitions(kcfg, topic_name)
     with pytest.raises(TopicError, match=topic_name):
-        admin.exact_end_offsets(kcfg, topic_name)
+        offsets.exact_end_offsets(kcfg, topic_name)
 
 
 def test_exact_end_offsets_match_delivered_offsets(kcfg: KafkaConfig, topic: str) -> None:
     admin.create_topic(kcfg, topic, 3)
     delivered = produce_batched(kcfg, topic, {0: 500, 1: 37})
-    assert admin.exact_end_offsets(kcfg, topic) == {0: delivered[0], 1: delivered[1], 2: 0}
-    assert admin.exact_end_offsets(kcfg, topic, [1]) == {1: 37}
-    assert admin.earliest_offsets(kcfg, topic) == {0: 0, 1: 0, 2: 0}
+    assert offsets.exact_end_offsets(kcfg, topic) == {0: delivered[0], 1: delivered[1], 2: 0}
+    assert offsets.exact_end_offsets(kcfg, topic, [1]) == {1: 37}
+    assert offsets.earliest_offsets(kcfg, topic) == {0: 0, 1: 0, 2: 0}
     with pytest.raises(TopicError, match=r"has no partition\(s\) \[5\]"):
-        admin.exact_end_offsets(kcfg, topic, [0, 5])
+        offsets.exact_end_offsets(kcfg, topic, [0, 5])
 
 
 def test_check_topic_accepts_exactly_the_manifest(kcfg: KafkaConfig, topic: str) -> None:

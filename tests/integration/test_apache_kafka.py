@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from kbit_core.brokers.apache_broker import ApacheKafkaBroker, kafka_version
 from kbit_core.config import DataVariant, KafkaConfig, KbitConfig, ProduceConfig, ReaderConfig
 from kbit_core.data.reader import RangeReader
 from kbit_core.errors import OffsetRangeError
 from kbit_core.formats import get_codec
-from kbit_core.kafka import admin, contents
-from kbit_core.kafka.apache_broker import ApacheKafkaBroker, kafka_version
+from kbit_core.kafka import admin, contents, offsets, tansu
 from kbit_core.kafka.consumers import RawRecord, make_consumer
 from kbit_core.kafka.producers import make_producer
 from kbit_core.produce import produce_dataset
@@ -144,8 +144,8 @@ def test_every_codec_exact_ranges_and_exact_end_offsets(
     ends = {p: 100 for p in range(3)}
     assert listed_latest(kcfg, topic, 3) == ends
     assert kafka_python_latest(kcfg, topic, 3) == ends
-    assert admin.exact_end_offsets(kcfg, topic) == ends
-    assert admin.earliest_offsets(kcfg, topic) == {p: 0 for p in range(3)}
+    assert offsets.exact_end_offsets(kcfg, topic) == ends
+    assert offsets.earliest_offsets(kcfg, topic) == {p: 0 for p in range(3)}
     ranges = {0: (0, 100), 1: (30, 70), 2: (99, 100)}
     for reader in CLIENTS:
         assert read_ranges(kcfg, reader, topic, ranges) == expected_records(delivered, ranges), reader
@@ -156,10 +156,10 @@ def test_list_offsets_latest_needs_no_fetch_probe(kcfg: KafkaConfig, topic: str)
     admin.create_topic(kcfg, topic, 1)
     produce(kcfg, topic, 1, 5000, "zstd", linger_ms=100)
     assert listed_latest(kcfg, topic, 1) == {0: 5000}
-    consumer = admin._offset_consumer(kcfg)
+    consumer = offsets._offset_consumer(kcfg)
     try:
-        assert admin.fetch_bounds(consumer, kcfg, topic, {0: 0}) == {0: (0, 5000)}
-        assert admin.fetch_bounds(consumer, kcfg, topic, {0: 4999}) == {0: (0, 5000)}
+        assert tansu.fetch_bounds(consumer, kcfg, topic, {0: 0}) == {0: (0, 5000)}
+        assert tansu.fetch_bounds(consumer, kcfg, topic, {0: 4999}) == {0: (0, 5000)}
     finally:
         consumer.close()
 
@@ -192,7 +192,7 @@ def test_restart_keeps_topics_and_data(apache_kafka: ApacheKafkaBroker, kcfg: Ka
     restart_s = time.monotonic() - started
     assert restart_s < 30, f"restart took {restart_s:.1f}s"
     assert admin.topic_partitions(kcfg, topic) == [0, 1]
-    assert listed_latest(kcfg, topic, 2) == admin.exact_end_offsets(kcfg, topic) == {0: 100, 1: 100}
+    assert listed_latest(kcfg, topic, 2) == offsets.exact_end_offsets(kcfg, topic) == {0: 100, 1: 100}
     ranges = {0: (0, 100), 1: (0, 100)}
     for reader in CLIENTS:
         assert read_ranges(kcfg, reader, topic, ranges) == expected_records(delivered, ranges), reader
@@ -320,7 +320,7 @@ def test_kbit_produce_dataset_and_range_reader(
 
 def test_config_selects_apache_kafka_as_the_embedded_broker(tmp_path, make_config: Callable[..., KbitConfig]) -> None:
     """``kafka.embedded.broker: apache-kafka`` runs Apache Kafka wherever kbit starts its local broker."""
-    from kbit_core.kafka.local import embedded_broker, local_broker
+    from kbit_core.brokers.local import embedded_broker, local_broker
     from kbit_core.tracking.environment import broker_identity
     from tests.conftest import free_port
 

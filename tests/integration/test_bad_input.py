@@ -7,11 +7,11 @@ from collections import Counter
 
 import pytest
 
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.data.reader import RangeReader
 from kbit_core.data.split_loaders import make_split_loader
 from kbit_core.errors import CorruptRecordError, ManifestMismatchError, OffsetRangeError, ReadTimeoutError, TopicError
 from kbit_core.formats import get_codec
-from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.sharding import OffsetRange
 from tests.conftest import free_port
 from tests.integration.dataplane_fixtures import RAW, Produce, extended, inject, source_truth

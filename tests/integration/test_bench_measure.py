@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kbit_core.bench.measure import COUNTERS, STAGES, Task, cell_config, time_loading
+from kbit_core.bench.loading.measure import COUNTERS, STAGES, Task, cell_config, time_loading
 from kbit_core.data.split_loaders import make_split_loader, make_split_loaders
 from kbit_core.sharding import SPLIT_NAMES, plan
 from tests.integration.dataplane_fixtures import Produce, extended, inject

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from kbit_core.brokers.broker import EmbeddedBroker, port_open
+from kbit_core.brokers.local import embedded_broker
 from kbit_core.errors import BrokerError
-from kbit_core.kafka.broker import EmbeddedBroker, port_open
-from kbit_core.kafka.local import embedded_broker
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.kafka

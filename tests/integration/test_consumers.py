@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator
 import pytest
 from confluent_kafka import Producer
 
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError, TopicError
-from kbit_core.kafka import admin
-from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.kafka import admin, offsets, tansu
 from kbit_core.kafka.consumers import ConfluentConsumer, KafkaPythonConsumer, RawRecord, make_consumer
 from tests.conftest import embedded_settings
 
@@ -97,12 +97,12 @@ def test_offset_bounds_come_from_list_offsets_on_apache_kafka_and_from_one_probe
     # ends come from the probe's Fetch response alone. Apache Kafka's ListOffsets is exact, and no fetch is made.
     listed: list[list[int]] = []
     probed: list[dict[int, int]] = []
-    list_offsets, fetch_bounds = admin.list_offsets, admin.fetch_bounds
+    list_offsets, fetch_bounds = admin.list_offsets, tansu.fetch_bounds
     monkeypatch.setattr(
         admin, "list_offsets", lambda c, k, t, parts: listed.append(list(parts)) or list_offsets(c, k, t, parts)
     )
     monkeypatch.setattr(
-        admin,
+        tansu,
         "fetch_bounds",
         lambda c, k, t, probes, *rest: probed.append(dict(probes)) or fetch_bounds(c, k, t, probes, *rest),
     )
@@ -132,9 +132,9 @@ def test_a_probe_fetch_answered_out_of_range_lists_offsets_and_probes_below_the_
     # Apache Kafka answers a probe outside the log as out of range (Tansu answers it with the bounds regardless):
     # the partition is asked with ListOffsets, then probed again below its approximate (on Tansu: short) end.
     kcfg = make_config().kafka
-    consumer = admin._offset_consumer(kcfg)
+    consumer = offsets._offset_consumer(kcfg)
     try:
-        bounds = admin.fetch_bounds(consumer, kcfg, topic, {0: 5, 1: PER_PARTITION + 50})
+        bounds = tansu.fetch_bounds(consumer, kcfg, topic, {0: 5, 1: PER_PARTITION + 50})
     finally:
         consumer.close()
     assert bounds == {0: (0, PER_PARTITION), 1: (0, PER_PARTITION)}

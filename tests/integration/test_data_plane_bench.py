@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kbit_core.bench.data_plane import _require_same_batches, parse_variant
+from kbit_core.bench.dataplane.data_plane import _require_same_batches, parse_variant
 from kbit_core.cli import app
 from kbit_core.config import DataVariant
 from kbit_core.errors import ConfigError, KbitError

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kbit_core.bench import kafka_tools
-from kbit_core.bench.spark_kafka_peer import measure_spark_source
+from kbit_core.bench.dataplane import kafka_tools
+from kbit_core.bench.dataplane.spark_kafka_peer import measure_spark_source
 from kbit_core.errors import KbitError
-from kbit_core.kafka import admin
+from kbit_core.kafka import admin, offsets
 from tests.integration.dataplane_fixtures import RAW, Produce
 
 pytestmark = pytest.mark.kafka
@@ -24,7 +24,7 @@ def test_kafka_tools_run_on_the_topic_and_their_summaries_parse(produce_topic: P
         sent = kafka_tools.producer_performance(cfg, topic, 500, 100, "lz4")
         assert sent.records_per_s > 0
         assert sent.mb_per_s == pytest.approx(sent.records_per_s * 100 / 1e6)
-        assert sum(admin.exact_end_offsets(cfg.kafka, topic).values()) == 500
+        assert sum(offsets.exact_end_offsets(cfg.kafka, topic).values()) == 500
     finally:
         admin.delete_topic(cfg.kafka, topic)
     # a tool that cannot do its work is an error with the tool's own words, not a rate of zero

@@ -83,7 +83,7 @@ def transaction(cfg: KbitConfig, producer: Producer, topic: str, values: list[by
     producer.flush(30)
     (producer.commit_transaction if commit else producer.abort_transaction)(30)
     deadline = time.monotonic() + 30
-    while admin.exact_end_offsets(cfg.kafka, topic)[0] < offsets[-1] + 2:
+    while offsets.exact_end_offsets(cfg.kafka, topic)[0] < offsets[-1] + 2:
         assert time.monotonic() < deadline, f"the transaction marker did not reach {topic}[0] within 30 s"
         time.sleep(0.05)
     return sorted(offsets)
@@ -111,7 +111,7 @@ def test_aborted_transactions_are_never_read_and_their_offsets_are_gaps(
             committed += offsets
             for offset in offsets:
                 ledger.callback(1, 1)(0, offset, None)
-    log_end = admin.exact_end_offsets(cfg.kafka, topic_name)[0]
+    log_end = offsets.exact_end_offsets(cfg.kafka, topic_name)[0]
     # 0..4 committed, 5 its marker, 6..10 aborted, 11 the abort marker, 12..16 committed, 17 its marker
     assert committed == [0, 1, 2, 3, 4, 12, 13, 14, 15, 16] and log_end == 18
 

@@ -20,14 +20,14 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from typer.testing import CliRunner
 
 from kbit_core import produce
+from kbit_core.brokers.apache_broker import ApacheKafkaBroker
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.cli import app
 from kbit_core.config import DataVariant, KafkaConfig, KbitConfig
 from kbit_core.datasets import open_source
 from kbit_core.errors import BrokerError, ConfigError, ManifestMismatchError
 from kbit_core.formats import get_codec
-from kbit_core.kafka import admin, contents
-from kbit_core.kafka.apache_broker import ApacheKafkaBroker
-from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.kafka import admin, contents, offsets
 from kbit_core.kafka.manifest import Manifest, manifest_path
 from kbit_core.kafka.producers import BACKENDS, DeliveryLedger, make_producer
 from kbit_core.produce import ensure_topics, produce_dataset
@@ -69,7 +69,7 @@ def assert_topic_holds_dataset(cfg: KbitConfig, manifest: Manifest) -> None:
     codec = get_codec(variant.format, variant.layout, source.image_shape, per_message, num_classes=source.num_classes)
     messages = read_back(cfg.kafka, manifest)
     assert len(messages) == manifest.num_messages == -(-source.num_records // per_message)
-    assert admin.exact_end_offsets(cfg.kafka, manifest.topic) == {p: r[1] for p, r in manifest.ranges().items()}
+    assert offsets.exact_end_offsets(cfg.kafka, manifest.topic) == {p: r[1] for p, r in manifest.ranges().items()}
     by_first_index = {int(key): (partition, value) for partition, _, key, value in messages}
     indices, images, labels = next(source.batches(0, source.num_records, source.num_records))
     for m in range(manifest.num_messages):
@@ -119,7 +119,7 @@ def test_matching_topic_is_reused_without_producing(cfg: KbitConfig, caplog: pyt
     first = produce_dataset(cfg, progress=False)
     again = produce_dataset(cfg, progress=False)
     assert again == first  # same created_at: loaded, not produced again
-    assert admin.exact_end_offsets(cfg.kafka, cfg.produce.topic) == {p: r[1] for p, r in first.ranges().items()}
+    assert offsets.exact_end_offsets(cfg.kafka, cfg.produce.topic) == {p: r[1] for p, r in first.ranges().items()}
     # The records were read and found exact once: while the topic's id and offsets stay, they are not read again
     with caplog.at_level(logging.INFO, logger="kbit_core.kafka.contents"):
         assert produce_dataset(cfg, progress=False) == first
@@ -329,7 +329,7 @@ def test_apache_kafka_keeps_the_topic_across_a_restart_and_it_is_not_produced_ag
         own.stop()
         own.start()
         assert admin.topic_exists(cfg.kafka, first.topic)
-        assert admin.exact_end_offsets(cfg.kafka, first.topic) == {p: r[1] for p, r in first.ranges().items()}
+        assert offsets.exact_end_offsets(cfg.kafka, first.topic) == {p: r[1] for p, r in first.ranges().items()}
 
         def produced_again(*args: object, **kwargs: object) -> None:
             raise AssertionError("the topic was produced again after a restart that kept it")

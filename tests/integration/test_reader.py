@@ -15,7 +15,6 @@ from kbit_core.data.reader import RangeReader
 from kbit_core.data.split_loaders import make_split_loader
 from kbit_core.errors import ConfigError
 from kbit_core.formats import get_codec
-from kbit_core.kafka import admin
 from kbit_core.sharding import OffsetRange
 from tests.integration.dataplane_fixtures import Produce
 
@@ -247,7 +246,7 @@ def append_transaction(cfg, topic: str, partition: int, values: list[bytes]) -> 
     # Apache Kafka's coordinator writes the commit marker after commit_transaction returned (Tansu before): the log
     # ends past the marker only then
     deadline = time.monotonic() + 30
-    while admin.exact_end_offsets(cfg.kafka, topic)[partition] < offsets[-1] + 2:
+    while offsets.exact_end_offsets(cfg.kafka, topic)[partition] < offsets[-1] + 2:
         assert time.monotonic() < deadline, f"the commit marker did not reach {topic}[{partition}] within 30 s"
         time.sleep(0.05)
     return offsets

@@ -14,10 +14,10 @@ import torch
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from kbit_core.bench.identity import identity_hash
-from kbit_core.bench.report import STATS_JSON, timings_frame, write_report
+from kbit_core.bench.loading.report import STATS_JSON, timings_frame, write_report
 from kbit_core.cli import app
 from kbit_core.config import KbitConfig
+from kbit_core.stats.identity import identity_hash
 from kbit_core.tracking import (
     MlflowTracker,
     NoopTracker,

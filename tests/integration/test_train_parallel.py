@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from kbit_core.bench import activation_memory
+from kbit_core.bench.training import activation_memory
 from kbit_core.config import KbitConfig, ModelConfig, deep_merge
 from kbit_core.train import checkpoint as ckpt
 from kbit_core.train.distributed import DistEnv

@@ -6,8 +6,8 @@ from dataclasses import asdict
 
 import pytest
 
-from kbit_core.bench.data_plane import measure_variant
-from kbit_core.bench.ray_data_peer import compare
+from kbit_core.bench.dataplane.data_plane import measure_variant
+from kbit_core.bench.dataplane.ray_data_peer import compare
 from kbit_core.produce import produce_dataset
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]

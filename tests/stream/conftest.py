@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.brokers.broker import EmbeddedBroker
 from tests.conftest import free_port
 
 

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kbit_core.brokers.broker import EmbeddedBroker, port_open
 from kbit_core.config import KbitConfig, deep_merge
-from kbit_core.kafka.broker import EmbeddedBroker, port_open
 from tests.conftest import embedded_settings, free_port
 
 

@@ -14,10 +14,10 @@ from typing import Any
 import psutil
 import pytest
 
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.config import KbitConfig
 from kbit_core.errors import DistributedError
 from kbit_core.jobs.train import train
-from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.stream.ledger import audit
 from kbit_core.stream.live_producer import LiveProducer
 from kbit_core.stream.stream_log import StreamLog

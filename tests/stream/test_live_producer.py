@@ -12,10 +12,10 @@ import pytest
 from confluent_kafka import Consumer, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.config import KbitConfig
 from kbit_core.errors import BrokerError, ManifestMismatchError, TopicError
-from kbit_core.kafka import admin
-from kbit_core.kafka.broker import EmbeddedBroker
+from kbit_core.kafka import admin, offsets
 from kbit_core.kafka.manifest import PartitionManifest
 from kbit_core.kafka.producers import BACKENDS, DeliveryLedger, make_producer
 from kbit_core.stream.live_producer import LiveProducer
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.kafka
 
 def read_all(cfg: KbitConfig, topic: str) -> list[tuple[int, int, int, int]]:
     """(partition, offset, key as index, timestamp ms) of every record on the broker."""
-    ends = admin.exact_end_offsets(cfg.kafka, topic)
+    ends = offsets.exact_end_offsets(cfg.kafka, topic)
     consumer = Consumer(
         {
             "bootstrap.servers": cfg.kafka.resolved_bootstrap(),

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.config import KbitConfig
 from kbit_core.datasets import open_source
 from kbit_core.formats import get_codec
 from kbit_core.kafka import admin
-from kbit_core.kafka.broker import EmbeddedBroker
 from kbit_core.stream.live_producer import LiveProducer
 from kbit_core.stream.source import StreamGapError, StreamSource
 from tests.stream.stream_fixtures import crash_and_restart, stream_config

@@ -114,7 +114,7 @@ def test_a_broker_runs_on_every_host_and_speaks_only_tls(testbed: BedState):
     assert testbed.broker_bootstrap == ",".join(f"{h.address}:19093" for h in (testbed.driver, *testbed.nodes))
     ports = [testbed.options[k] for k in ("broker_port", "broker_internal_port", "broker_controller_port")]
     probe = (
-        "import struct\nfrom kbit_core.kafka.apache_broker import metadata_brokers\n"
+        "import struct\nfrom kbit_core.brokers.apache_broker import metadata_brokers\n"
         f"for port in {ports}:\n    try:\n        print(metadata_brokers('{testbed.driver.address}', port))\n"
         "    except (OSError, struct.error):\n        print('refused')"
     )

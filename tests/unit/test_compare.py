@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from scipy.stats import mannwhitneyu
 
-from kbit_core.bench.compare import compare_configs, compare_runs
-from kbit_core.bench.report import analyze, timings_frame
+from kbit_core.bench.loading.report import analyze, timings_frame
 from kbit_core.errors import StatisticsError
+from kbit_core.stats.compare import compare_configs, compare_runs
 from tests.unit.test_report import synthetic_rows
 
 FAST = [1.0, 1.1, 0.9, 1.05, 0.95, 1.0, 1.02, 0.98]

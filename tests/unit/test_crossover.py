@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from kbit_core.bench.crossover import crossover, network_markdown, network_section, pays_below
 from kbit_core.config import KbitConfig
 from kbit_core.errors import StatisticsError
 from kbit_core.jobs.benchmark import matrix, network_rates
+from kbit_core.stats.crossover import crossover, network_markdown, network_section, pays_below
 from kbit_core.testbed.network import TestbedError
 from kbit_core.testbed.shaping import LinkShape, network_shape
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from rich.console import Console
 
-from kbit_core.bench.fast_consumer_bench import fast_consumer_table, summarize
+from kbit_core.bench.training.fast_consumer_bench import fast_consumer_table, summarize
 from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.train.metrics import stand_in_step
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kbit_core.bench.history import Night, analyze_history, history_markdown, write_history
+from kbit_core.bench.loading.history_files import write_history
 from kbit_core.errors import StatisticsError
+from kbit_core.stats.history import Night, analyze_history, history_markdown
 
 
 def nights(levels: dict[str, list[float]], noise: float, seed: int) -> list[Night]:

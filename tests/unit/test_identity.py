@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kbit_core.bench.identity import (
+from kbit_core.bench.loading.report import analyze, timings_frame
+from kbit_core.cli import app
+from kbit_core.config import KbitConfig
+from kbit_core.errors import StatisticsError
+from kbit_core.stats.identity import (
     check_comparable,
     identity_differences,
     identity_hash,
     measurement_overrides,
     run_identity,
 )
-from kbit_core.bench.report import analyze, timings_frame
-from kbit_core.cli import app
-from kbit_core.config import KbitConfig
-from kbit_core.errors import StatisticsError
 from tests.unit.test_compare import NIGHTLY
 from tests.unit.test_report import synthetic_rows
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kbit_core.bench.compare import compare_runs, no_baseline_verdict, regression_verdict
-from kbit_core.bench.report import markdown_summary, slower_count, timings_frame, write_report
+from kbit_core.bench.loading.report import markdown_summary, slower_count, timings_frame, write_report
 from kbit_core.config import KbitConfig
 from kbit_core.stack import schedule_lines
+from kbit_core.stats.compare import compare_runs, no_baseline_verdict, regression_verdict
 from kbit_core.tracking.params import config_params, readable, run_settings
 from tests.unit.test_report import CONFIGS, synthetic_rows
 

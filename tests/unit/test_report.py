@@ -10,8 +10,15 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from kbit_core.bench.measure import SAMPLE_COLUMNS, Sample
-from kbit_core.bench.report import ReportFiles, load_stats, read_timings, rebuild_report, timings_frame, write_report
+from kbit_core.bench.loading.measure import SAMPLE_COLUMNS, Sample
+from kbit_core.bench.loading.report import (
+    ReportFiles,
+    load_stats,
+    read_timings,
+    rebuild_report,
+    timings_frame,
+    write_report,
+)
 from kbit_core.cli.bench import results_table
 from kbit_core.errors import ConfigError, StatisticsError
 

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from matplotlib import cbook
 
-from kbit_core.bench.stats import (
+from kbit_core.errors import StatisticsError
+from kbit_core.stats.samples import (
     BoxStats,
     boxplot_stats,
     can_be_significant,
@@ -20,7 +21,6 @@ from kbit_core.bench.stats import (
     rate_median,
     smallest_mann_whitney_p,
 )
-from kbit_core.errors import StatisticsError
 
 HAND = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 100.0]
 

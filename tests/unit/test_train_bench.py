@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from kbit_core.bench.train_bench import _summarize, results_table
+from kbit_core.bench.training.train_bench import _summarize, results_table
 from kbit_core.config import DataVariant, KbitConfig
 
 
@@ -63,7 +63,7 @@ def test_below_target_is_flagged_and_an_unmeasured_mode_stays_empty():
 
 
 def test_a_launcher_the_config_cannot_run_under_is_left_out_not_fatal():
-    from kbit_core.bench.train_bench import available_launchers
+    from kbit_core.bench.training.train_bench import available_launchers
 
     cfg = KbitConfig.from_dict({"launch": {"master": "local[2]", "num_processes": 3}})
     launchers = available_launchers(cfg)
@@ -72,7 +72,7 @@ def test_a_launcher_the_config_cannot_run_under_is_left_out_not_fatal():
 
 
 def test_every_streamed_variant_gets_its_ratio_and_verdict_against_the_one_memory_baseline():
-    from kbit_core.bench.train_bench import stream_name
+    from kbit_core.bench.training.train_bench import stream_name
 
     cfg = KbitConfig.from_dict({"produce": {"variant": {"format": "raw", "layout": "bytes", "compression": "lz4"}}})
     avro, json_list = (DataVariant(format=f, layout="list", compression="none") for f in ("avro", "json"))

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from kbit_core.bench.peer_table import peer_table as reader_table
-from kbit_core.bench.peer_table import ratios_text
-from kbit_core.bench.ray_data_peer import fast_codec
+from kbit_core.bench.dataplane.peer_table import peer_table as reader_table
+from kbit_core.bench.dataplane.peer_table import ratios_text
+from kbit_core.bench.dataplane.ray_data_peer import fast_codec
 from kbit_core.config import KbitConfig
 from kbit_core.errors import KbitError
 from kbit_core.kafka.manifest import Manifest
@@ -36,7 +36,7 @@ SOURCE_JAR = "spark-sql-kafka-0-10_2.13-*.jar"
 # The driver's side of the probe: the config (with any secret) and the manifest come through stdin.
 SPARK_PROBE = """
 import json, sys
-from kbit_core.bench.spark_kafka_peer import read_here
+from kbit_core.bench.dataplane.spark_kafka_peer import read_here
 print(json.dumps(read_here(json.load(sys.stdin))))
 """
 

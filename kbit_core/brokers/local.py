@@ -7,9 +7,9 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+from kbit_core.brokers.apache_broker import ApacheKafkaBroker
+from kbit_core.brokers.broker import EmbeddedBroker, port_open
 from kbit_core.config import EmbeddedBrokerConfig, KafkaConfig, KbitConfig
-from kbit_core.kafka.apache_broker import ApacheKafkaBroker
-from kbit_core.kafka.broker import EmbeddedBroker, port_open
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Start, stop and probe a local Apache Kafka 4.x broker: one KRaft node (broker and controller in one JVM) run from
 the pinned jars (deployments/kafka/pom.xml, installed by scripts/install_kafka.sh), its data on disk in ``run_dir``.
 
-Same surface as :class:`kbit_core.kafka.broker.EmbeddedBroker`; the process itself is a :class:`Service`. Unlike
+Same surface as :class:`kbit_core.brokers.broker.EmbeddedBroker`; the process itself is a :class:`Service`. Unlike
 Tansu it keeps topics across restarts (``run_dir/kafka/data``, formatted once with a cluster id kept in
 ``run_dir/kafka/cluster.id``) and answers ListOffsets(LATEST) exactly.
 """
@@ -22,8 +22,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from kbit_core.brokers.broker import BrokerStatus, ServiceBroker
 from kbit_core.errors import BrokerError
-from kbit_core.kafka.broker import BrokerStatus, ServiceBroker
 from kbit_core.service import Service
 
 __all__ = ["ApacheKafkaBroker", "java_binary", "kafka_libs", "kafka_version"]
@@ -328,7 +328,7 @@ class ApacheKafkaBroker(ServiceBroker):
         self.home.mkdir(parents=True, exist_ok=True)
         self.server_log_path.parent.mkdir(parents=True, exist_ok=True)
         props = "".join(f"{k}={v}\n" for k, v in self.properties().items())
-        self.properties_path.write_text("# written by kbit_core.kafka.apache_broker at every start\n" + props)
+        self.properties_path.write_text("# written by kbit_core.brokers.apache_broker at every start\n" + props)
         self.log4j_path.write_text(_LOG4J2.format(server_log=self.server_log_path))
 
     def _format(self, java: str, libs: Path) -> None:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kbit_core.bench.bench_topics import bench_config, drop_topic, produce_or_reuse
+from kbit_core.bench.dataplane.bench_topics import bench_config, drop_topic, produce_or_reuse
 from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.errors import KbitError
 from kbit_core.kafka.manifest import manifest_path

@@ -11,11 +11,11 @@ from typing import Any
 
 from rich.table import Table
 
-from kbit_core.bench.train_bench import bench_config, fmt, median, ratio, run_settings, write_results
+from kbit_core.bench.training.train_bench import bench_config, fmt, median, ratio, run_settings, write_results
+from kbit_core.brokers.local import embedded_broker
 from kbit_core.config import KbitConfig
 from kbit_core.data.dataset_reader import dataset_manifest
 from kbit_core.datasets import open_source
-from kbit_core.kafka.local import embedded_broker
 from kbit_core.launch import launch
 from kbit_core.produce import produce_dataset
 from kbit_core.train.direct_worker import train_direct_main

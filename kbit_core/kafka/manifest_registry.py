@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kbit_core.config import KafkaConfig
 from kbit_core.errors import TopicError
-from kbit_core.kafka import admin
+from kbit_core.kafka import admin, offsets
 from kbit_core.kafka.manifest import Manifest
 
 REGISTRY_TOPIC = "kbit.manifests"
@@ -68,7 +68,7 @@ def lookup(kcfg: KafkaConfig, topic: str) -> Registration | None:
     """The newest registration of ``topic``; None when no kbit recorded one in this broker."""
     if not admin.topic_exists(kcfg, REGISTRY_TOPIC):
         return None
-    end = admin.exact_end_offsets(kcfg, REGISTRY_TOPIC, [0])[0]
+    end = offsets.exact_end_offsets(kcfg, REGISTRY_TOPIC, [0])[0]
     newest: Registration | None = None
     for key, value in _read(kcfg, end):
         if key == topic.encode():

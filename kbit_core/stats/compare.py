@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from kbit_core.bench.stats import can_be_significant, checked_samples, holm_adjust, mann_whitney_p
 from kbit_core.errors import StatisticsError
+from kbit_core.stats.samples import can_be_significant, checked_samples, holm_adjust, mann_whitney_p
 
 Metric = Literal["makespan", "rank_mean"]
 METRICS: tuple[Metric, ...] = ("makespan", "rank_mean")

@@ -24,9 +24,9 @@ from typing import Any
 
 from rich.progress import Progress
 
-from kbit_core.bench.bench_topics import bench_config, drop_topic, produce_or_reuse
-from kbit_core.bench.loader_figures import loader_configs, loader_figures, rate
-from kbit_core.bench.stream_rss import DEFAULT_RSS_RECORDS, TARGET_RSS_GROWTH_MB, measure_stream_rss
+from kbit_core.bench.dataplane.bench_topics import bench_config, drop_topic, produce_or_reuse
+from kbit_core.bench.dataplane.loader_figures import loader_configs, loader_figures, rate
+from kbit_core.bench.dataplane.stream_rss import DEFAULT_RSS_RECORDS, TARGET_RSS_GROWTH_MB, measure_stream_rss
 from kbit_core.config import COMPRESSIONS, FORMATS, ClientName, DatasetConfig, DataVariant, KbitConfig
 from kbit_core.data.decode_pool import DecodePool
 from kbit_core.data.reader import RangeReader

@@ -28,9 +28,8 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from kbit_core.config import KbitConfig
+from kbit_core.config import LOOPBACK, KbitConfig
 from kbit_core.kafka.manifest import Manifest
-from kbit_core.testbed.shaping import LOOPBACK
 from kbit_core.train.distributed import all_gather, init_process_group, read_env, teardown
 from kbit_core.train.engine_factory import build_engine
 from kbit_core.train.loop import SplitLoaders, Trainer, steps_per_epoch

@@ -13,7 +13,7 @@ from typing import Any
 from rich.progress import Progress
 from rich.table import Table
 
-from kbit_core.bench.train_bench import (
+from kbit_core.bench.training.train_bench import (
     STREAM_TARGET,
     add_variant_row,
     bench_config,
@@ -25,8 +25,8 @@ from kbit_core.bench.train_bench import (
     stream_variants,
     write_results,
 )
+from kbit_core.brokers.local import embedded_broker
 from kbit_core.config import DataVariant, KbitConfig
-from kbit_core.kafka.local import embedded_broker
 from kbit_core.launch import launch
 from kbit_core.train.worker import train_main
 

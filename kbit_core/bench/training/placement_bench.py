@@ -18,9 +18,9 @@ from typing import Any
 
 from rich.table import Table
 
-from kbit_core.bench.train_bench import bench_config, fmt, launch_first_step, median, ratio
+from kbit_core.bench.training.train_bench import bench_config, fmt, launch_first_step, median, ratio
+from kbit_core.brokers.local import embedded_broker
 from kbit_core.config import KbitConfig
-from kbit_core.kafka.local import embedded_broker
 from kbit_core.launch import launch
 from kbit_core.launch.spark import get_spark, stop_spark, wait_for_executors
 from kbit_core.produce import produce_dataset

@@ -16,8 +16,8 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
+from kbit_core.brokers.apache_broker import ApacheKafkaBroker, new_cluster_id
 from kbit_core.errors import BrokerError
-from kbit_core.kafka.apache_broker import ApacheKafkaBroker, new_cluster_id
 
 __all__ = ["ClusterNode", "KafkaCluster"]
 

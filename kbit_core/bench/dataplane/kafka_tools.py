@@ -25,13 +25,13 @@ from typing import Any
 
 from rich.table import Table
 
-from kbit_core.bench.data_plane import timed_pass, whole_topic_blocks
+from kbit_core.bench.dataplane.data_plane import timed_pass, whole_topic_blocks
+from kbit_core.brokers.apache_broker import java_binary, kafka_libs
 from kbit_core.config import ClientName, KbitConfig
 from kbit_core.data.reader import RangeReader
 from kbit_core.errors import KbitError
 from kbit_core.formats.fast import select_codec
 from kbit_core.kafka import admin
-from kbit_core.kafka.apache_broker import java_binary, kafka_libs
 from kbit_core.kafka.manifest import Manifest, manifest_codec
 from kbit_core.kafka.producers import DeliveryLedger, delivery_timeout_ms, make_producer
 

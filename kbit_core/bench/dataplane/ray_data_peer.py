@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from kbit_core.bench.peer_table import peer_table as reader_table
-from kbit_core.bench.peer_table import ratios_text
+from kbit_core.bench.dataplane.peer_table import peer_table as reader_table
+from kbit_core.bench.dataplane.peer_table import ratios_text
 from kbit_core.config import KbitConfig
 from kbit_core.formats.fast import select_codec
 from kbit_core.kafka.manifest import Manifest, manifest_codec

@@ -14,15 +14,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from kbit_core.bench.compare import METRICS, compare_configs
-from kbit_core.bench.crossover import network_markdown, network_section
-from kbit_core.bench.measure import COUNTERS, SAMPLE_COLUMNS, STAGES
-from kbit_core.bench.stats import BoxStats, boxplot_stats, rate_median
+from kbit_core.bench.loading.measure import COUNTERS, SAMPLE_COLUMNS, STAGES
+from kbit_core.bench.loading.plots import plot_boxplots, plot_mean_std, plot_stages
+from kbit_core.config import LOOPBACK
 from kbit_core.errors import StatisticsError
-from kbit_core.testbed.shaping import LOOPBACK
+from kbit_core.stats.compare import METRICS, compare_configs
+from kbit_core.stats.crossover import network_markdown, network_section
+from kbit_core.stats.samples import boxplot_stats, rate_median
 
 RAW_CSV = "raw_timings.csv"
 STATS_JSON = "stats.json"
@@ -202,9 +202,10 @@ def write_report(
     }
     files.stats_json.write_text(json.dumps(doc, indent=2, allow_nan=False))
     files.summary_md.write_text(markdown_summary(doc))
-    plot_boxplots(doc, files.boxplot_png)
-    plot_mean_std(doc, files.mean_std_png)
-    plot_stages(doc, files.stages_png)
+    slowest_first = ranked_names(doc)[::-1]  # drawn bottom up: the fastest on top
+    plot_boxplots(doc, slowest_first, files.boxplot_png)
+    plot_mean_std(doc, slowest_first, files.mean_std_png)
+    plot_stages(doc, slowest_first, files.stages_png)
     return files
 
 
@@ -397,59 +398,3 @@ def details_markdown(doc: Mapping[str, Any]) -> str:
         for name, t in doc["training"].items():
             lines.append(f"| {name} | {t['epoch_s_median']:.3f} | {t['samples_per_s_median']:,.0f} |")
     return "\n".join(lines) + "\n"
-
-
-def _figure(num_configs: int, panels: int = 1):
-    """A pyplot-free figure (no global state, safe off the main thread) sized for ``num_configs`` rows."""
-    # matplotlib loads only when a plot is drawn (about a second to import)
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7 * panels, 1.5 + 0.45 * num_configs), layout="constrained")
-    return fig, fig.subplots(1, panels, squeeze=False)[0]
-
-
-def plot_boxplots(doc: Mapping[str, Any], path: Path) -> None:
-    """Tukey box plots (whis=1.5), fastest on top: pooled per-rank load times (descriptive) and makespans."""
-    names = ranked_names(doc)[::-1]
-    fig, (pooled, span) = _figure(len(names), panels=2)
-    for ax, raw, title in (
-        (pooled, doc["raw_results"], "load time per rank"),
-        (span, doc["makespan"]["raw_results"], "makespan per run (slowest rank)"),
-    ):
-        ax.boxplot([raw[n] for n in names], tick_labels=names, whis=1.5, orientation="horizontal")
-        ax.set_title(title)
-        ax.set_xlabel("seconds")
-        ax.grid(axis="x", alpha=0.3)
-    fig.savefig(path, dpi=120)
-
-
-def plot_mean_std(doc: Mapping[str, Any], path: Path) -> None:
-    """Mean ± sample standard deviation (ddof=1, as in the stats) of the per-rank load time."""
-    names = ranked_names(doc)[::-1]
-    stats = [BoxStats.from_dict(doc["statistical_analysis"][n]) for n in names]
-    fig, (ax,) = _figure(len(names))
-    y = np.arange(len(names))
-    ax.barh(y, [s.mean for s in stats], xerr=[s.std_dev for s in stats], capsize=3, color="tab:blue", alpha=0.8)
-    for yi, s in zip(y, stats):
-        ax.annotate(f"{s.mean:.3f}", (s.mean, yi), xytext=(4, 4), textcoords="offset points", fontsize=8)
-    ax.set_yticks(y, names)
-    ax.set_xlabel("seconds (mean ± std, ddof=1)")
-    ax.set_title("load time per rank (pooled, descriptive)")
-    fig.savefig(path, dpi=120)
-
-
-def plot_stages(doc: Mapping[str, Any], path: Path) -> None:
-    """Median seconds per rank of every stage, stacked."""
-    names = ranked_names(doc)[::-1]
-    fig, (ax,) = _figure(len(names))
-    y = np.arange(len(names))
-    left = np.zeros(len(names))
-    for stage in STAGES:
-        widths = np.array([doc["stages"][n][f"{stage}_s"] for n in names])
-        ax.barh(y, widths, left=left, label=stage)
-        left += widths
-    ax.set_yticks(y, names)
-    ax.set_xlabel("median seconds per rank")
-    ax.set_title("load time by stage")
-    fig.legend(loc="outside lower center", ncols=len(STAGES))
-    fig.savefig(path, dpi=120)

@@ -25,9 +25,9 @@ from typing import Any
 from rich.progress import Progress
 from rich.table import Table
 
+from kbit_core.brokers.local import embedded_broker
 from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.errors import ConfigError, DistributedError
-from kbit_core.kafka.local import embedded_broker
 from kbit_core.kafka.manifest import Manifest
 from kbit_core.launch import launch
 from kbit_core.launch.ray_train import ensure_ray
