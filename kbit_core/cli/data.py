@@ -13,6 +13,7 @@ from rich.table import Table
 from kbit_core.checks import check_topic_name
 from kbit_core.cli.common import PRODUCE_STOPPED, ConfigOpt, JsonOpt, SetOpt, console, print_json, run_guarded
 from kbit_core.cli.stream import produce_stream
+from kbit_core.cli.topic_view import print_user_topic, user_topic_facts
 from kbit_core.config import COMPRESSIONS, FORMATS, KbitConfig, deep_merge, load_config, nest_dotted, parse_overrides
 from kbit_core.errors import TopicError
 from kbit_core.kafka import admin, manifest_registry
@@ -169,7 +170,13 @@ def inspect(
 ) -> None:
     """Show a topic's saved manifest and check it live: partitions, exact end offsets and every record's identity."""
     cfg = run_guarded(_config_with_flags, config, sets, {})
-    check, manifest = run_guarded(_inspect, cfg, topic)
+    found = run_guarded(_inspect, cfg, topic)
+    if isinstance(found, dict):  # a topic kbit did not write
+        print_json(found) if as_json else print_user_topic(out, found)
+        if found.get("snapshot", {}).get("moved_on"):
+            raise typer.Exit(code=1)
+        return
+    check, manifest = found
     if as_json:
         print_json(
             {
@@ -200,7 +207,8 @@ def register(app: typer.Typer) -> None:
     app.command("inspect")(inspect)
 
 
-def _inspect(cfg: KbitConfig, topic: str) -> tuple[TopicCheck, Manifest]:
+def _inspect(cfg: KbitConfig, topic: str) -> tuple[TopicCheck, Manifest] | dict[str, Any]:
+    """kbit's topic checked against its manifest, or the facts of a topic kbit did not write."""
     check_topic_name(topic, "TOPIC")
     path = manifest_path(cfg.workdir, topic)
     if path.is_file():
@@ -208,14 +216,15 @@ def _inspect(cfg: KbitConfig, topic: str) -> tuple[TopicCheck, Manifest]:
     else:
         registered = manifest_registry.lookup(cfg.kafka, topic)
         if registered is None or registered.manifest is None:
-            exists = admin.topic_exists(cfg.kafka, topic)
-            advice = "`kbit produce --recreate` replaces it" if exists else "produce it with `kbit produce`"
-            raise TopicError(
-                f"topic {topic!r} has no manifest at {path} nor in the broker's {manifest_registry.REGISTRY_TOPIC} and "
-                f"{'exists on' if exists else 'is not on'} the {admin.describe_broker(cfg.kafka)}; {advice}"
-            )
+            if not admin.topic_exists(cfg.kafka, topic):
+                raise TopicError(
+                    f"topic {topic!r} is not on the {admin.describe_broker(cfg.kafka)}; produce it with `kbit produce`"
+                )
+            return user_topic_facts(cfg, topic, None)
         manifest = registered.manifest
         console.print(
             f"manifest recorded in {manifest_registry.REGISTRY_TOPIC} by {escape(registered.owner)}", highlight=False
         )
+    if not manifest.kbit_wrote_it:
+        return user_topic_facts(cfg, topic, manifest)
     return check_topic_and_records(cfg.kafka, manifest), manifest

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from kbit_core.bench.dataplane import data_plane, data_plane_report, ray_data_peer, spark_kafka_peer
 from kbit_core.bench.dataplane import kafka_tools as kafka_tools_module
+from kbit_core.bench.dataplane.user_topic_bench import run_user_topic_bench
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
 from kbit_core.config import DatasetConfig, KbitConfig, ReaderConfig
 from kbit_core.errors import ConfigError
@@ -97,28 +98,25 @@ def bench_data(
     """Benchmark the data plane: every rate next to the raw fetch rate of the same topic, measured in the same run."""
     cfg = run_guarded(load_cli_config, config, sets)
     chosen = [run_guarded(data_plane.parse_variant, v) for v in variants] if variants else None
-    for client in clients or []:
-        if client not in ("confluent", "kafka-python"):
-            raise typer.BadParameter(f"unknown client {client!r}; use confluent or kafka-python")
-    known = get_args(ReaderConfig.model_fields["workers"].annotation)
-    for workers in loader_workers or []:
-        if workers not in known:
-            raise typer.BadParameter(f"unknown reader.workers {workers!r}; use {', '.join(known)}")
+    _check_choices(clients or [], loader_workers or [])
     wanted = [name for name, on in zip(PEERS, (kafka_tools, ray_peer, spark_peer), strict=True) if on]
-    results = run_guarded(
-        data_plane.run_data_plane,
-        cfg,
-        records=records,
-        variants=chosen,
-        datasets=[run_guarded(_named_dataset, cfg, name) for name in datasets] if datasets else None,
-        clients=clients or None,
-        repeats=repeats,
-        rss_sizes=_sizes(rss_records) if rss else None,
-        keep_topics=keep_topics,
-        progress=not as_json,
-        peers={name: PEERS[name][0] for name in wanted},
-        loader_workers=loader_workers or (),
-    )
+    if cfg.source.topic is not None:  # a user's topic: its snapshot is measured, nothing produced
+        results = run_guarded(run_user_topic_bench, cfg, clients or None, repeats, loader_workers or (), wanted)
+    else:
+        results = run_guarded(
+            data_plane.run_data_plane,
+            cfg,
+            records=records,
+            variants=chosen,
+            datasets=[run_guarded(_named_dataset, cfg, name) for name in datasets] if datasets else None,
+            clients=clients or None,
+            repeats=repeats,
+            rss_sizes=_sizes(rss_records) if rss else None,
+            keep_topics=keep_topics,
+            progress=not as_json,
+            peers={name: PEERS[name][0] for name in wanted},
+            loader_workers=loader_workers or (),
+        )
     if output:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(results, indent=2))
@@ -129,6 +127,16 @@ def bench_data(
         print_json(results)
     else:
         _print_tables(results, wanted, output)
+
+
+def _check_choices(clients: list[str], loader_workers: list[str]) -> None:
+    for client in clients:
+        if client not in ("confluent", "kafka-python"):
+            raise typer.BadParameter(f"unknown client {client!r}; use confluent or kafka-python")
+    known = get_args(ReaderConfig.model_fields["workers"].annotation)
+    for workers in loader_workers:
+        if workers not in known:
+            raise typer.BadParameter(f"unknown reader.workers {workers!r}; use {', '.join(known)}")
 
 
 def _named_dataset(cfg: KbitConfig, name: str) -> DatasetConfig:

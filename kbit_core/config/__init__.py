@@ -16,6 +16,7 @@ from kbit_core.config.runs import (
     TrackingConfig,
     default_bench_variants,
 )
+from kbit_core.config.topics import FeatureDtype, MappingConfig, SourceConfig
 from kbit_core.config.training import (
     BUILTIN_OPTIMIZERS,
     BUILTIN_SCHEDULES,
@@ -46,6 +47,9 @@ __all__ = [
     "ProduceConfig",
     "ReaderConfig",
     "ShardConfig",
+    "FeatureDtype",
+    "MappingConfig",
+    "SourceConfig",
     "BUILTIN_OPTIMIZERS",
     "BUILTIN_SCHEDULES",
     "CheckpointConfig",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -122,6 +123,17 @@ class ProduceConfig(Section):
 
 class ShardConfig(Section):
     split_rates: list[float] = Field(default_factory=lambda: [6 / 7, 1 / 14, 1 / 14])
+    split_by: Literal["ratio", "time"] = Field(
+        "ratio",
+        description="ratio: each split takes its rate's share of every partition; time (a snapshot of a user's "
+        "topic, source.topic): train on the records before shard.split_times[0], val on those before "
+        "split_times[1] (when given) and test on the later ones; splits past the last time share its records "
+        "by their rates.",
+    )
+    split_times: list[datetime] = Field(
+        default_factory=list,
+        description="shard.split_by: time: where train ends, then (optionally) where val ends and test begins.",
+    )
     remainder: Literal["drop", "pad"] = Field("drop", description="How ranks are given equal sample counts.")
     shuffle: bool = True
     seed: int = 0
@@ -130,6 +142,17 @@ class ShardConfig(Section):
         ge=1,
         description="Samples per shuffle block: read with one seek; larger reads faster, smaller shuffles finer.",
     )
+
+    @model_validator(mode="after")
+    def _time_split_has_a_time(self) -> ShardConfig:
+        if (self.split_by == "time") != bool(self.split_times):
+            raise ValueError("shard.split_times is set exactly when shard.split_by is 'time'")
+        if len(self.split_times) > max(1, len(self.split_rates) - 1) or self.split_times != sorted(self.split_times):
+            raise ValueError(
+                f"shard.split_times needs 1 to {max(1, len(self.split_rates) - 1)} ascending times for "
+                f"{len(self.split_rates)} split(s), got {len(self.split_times)}"
+            )
+        return self
 
     @field_validator("split_rates")
     @classmethod

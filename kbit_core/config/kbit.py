@@ -18,6 +18,7 @@ from kbit_core.config.data import DatasetConfig, ProduceConfig, ReaderConfig, Sh
 from kbit_core.config.kafka import KafkaConfig
 from kbit_core.config.launch import LaunchConfig
 from kbit_core.config.runs import BenchConfig, StackConfig, SweepConfig, TrackingConfig
+from kbit_core.config.topics import SourceConfig
 from kbit_core.config.training import CheckpointConfig, DeepSpeedConfig, StreamConfig, TrainConfig
 from kbit_core.errors import ConfigError
 
@@ -41,6 +42,7 @@ class KbitConfig(Section):
     dataset: DatasetConfig = DatasetConfig()
     kafka: KafkaConfig = KafkaConfig()
     produce: ProduceConfig = ProduceConfig()
+    source: SourceConfig = SourceConfig()
     shard: ShardConfig = ShardConfig()
     reader: ReaderConfig = ReaderConfig()
     train: TrainConfig = TrainConfig()

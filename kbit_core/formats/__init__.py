@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
+from kbit_core.config import DataVariant
 from kbit_core.errors import ConfigError
 from kbit_core.formats.avro_codec import AvroCodec
 from kbit_core.formats.base import LAYOUTS, Codec, DecodedBatch
@@ -14,7 +16,7 @@ from kbit_core.formats.mongodb_avro_codec import MongoDBAvroCodec
 from kbit_core.formats.protobuf_codec import ProtobufCodec
 from kbit_core.formats.raw_codec import RawCodec
 
-__all__ = ["LAYOUTS", "Codec", "DecodedBatch", "codec_names", "get_codec", "supported"]
+__all__ = ["LAYOUTS", "Codec", "DecodedBatch", "RecordShape", "codec_names", "get_codec", "supported", "variant_codec"]
 
 _CODECS: dict[str, type[Codec]] = {
     c.format: c for c in (JsonCodec, AvroCodec, ProtobufCodec, BsonCodec, MongoDBAvroCodec, RawCodec)
@@ -65,3 +67,35 @@ def get_codec(
     if decoder not in DECODERS:
         raise ConfigError(f"unknown decoder {decoder!r}; expected one of {', '.join(DECODERS)}")
     return select_codec(codec, decoder)
+
+
+class RecordShape(Protocol):
+    """What a codec needs to know of a dataset's records: a ``DatasetSource``, or the dataset a manifest names."""
+
+    @property
+    def image_shape(self) -> Sequence[int]: ...
+
+    @property
+    def num_classes(self) -> int: ...
+
+    @property
+    def record_dtype(self) -> str: ...
+
+
+def variant_codec(variant: DataVariant, records: RecordShape, decoder: str = "stock") -> Codec:
+    """The codec that carries ``records`` in ``variant`` (format, layout, records per message), decoding with
+    ``decoder`` (``reader.decoder`` wherever records are decoded; encoding is the same with either): every codec
+    kbit builds from its config comes from here.
+
+    Raises:
+        ConfigError: the variant cannot carry these records, or an unknown decoder.
+    """
+    return get_codec(
+        variant.format,
+        variant.layout,
+        records.image_shape,
+        variant.records_per_message,
+        num_classes=records.num_classes,
+        decoder=decoder,
+        dtype=records.record_dtype,
+    )

@@ -70,6 +70,9 @@ class Codec(ABC):
     max_records_per_message: ClassVar[int | None] = None
     single_record_reason: ClassVar[str] = ""
     wide_records: ClassVar[bool] = False
+    # Records carry no index of their own: the reader sets each sample's index from its (partition, offset) with
+    # ``indexed(batch, records)`` (a user's topic, see formats/mapping.py).
+    index_from_offsets: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -212,6 +215,10 @@ class Codec(ABC):
                 self._decode([value])
             except Exception as exc:  # noqa: BLE001 - as in decode
                 yield position, exc
+
+    def skips(self, reason: BaseException) -> bool:
+        """Whether a value failing with ``reason`` is skipped and counted whatever ``reader.bad_records`` says."""
+        return False
 
     def _localise(self, values: Sequence[bytes], batch_error: Exception) -> CorruptRecordError:
         """Find the first value that fails on its own, so the error names it (the batch path stays lean)."""

@@ -33,8 +33,8 @@ from kbit_core.data.reader import RangeReader
 from kbit_core.data.split_loaders import make_split_loader, make_split_loaders
 from kbit_core.datasets import open_source
 from kbit_core.errors import ConfigError, KbitError
-from kbit_core.formats import get_codec
-from kbit_core.formats.fast import select_codec
+from kbit_core.formats import variant_codec
+from kbit_core.formats.fast import FastPath
 from kbit_core.kafka import admin
 from kbit_core.kafka.manifest import Manifest, manifest_codec
 from kbit_core.sharding import OffsetRange, block_order, plan
@@ -125,13 +125,12 @@ def measure_variant(
     loader's loader ÷ fetch per round for its spread. Fetch and both decodes alternate per block, so load that drifts
     on a shared machine hits all three."""
     ranges = whole_topic_blocks(cfg, manifest)
-    stock = manifest_codec(manifest, "stock")
-    fast = select_codec(stock, "fast")
+    stock, fast = manifest_codec(manifest, "stock"), manifest_codec(manifest, "fast")
     processes = cfg.reader.decode_processes
     # without a fast decoder (and no pool) both columns are the stock library, timed once
     pool = DecodePool(fast, processes) if processes else None
     codecs: dict[str, Any] = {"stock": stock}
-    if fast is not stock or pool:
+    if isinstance(fast, FastPath) or pool:
         codecs["fast"] = pool or fast
     batches = loader_configs(cfg, workers)
     fetch_s, decode_s, loader_s = [], {d: [] for d in codecs}, {b: [] for b in batches}
@@ -168,7 +167,7 @@ def measure_variant(
             f"{manifest.topic}: read {fetched} messages / {decoded} records, the manifest has "
             f"{manifest.num_messages} / {manifest.num_records}"
         )
-    return _row(cfg, manifest, client, fetch_s, decode_s, loader_s, loaded, fast is not stock)
+    return _row(cfg, manifest, client, fetch_s, decode_s, loader_s, loaded, isinstance(fast, FastPath))
 
 
 def _row(
@@ -364,7 +363,7 @@ def carriable(cfg: KbitConfig, variants: Sequence[DataVariant]) -> tuple[list[Da
     kept, left_out = [], []
     for variant in variants:
         try:
-            get_codec(variant.format, variant.layout, source.image_shape, dtype=source.record_dtype)
+            variant_codec(variant, source)
         except ConfigError as exc:
             left_out.append({"dataset": source.name, "variant": variant.name, "reason": str(exc)})
         else:
