@@ -111,20 +111,23 @@ def test_every_readme_command_block_runs_as_written_on_a_fresh_clone(tmp_path: P
             print(f"README block {number} not run: {block.skip}")
     env = blocks_env(clone, home)
     log = tmp_path / "blocks.log"
+    with log.open("w") as out:
+        session = subprocess.Popen(
+            ["bash", "-c", script(blocks)],
+            cwd=clone,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
-        with log.open("w") as out:
-            done = subprocess.run(
-                ["bash", "-c", script(blocks)],
-                cwd=clone,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                timeout=2400,
-                start_new_session=True,
-            )
-        assert done.returncode == 0, f"README's blocks failed ({done.returncode}):\n{log.read_text()[-6000:]}"
+        returncode = session.wait(timeout=2400)
+        assert returncode == 0, f"README's blocks failed ({returncode}):\n{log.read_text()[-6000:]}"
     finally:
+        with contextlib.suppress(ProcessLookupError):  # the session's commands, a background producer too
+            os.killpg(session.pid, signal.SIGKILL)
+        session.wait(timeout=60)
         subprocess.run(["bash", "-c", "source .venv/bin/activate && kbit stack down"], cwd=clone, env=env, timeout=300)
         for pid in processes_mentioning(str(clone)):  # what the blocks started and `down` did not stop
             with contextlib.suppress(ProcessLookupError):
