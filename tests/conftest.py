@@ -33,9 +33,19 @@ for _variable, _subdir in {
 }.items():
     os.environ[_variable] = str(TEST_HOME / _subdir)
 # Nor may a user's running services: the suite's own stack record (`kbit stack up` writes where a profile finds its
-# Ray head, kbit_core/stack_record.py) is empty unless a test starts a stack, and no shell's KBIT_SET reaches a profile.
+# Ray head, kbit_core/stack_record.py) is empty unless a test starts a stack.
+# Neither may the variables a user's shell holds after `eval "$(kbit stack env)"` or for their own Ray and kbit settings.
+USER_SERVICE_VARIABLES = (
+    "KBIT_SET",
+    "PREFECT_API_URL",
+    "PREFECT_HOME",
+    "PREFECT_PROFILE",
+    "MLFLOW_TRACKING_URI",
+    "RAY_ADDRESS",
+)
 os.environ["KBIT_STATE_DIR"] = str(TEST_HOME / "kbit-state")
-os.environ.pop("KBIT_SET", None)
+for _variable in USER_SERVICE_VARIABLES:
+    os.environ.pop(_variable, None)
 
 from kbit_core import ray_env  # noqa: E402  (after the home is set)
 from kbit_core.brokers.broker import EmbeddedBroker

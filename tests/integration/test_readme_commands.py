@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, free_port, processes_mentioning
+from tests.conftest import REPO, USER_SERVICE_VARIABLES, free_port, processes_mentioning
 
 _BLOCK = re.compile(r"(?:<!--\s*not run:\s*(?P<reason>.*?)\s*-->\s*\n)?```bash\n(?P<body>.*?)```", re.DOTALL)
 CI_RUNS = "scripts/run.sh"
@@ -36,7 +36,7 @@ SMALL = {
     "stream.eval_records": 500,
 }
 # Variables of the user's shell that would point the blocks at other services, tokens or settings.
-USERS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "PREFECT_API_URL", "PREFECT_HOME", "KBIT_STATE_DIR", "KBIT_SET")
+USERS = (*USER_SERVICE_VARIABLES, "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "KBIT_STATE_DIR")
 
 
 @dataclass(frozen=True)

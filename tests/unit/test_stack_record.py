@@ -16,7 +16,7 @@ import pytest
 from kbit_core import ray_env, stack_record
 from kbit_core.config import KbitConfig
 from kbit_core.launch.ray_train import ray_target
-from tests.conftest import TEST_HOME
+from tests.conftest import TEST_HOME, USER_SERVICE_VARIABLES
 
 
 @pytest.fixture
@@ -94,6 +94,7 @@ def test_the_suite_never_finds_a_users_stack(listening, tmp_path):
     (users_state / "stack.json").write_text(json.dumps({"stacks": [record]}))
 
     assert stack_record.state_dir() == TEST_HOME / "kbit-state", "tests/conftest.py names the suite's own"
+    assert not set(USER_SERVICE_VARIABLES) & set(os.environ), "nor do a shell's pointers at its services reach a test"
     cfg = KbitConfig.from_dict({"workdir": str(tmp_path / "w"), "launch": {"engine": "ray", "ray_head_port": port}})
     assert ray_target(cfg) == (None, None)
     # the control: in the user's environment the same config joins that head
