@@ -25,7 +25,7 @@ from kbit_core.checks import check_produce
 from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.datasets import DatasetSource, open_source
 from kbit_core.errors import ConfigError, KbitError, ManifestMismatchError, TopicError
-from kbit_core.formats import Codec, variant_codec
+from kbit_core.formats import Codec, ConfluentFramedCodec, variant_codec
 from kbit_core.kafka import admin, manifest_registry, ownership
 from kbit_core.kafka.contents import check_topic_and_records
 from kbit_core.kafka.manifest import DataIdentity, DatasetInfo, Manifest, manifest_path, message_digest
@@ -304,6 +304,8 @@ def _produce(
     A produce that does not finish (an error, an interrupt, a lost broker) deletes the topic it began, or, when
     the broker cannot be reached, leaves a note so that the next produce from this workdir does.
     """
+    if isinstance(codec, ConfluentFramedCodec):
+        codec.bind(cfg.registry, topic)  # registers kbit's schema under the topic's subject
     backend = make_producer(cfg.kafka, cfg.produce, variant.compression, client, broker_lost_s=BROKER_LOST_S)
     marker = _partial_marker(cfg, topic)
     try:

@@ -85,7 +85,7 @@ def take_snapshot(cfg: KbitConfig) -> Manifest:
         **_asked(cfg),
         split_offsets=_split_offsets(cfg, ranges),
     )
-    decoder = make_record_decoder(src.value_format, src.value_options, "stock")
+    decoder = make_record_decoder(src.value_format, src.value_options, "stock", topic=topic, registry=cfg.registry)
     vocabulary, num_classes = _classes(cfg, src.mapping, decoder, ranges)
     snapshot = snapshot.model_copy(update={"vocabulary": vocabulary})
     mapping = src.mapping
@@ -112,7 +112,9 @@ def take_snapshot(cfg: KbitConfig) -> Manifest:
         kbit_version=kbit_version(),
         source=snapshot,
     )
-    return draft.model_copy(update={"schema_fingerprint": manifest_codec(draft, "stock").schema_fingerprint()})
+    return draft.model_copy(
+        update={"schema_fingerprint": manifest_codec(draft, "stock", cfg.registry).schema_fingerprint()}
+    )
 
 
 def snapshot_variant(cfg: KbitConfig) -> DataVariant:
@@ -207,7 +209,7 @@ def check_mapping(cfg: KbitConfig, manifest: Manifest) -> None:
     """ConfigError in one line when the mapping does not fit: against the decoder's writer schema when it has one
     (naming the field, subject and schema id), else against the first records of the snapshot."""
     assert manifest.source is not None
-    codec = manifest_codec(manifest, "stock")
+    codec = manifest_codec(manifest, "stock", cfg.registry)
     schema = codec.decoder.writer_schema()
     if schema is not None:
         check_against_schema(manifest.source.mapping, schema)

@@ -8,6 +8,7 @@ from kbit_core.config.data import DatasetConfig, DataVariant, ProduceConfig, Rea
 from kbit_core.config.kafka import EmbeddedBrokerConfig, KafkaConfig
 from kbit_core.config.kbit import KbitConfig, deep_merge, flatten, load_config, nest_dotted, parse_overrides
 from kbit_core.config.launch import LaunchConfig, is_loopback, local_slots
+from kbit_core.config.registry import LocalRegistryConfig, RegistryConfig
 from kbit_core.config.runs import (
     LOOPBACK,
     BenchConfig,
@@ -42,6 +43,8 @@ __all__ = [
     "mask_credentials",
     "EmbeddedBrokerConfig",
     "KafkaConfig",
+    "LocalRegistryConfig",
+    "RegistryConfig",
     "DataVariant",
     "DatasetConfig",
     "ProduceConfig",

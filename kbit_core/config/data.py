@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from kbit_core.config.base import ClientName, Compression, Format, Layout, Section
 
@@ -94,11 +94,33 @@ class DataVariant(Section):
     layout: Layout = "list"
     compression: Compression = "lz4"
     records_per_message: int = Field(1, ge=1)
+    framing: Literal["kbit", "confluent"] = Field(
+        "kbit",
+        description="kbit: the format's own bytes; confluent: the Confluent wire format (magic byte, schema id, "
+        "Protobuf's message indexes) written by confluent-kafka's serializers, kbit's schema registered under "
+        "<topic>-value in the Schema Registry (registry.*); avro, json and protobuf only.",
+    )
 
     @property
     def name(self) -> str:
         base = f"{self.format}_{self.layout}_{self.compression}"
-        return base if self.records_per_message == 1 else f"{base}_x{self.records_per_message}"
+        base = base if self.records_per_message == 1 else f"{base}_x{self.records_per_message}"
+        return base if self.framing == "kbit" else f"{base}_confluent"
+
+    @model_serializer(mode="wrap")
+    def _kbit_framing_unwritten(self, handler: Any) -> dict[str, Any]:
+        """kbit's own framing is left out of dumps, so manifests, run identities and baselines stay what they were
+        before variants had a framing."""
+        data = handler(self)
+        if self.framing == "kbit":
+            data.pop("framing", None)
+        return data
+
+    @model_validator(mode="after")
+    def _framing_carries_format(self) -> DataVariant:
+        if self.framing == "confluent" and self.format not in ("avro", "json", "protobuf"):
+            raise ValueError(f"framing confluent carries avro, json and protobuf, not {self.format}")
+        return self
 
 
 class ProduceConfig(Section):

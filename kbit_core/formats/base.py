@@ -155,11 +155,15 @@ class Codec(ABC):
         Returns:
             ``ceil(n / records_per_message)`` values, in sample order.
         """
+        return self._encode(*self._prepared(indices, images, labels))
+
+    def _prepared(self, indices: np.ndarray, images: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Checked ``(indices, labels, pixels [n, C*H*W])``, pixels as floats in [0, 1] for the list layout."""
         indices, images, labels = self._check_inputs(indices, images, labels)
         pixels = images.reshape(len(images), self.record_size)
         if self.layout == "list":
             pixels = pixels.astype(np.float32) / np.float32(255)
-        return self._encode(indices, labels, pixels)
+        return indices, labels, pixels
 
     @abstractmethod
     def _encode(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> list[bytes]:
@@ -290,6 +294,20 @@ class RecordCodec(Codec):
     @abstractmethod
     def _encode_group(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> bytes:
         """One message value for up to ``records_per_message`` samples."""
+
+    def encode_objects(self, indices: np.ndarray, images: np.ndarray, labels: np.ndarray) -> list[Any]:
+        """What ``encode`` serializes, one object per message value (an Avro record dict, a Protobuf message, a JSON
+        document): for a schema-registry serializer to write instead (``formats.confluent.framed``)."""
+        indices, labels, pixels = self._prepared(indices, images, labels)
+        step = self.records_per_message
+        return [
+            self._group_object(indices[i : i + step], labels[i : i + step], pixels[i : i + step])
+            for i in range(0, len(indices), step)
+        ]
+
+    def _group_object(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> Any:
+        """The object one value holds, for formats a schema-registry serializer writes."""
+        raise NotImplementedError(f"{self.name} has no serializer-ready objects")
 
     def _decode(self, values: Sequence[bytes]) -> DecodedBatch:
         if self.records_per_message == 1:

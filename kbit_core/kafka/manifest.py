@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from kbit_core.config import DataVariant, MappingConfig
+from kbit_core.config import DataVariant, MappingConfig, RegistryConfig
 from kbit_core.errors import ManifestMismatchError, TopicError
 from kbit_core.formats import Codec, variant_codec
 from kbit_core.formats.decoders import make_record_decoder
@@ -231,12 +231,13 @@ def manifest_path(workdir: Path, topic: str) -> Path:
     return Path(workdir).resolve() / MANIFEST_DIR / f"{topic}.json"
 
 
-def manifest_codec(manifest: Manifest, decoder: str = "stock") -> Codec:
+def manifest_codec(manifest: Manifest, decoder: str = "stock", registry: RegistryConfig | None = None) -> Codec:
     """The codec the topic was written with, decoding with ``decoder`` (``fast`` falls back to the stock library,
     logging why, when no fast decoder recognises the schema); ManifestMismatchError when this kbit's schema
-    differs. A snapshot of a user's topic decodes with its value format's decoder and its mapping."""
+    differs. A snapshot of a user's topic decodes with its value format's decoder (writer schemas from ``registry``
+    for the Confluent framing) and its mapping."""
     if manifest.source is not None:
-        return _mapped_codec(manifest, manifest.source, decoder)
+        return _mapped_codec(manifest, manifest.source, decoder, registry)
     variant = manifest.variant
     codec = variant_codec(variant, manifest.dataset, decoder)
     if codec.schema_fingerprint() != manifest.schema_fingerprint:
@@ -248,9 +249,13 @@ def manifest_codec(manifest: Manifest, decoder: str = "stock") -> Codec:
     return codec
 
 
-def _mapped_codec(manifest: Manifest, source: TopicSnapshot, decoder: str) -> MappedCodec:
+def _mapped_codec(
+    manifest: Manifest, source: TopicSnapshot, decoder: str, registry: RegistryConfig | None
+) -> MappedCodec:
     return MappedCodec(
-        make_record_decoder(source.value_format, source.value_options, decoder),
+        make_record_decoder(
+            source.value_format, source.value_options, decoder, topic=manifest.topic, registry=registry
+        ),
         source.mapping,
         source.partition_starts(manifest.partitions),
         vocabulary=source.vocabulary,

@@ -77,6 +77,8 @@ def stream_codec(cfg: KbitConfig, records: RecordShape) -> Codec:
             "a stream carries one record per message (produce.variant.records_per_message=1), "
             "so that each record has its own offset and produce time"
         )
+    if variant.framing != "kbit":
+        raise ConfigError("a stream is written in kbit's framing (produce.variant.framing: kbit)")
     return variant_codec(variant, records, cfg.reader.decoder)
 
 

@@ -102,7 +102,7 @@ def test_it_pickles_for_decode_workers_and_never_encodes():
 
 def test_the_json_decoder_finds_dotted_paths_and_refuses_what_is_not_json():
     assert field_at({"a": {"b": [1]}}, "a.b") == [1] and field_at({"a": 3}, "a.b") is None
-    decoder = make_record_decoder("json", {})
+    decoder = make_record_decoder("json", {}, topic="t")
     assert decoder.writer_schema() is None
     assert decoder.decode_columns(values({"a": {"b": 1}}, {}), ["a.b", "z"]) == {"a.b": [1, None], "z": [None, None]}
     with pytest.raises(CorruptRecordError, match="not JSON"):
@@ -111,10 +111,13 @@ def test_the_json_decoder_finds_dotted_paths_and_refuses_what_is_not_json():
 
 def test_the_decoder_factory_is_keyed_by_value_format():
     assert RECORD_DECODERS["json"] is JsonRecordDecoder
-    with pytest.raises(ConfigError, match="source.value_format 'avro-file' is unknown; known: json"):
-        make_record_decoder("avro-file", {})
+    known = "avro, confluent-avro, confluent-json, confluent-protobuf, json, protobuf"
+    with pytest.raises(ConfigError, match=f"source.value_format 'avro-file' is unknown; known: {known}"):
+        make_record_decoder("avro-file", {}, topic="t")
     with pytest.raises(ConfigError, match="value format 'json' takes none"):
-        make_record_decoder("json", {"schema": "x.avsc"})
+        make_record_decoder("json", {"schema": "x.avsc"}, topic="t")
+    with pytest.raises(ConfigError, match="Confluent framing: set registry.url"):
+        make_record_decoder("confluent-avro", {}, topic="t")
 
 
 def test_a_mapping_is_checked_against_the_writer_schema_naming_field_subject_and_id():

@@ -47,7 +47,10 @@ TARGET_CONNECT_MS = 5.0
 
 
 def parse_variant(name: str) -> DataVariant:
-    """``format_layout_compression[_xN]`` (e.g. ``mongodb_avro_list_lz4``, ``raw_bytes_zstd_x8``) -> variant."""
+    """``format_layout_compression[_xN][_confluent]`` (e.g. ``mongodb_avro_list_lz4``, ``raw_bytes_zstd_x8``,
+    ``avro_bytes_lz4_confluent``: the Confluent framing) -> variant."""
+    framing = "confluent" if name.endswith("_confluent") else "kbit"
+    name = name.removesuffix("_confluent")
     for fmt in sorted(FORMATS, key=len, reverse=True):
         if name.startswith(fmt + "_"):
             rest = name[len(fmt) + 1 :].split("_")
@@ -64,6 +67,7 @@ def parse_variant(name: str) -> DataVariant:
             layout=rest[0],
             compression=rest[1],
             records_per_message=int(rest[2][1:]) if len(rest) == 3 else 1,
+            framing=framing,
         )
     except ValueError as exc:
         raise ConfigError(f"variant {name!r}: {exc}") from None
@@ -125,7 +129,7 @@ def measure_variant(
     loader's loader ÷ fetch per round for its spread. Fetch and both decodes alternate per block, so load that drifts
     on a shared machine hits all three."""
     ranges = whole_topic_blocks(cfg, manifest)
-    stock, fast = manifest_codec(manifest, "stock"), manifest_codec(manifest, "fast")
+    stock, fast = (manifest_codec(manifest, decoder, cfg.registry) for decoder in ("stock", "fast"))
     processes = cfg.reader.decode_processes
     # without a fast decoder (and no pool) both columns are the stock library, timed once
     pool = DecodePool(fast, processes) if processes else None
@@ -186,16 +190,10 @@ def _row(
     f = statistics.median(fetch_s)
     stock_t = statistics.median(decode_s["stock"])
     fast_t = statistics.median(decode_s["fast"]) if "fast" in decode_s else stock_t
+    # each loader's (seconds, records) at the default batch size, then at the large one
+    sizes = ("default", "large")
     by_workers = {
-        w: loader_figures(
-            n,
-            fetch_s,
-            f + fast_t,
-            loader_s[w, "default"],
-            loaded[w, "default"],
-            loader_s[w, "large"],
-            loaded[w, "large"],
-        )
+        w: loader_figures(n, fetch_s, f + fast_t, *(x for s in sizes for x in (loader_s[w, s], loaded[w, s])))
         for w, _ in loader_s
     }
     own = by_workers[cfg.reader.workers]
