@@ -59,12 +59,13 @@ def ray_env(token_file: Path | None, *, loopback: bool) -> dict[str, str]:
     return {**_COMMON, **(_LOOPBACK if loopback else _CLUSTER), **token}
 
 
-def join_token_file(address: str, configured: Path | None, own: Path) -> Path | None:
+def join_token_file(address: str, configured: Path | None, recorded: Path | None, own: Path) -> Path | None:
     """The token file for joining the Ray cluster at ``address``, or None when the user's environment names the token.
 
-    In order: ``launch.ray_auth_token_file``; Ray's own variables in the user's environment; the token kbit keeps
-    for this workdir (a head that `kbit stack up --ray` started). Raises ConfigError naming the setting when none has
-    it: joining never creates a token, a new one would be refused by the cluster.
+    In order: ``launch.ray_auth_token_file``; Ray's own variables in the user's environment; the token file the
+    running local stack recorded for its head (``recorded``, :mod:`kbit_core.stack_record`); the token kbit keeps
+    for this workdir. Raises ConfigError naming the setting when none has it: joining never creates a token, a new
+    one would be refused by the cluster.
     """
     if configured is not None:
         if not configured.is_file() or not configured.read_text().strip():
@@ -75,12 +76,13 @@ def join_token_file(address: str, configured: Path | None, own: Path) -> Path | 
         return configured
     if any(_USER_TOKEN.values()):
         return None
-    if own.is_file() and own.read_text().strip():
-        return own
+    for candidate in (recorded, own):
+        if candidate is not None and candidate.is_file() and candidate.read_text().strip():
+            return candidate
     raise ConfigError(
         f"the Ray cluster at {address} asks for its token, and kbit has none for it: heads that "
-        f"`kbit stack up --ray` starts keep theirs in {own}; for another cluster set "
-        f"launch.ray_auth_token_file (or RAY_AUTH_TOKEN_PATH) to its token file"
+        f"`kbit stack up --ray` starts keep theirs in <their workdir>/ray/auth_token (this workdir's: {own}); "
+        f"for another cluster set launch.ray_auth_token_file (or RAY_AUTH_TOKEN_PATH) to its token file"
     )
 
 

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from kbit_core import ray_env
+from kbit_core import ray_env, stack_record
 from kbit_core.brokers.local import local_broker
 from kbit_core.brokers.schema_registry import local_registry
 from kbit_core.config import KbitConfig
@@ -248,6 +248,7 @@ class LocalStack:
         if ray:
             self.ray_head.start()
         if broker_only:
+            self.record()
             return self.status()
         if not self.remote_prefect:
             self.prefect_server.start()
@@ -257,7 +258,31 @@ class LocalStack:
         self.deploy()
         self.worker.start()
         self.wait_for_worker()
+        self.record()
         return self.status()
+
+    def record(self) -> None:
+        """Write what this stack serves now into the machine-local record (:mod:`kbit_core.stack_record`), where
+        profiles with another workdir find it; what an earlier `up` started stays in it while it runs."""
+        head_pid = self.ray_head.pid()
+        prefect_up = self.remote_prefect or self.prefect_server.pid() is not None
+        mlflow_up = self.remote_mlflow or self.mlflow_server.pid() is not None
+        head = (
+            None
+            if head_pid is None
+            else stack_record.RayHeadRecord(
+                address=str(self.ray_head.url), token_file=ray_env.own_token_file(self.run_dir), pid=head_pid
+            )
+        )
+        stack_record.save(
+            stack_record.StackRecord(
+                workdir=self.run_dir,
+                broker=self.broker.bootstrap if self.cfg.kafka.uses_embedded else None,
+                prefect_api_url=self.prefect_api_url if prefect_up else None,
+                mlflow_url=self.mlflow_url if mlflow_up else None,
+                ray_head=head,
+            )
+        )
 
     def down(self) -> list[str]:
         """Stop every service of ours by PID, worker first; returns the names that were running."""
@@ -265,6 +290,7 @@ class LocalStack:
         stopped = [svc.name for svc in services if svc is not None and svc.stop()]
         if self.broker.stop():
             stopped.append("broker")
+        stack_record.forget(self.run_dir)
         return stopped
 
     def status(self) -> list[ServiceStatus]:

@@ -2,6 +2,7 @@
 # kbit's two entry points on a fresh machine (Python 3.11, Java 17):
 #   scripts/run.sh main   install (idempotent) + start the local stack + run the smoke benchmark deployment
 #   scripts/run.sh test   install (idempotent, with the test and ray extras) + run the test suite
+#   scripts/run.sh fast   install (idempotent) + the lint and import gates + tests/unit (no service starts)
 # Installation is skipped when nothing it depends on changed since the last successful install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -84,6 +85,14 @@ install() {
   echo "$digest" > "$STAMP"
 }
 
+# The architecture and style gates, before any test: a wrong import (docs/architecture.md's layer map), a lint finding
+# or an unformatted file fails the run.
+gates() {
+  "$VENV/bin/lint-imports" --no-cache
+  "$VENV/bin/ruff" check .
+  "$VENV/bin/ruff" format --check .
+}
+
 export SPARK_LOCAL_IP=127.0.0.1 PREFECT_SERVER_ANALYTICS_ENABLED=false PYTHONUNBUFFERED=1
 export PYSPARK_PYTHON="$VENV/bin/python" PYSPARK_DRIVER_PYTHON="$VENV/bin/python"
 
@@ -113,11 +122,7 @@ case "${1:-}" in
     # Everything temporary (torchelastic, TorchDistributor, pytest) lands in one per-run dir.
     TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/kbit-test.XXXXXX"); export TMPDIR
     trap 'rm -rf "$TMPDIR"' EXIT
-    # The architecture and style gates first: a wrong import (docs/architecture.md's layer map), a lint finding or
-    # an unformatted file fails the run before any test starts.
-    "$VENV/bin/lint-imports" --no-cache
-    "$VENV/bin/ruff" check .
-    "$VENV/bin/ruff" format --check .
+    gates
     set +e
     "$VENV/bin/python" -m pytest "${@:2}"
     rc=$?
@@ -125,11 +130,19 @@ case "${1:-}" in
     [ $rc -eq 5 ] && { echo "kbit: pytest collected no tests" >&2; exit 1; }
     exit $rc
     ;;
+  fast)
+    # The edit-test loop, in minutes: the gates and tests/unit but its `slow` tests (a training run of 90 s), which
+    # start no service (no broker, Spark, Ray or server: tests/unit/conftest.py fails a test that asks for one), so
+    # no Java or Apache Kafka is needed either. The full suite (`test`) runs everything.
+    install test,ray
+    gates
+    exec "$VENV/bin/python" -m pytest tests/unit -m "not slow" "${@:2}"
+    ;;
   install)
     install test,ray
     install_kafka
     install_registry
     ;;
   *)
-    echo "usage: scripts/run.sh main|test|install [args]" >&2; exit 2 ;;
+    echo "usage: scripts/run.sh main|test|fast|install [args]" >&2; exit 2 ;;
 esac

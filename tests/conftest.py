@@ -15,7 +15,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -32,6 +32,20 @@ for _variable, _subdir in {
     "XDG_STATE_HOME": ".local/state",
 }.items():
     os.environ[_variable] = str(TEST_HOME / _subdir)
+# Nor may a user's running services: the suite's own stack record (`kbit stack up` writes where a profile finds its
+# Ray head, kbit_core/stack_record.py) is empty unless a test starts a stack.
+# Neither may the variables a user's shell holds after `eval "$(kbit stack env)"` or for their own Ray and kbit settings.
+USER_SERVICE_VARIABLES = (
+    "KBIT_SET",
+    "PREFECT_API_URL",
+    "PREFECT_HOME",
+    "PREFECT_PROFILE",
+    "MLFLOW_TRACKING_URI",
+    "RAY_ADDRESS",
+)
+os.environ["KBIT_STATE_DIR"] = str(TEST_HOME / "kbit-state")
+for _variable in USER_SERVICE_VARIABLES:
+    os.environ.pop(_variable, None)
 
 from kbit_core import ray_env  # noqa: E402  (after the home is set)
 from kbit_core.brokers.broker import EmbeddedBroker
@@ -162,15 +176,33 @@ def tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     b.stop()
 
 
+# What a test needs of the machine and must never lack under CI: each variable, set to 1, makes its absence fail.
+REQUIRE_APACHE_KAFKA = "KBIT_REQUIRE_APACHE_KAFKA"
+REQUIRE_BED = "KBIT_REQUIRE_BED"  # the multi-host test bed and link shaping: root, namespaces, `ip`, `tc`, `nft`
+
+
+def must_not_skip(variable: str) -> bool:
+    """Whether a missing prerequisite fails instead of skipping: under CI (``CI`` set, other than 0/false; CI runs
+    as root with every tool installed) or with ``variable`` set to 1."""
+    ci = os.environ.get("CI", "").strip().lower()
+    return ci not in ("", "0", "false", "no") or os.environ.get(variable) == "1"
+
+
+def unavailable(reason: str, variable: str = REQUIRE_BED) -> NoReturn:
+    """Skip the test with ``reason`` (pytest -ra lists it in the summary), or fail with it where
+    :func:`must_not_skip` says the machine must have what is missing."""
+    if must_not_skip(variable):
+        pytest.fail(f"{reason} (this machine must run it: CI or {variable}=1)", pytrace=False)
+    pytest.skip(reason)
+
+
 def installed_or_skip(check: Callable[[], object], missing: type[Exception]) -> None:
-    """Run ``check``; when it raises ``missing`` (a Java or jars not installed), skip, except under CI or
-    KBIT_REQUIRE_APACHE_KAFKA=1 (fail)."""
+    """Run ``check``; when it raises ``missing`` (a Java or jars not installed), skip with its message, except under
+    CI or KBIT_REQUIRE_APACHE_KAFKA=1 (fail with it: :func:`unavailable`)."""
     try:
         check()
     except missing as exc:
-        if os.environ.get("CI") or os.environ.get("KBIT_REQUIRE_APACHE_KAFKA") == "1":
-            raise
-        pytest.skip(str(exc))
+        unavailable(str(exc), REQUIRE_APACHE_KAFKA)
 
 
 def require_apache_kafka() -> None:
@@ -346,7 +378,7 @@ def ray_head_settings(head: Service) -> dict[str, Any]:
     """``launch`` settings that run ranks on the session's Ray head, with the head's token."""
     return {
         "engine": "ray",
-        "ray_head_port": head.port,
+        "ray_address": head.url,
         "ray_auth_token_file": str(ray_env.own_token_file(head.run_dir)),
     }
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,9 @@ from kbit_core.config.runs import BenchConfig, StackConfig, SweepConfig, Trackin
 from kbit_core.config.topics import SourceConfig
 from kbit_core.config.training import CheckpointConfig, DeepSpeedConfig, StreamConfig, TrainConfig
 from kbit_core.errors import ConfigError
+
+# Overrides every profile takes from the environment (see environment_overrides).
+SETTINGS_VARIABLE = "KBIT_SET"
 
 # Paths that ranks open themselves; relative ones mean "relative to the driver's working directory".
 _RANK_PATHS = (
@@ -242,6 +247,15 @@ def nest_dotted(dotted: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def environment_overrides() -> dict[str, Any]:
+    """``$KBIT_SET``: ``section.key=value`` pairs, shell-quoted and space-separated, that every profile a shell loads
+    takes (after the profile's own values, before ``--set``): a CI job's or a README run's ports and sizes."""
+    try:
+        return parse_overrides(shlex.split(os.environ.get(SETTINGS_VARIABLE, "")))
+    except (ConfigError, ValueError) as exc:
+        raise ConfigError(f"{SETTINGS_VARIABLE}: {exc}") from None
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     """Turn ['train.epochs=3', 'kafka.client=kafka-python'] into a nested dict; values parse as YAML."""
     dotted: dict[str, Any] = {}
@@ -267,8 +281,10 @@ def _override_value(key: str, raw: str) -> Any:
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | list[str] | None = None) -> KbitConfig:
-    """Load a YAML profile (or the defaults), apply overrides, validate, and return the typed config."""
+    """Load a YAML profile (or the defaults), apply ``$KBIT_SET`` then the overrides, validate, and return the
+    typed config."""
     data: dict[str, Any] = _read_yaml(Path(path)) if path else {}
+    data = deep_merge(data, environment_overrides())
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)
     if overrides:

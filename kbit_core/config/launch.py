@@ -47,15 +47,15 @@ class LaunchConfig(Section):
     ray_address: str | None = Field(
         None,
         description="Ray cluster to join: 'host:port' of a head, 'ray://host:port' "
-        "(Ray Client) or 'auto'; unset = the head `kbit stack up --ray` started on "
-        "127.0.0.1:ray_head_port, else a Ray runtime private to this process.",
+        "(Ray Client) or 'auto'; unset = the head of a running `kbit stack up --ray` (found in the "
+        "machine-local stack record, whatever its workdir), else a Ray runtime private to this process.",
     )
     ray_auth_token_file: Path | None = Field(
         None,
         description="File holding the token of the Ray cluster at "
         "launch.ray_address; unset: RAY_AUTH_TOKEN(_PATH) from the environment, "
-        "else the token kbit keeps for the workdir's own heads "
-        "(<workdir>/ray/auth_token).",
+        "else the token file the running local stack recorded for its head, else the token kbit keeps for the "
+        "workdir's own heads (<workdir>/ray/auth_token).",
     )
     ray_head_port: int = Field(
         6390,

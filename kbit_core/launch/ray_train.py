@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from kbit_core import handoff, ray_env
+from kbit_core import handoff, ray_env, stack_record
 from kbit_core.config import KbitConfig, is_loopback
 from kbit_core.errors import ConfigError, DistributedError
 from kbit_core.launch.distributor import RankDiedError, RankEntry, WorkerFailedError
@@ -54,21 +54,26 @@ class RayWorkerDiedError(RankDiedError):
         self.exit, self.pid = None, pid
 
 
-def head_address(cfg: KbitConfig) -> str:
-    return f"127.0.0.1:{cfg.launch.ray_head_port}"
+def ray_target(cfg: KbitConfig) -> tuple[str | None, Path | None]:
+    """The Ray cluster to join and the token file its local stack recorded: ``launch.ray_address`` (no recorded
+    token), else the head of a running local stack, else (None, None): a Ray runtime private to this process.
+    Nothing else that listens on this machine is joined, on Ray's ports or any other."""
+    if cfg.launch.ray_address is not None:
+        return cfg.launch.ray_address, None
+    head = stack_record.running_ray_head()
+    return (None, None) if head is None else (head.address, head.token_file)
 
 
 def ensure_ray(cfg: KbitConfig) -> None:
-    """Connect this process to Ray once: ``launch.ray_address``, else the local head, else a private runtime.
+    """Connect this process to Ray once: ``launch.ray_address``, else the head a running local stack recorded
+    (:mod:`kbit_core.stack_record`, whatever its workdir), else a private runtime.
 
     Every connection authenticates with a token (:mod:`kbit_core.ray_env`): a private runtime uses the one kbit keeps
     for the workdir (created on first use), a head is joined with its own. The private runtime (and a loopback head)
     keep every Ray socket on 127.0.0.1.
     """
     launch = cfg.launch
-    address = launch.ray_address
-    if address is None and port_open("127.0.0.1", launch.ray_head_port):
-        address = head_address(cfg)
+    address, recorded_token = ray_target(cfg)
     if address is not None and address.startswith("ray://"):
         _check_client_server(address)
     already = sys.modules.get("ray")
@@ -78,7 +83,7 @@ def ensure_ray(cfg: KbitConfig) -> None:
     token = (
         ray_env.create_token(own_token)
         if address is None
-        else ray_env.join_token_file(address, launch.ray_auth_token_file, own_token)
+        else ray_env.join_token_file(address, launch.ray_auth_token_file, recorded_token, own_token)
     )
     ray_env.activate(ray_env.ray_env(token, loopback=address is None or _is_local(address)))
     try:

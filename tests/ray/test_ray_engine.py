@@ -76,7 +76,7 @@ def test_train_ray_profile_reaches_90_percent_through_the_cli(broker, ray_head_s
         "workdir": tmp_path / "kbit",
         "kafka.embedded.port": broker.port,
         "produce.topic": topic_name,
-        "launch.ray_head_port": ray_head_service.port,
+        "launch.ray_address": ray_head_service.url,
         "tracking.enabled": "false",
         "launch.ray_auth_token_file": own_token_file(ray_head_service.run_dir),
     }
@@ -181,7 +181,7 @@ def test_joining_a_head_without_its_token_is_refused_naming_the_setting(broker, 
         "workdir": tmp_path / "kbit",
         "kafka.embedded.port": broker.port,
         "launch.engine": "ray",
-        "launch.ray_head_port": ray_head_service.port,
+        "launch.ray_address": ray_head_service.url,
         "tracking.enabled": "false",
     }
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}

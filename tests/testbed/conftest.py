@@ -9,6 +9,7 @@ import pytest
 from kbit_core import ray_env
 from kbit_core import testbed as bed
 from kbit_core.testbed import BedState
+from tests.conftest import unavailable
 
 
 @pytest.fixture(scope="session")
@@ -20,7 +21,7 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BedState]:
     """
     missing = bed.missing_prerequisites()
     if missing:
-        pytest.skip("the multi-host test bed cannot run here; missing: " + "; ".join(missing))
+        unavailable("the multi-host test bed cannot run here; missing: " + "; ".join(missing))
     running = bed.running_bed_dir()
     if running is not None and bed.status(running).up:
         state = bed.load_state(running)

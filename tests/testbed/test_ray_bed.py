@@ -12,6 +12,7 @@ import pytest
 
 from kbit_core import testbed as bed
 from kbit_core.testbed import BedState
+from tests.conftest import unavailable
 from tests.testbed.test_cluster_e2e import TRAIN_CLUSTER, assert_trained_on_node_hosts, bed_sets, run_kbit
 
 pytestmark = [pytest.mark.ray]
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.ray]
 def ray_bed(testbed: BedState) -> BedState:
     pytest.importorskip("ray")
     if testbed.ray_address is None:
-        pytest.skip("this test bed came up without Ray (the `ray` extra was missing then)")
+        unavailable("this test bed came up without Ray (the `ray` extra was missing then)")
     return testbed
 
 

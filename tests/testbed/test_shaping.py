@@ -27,7 +27,7 @@ from kbit_core.testbed import shaping
 from kbit_core.testbed.delay_relay import relay
 from kbit_core.testbed.network import Host
 from kbit_core.testbed.shaping import LinkEnd, LinkShape
-from tests.conftest import free_port
+from tests.conftest import free_port, unavailable
 from tests.testbed import wire_probe
 
 NETNS, ROOT_DEVICE = "kbs-n1", "kbs-t1"
@@ -79,10 +79,10 @@ def veth_link() -> Iterator[Link]:
 @pytest.fixture
 def link() -> Iterator[Link]:
     if sys.platform != "linux" or os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("shaping needs root on Linux and the `ip` command")
+        unavailable("shaping needs root on Linux and the `ip` command")
     missing = shaping.missing_prerequisites()
     if missing:
-        pytest.skip("shaping cannot run here; missing: " + "; ".join(missing))
+        unavailable("shaping cannot run here; missing: " + "; ".join(missing))
     with veth_link() as made:
         yield made
 

@@ -21,7 +21,7 @@ import torch
 from kbit_core import testbed as bed
 from kbit_core.testbed import BedState
 from kbit_core.train import checkpoint as ckpt
-from tests.conftest import FAULT_MODELS_DIR, REPO
+from tests.conftest import FAULT_MODELS_DIR, REPO, unavailable
 from tests.integration.fault_models import OUTAGE_TABLE
 from tests.testbed.test_cluster_e2e import TRAIN_CLUSTER, assert_ranks_on_node_hosts, bed_sets, run_kbit
 
@@ -34,7 +34,7 @@ OUTAGE_S = 10.0
 def wire(testbed: BedState):
     """The bed with nft available; its links as they were after the test (shape and any outage table removed)."""
     if shutil.which("nft") is None:
-        pytest.skip("faults on the wire need the `nft` command (apt-get install nftables)")
+        unavailable("faults on the wire need the `nft` command (apt-get install nftables)")
     link = testbed.options.get("link")
     yield testbed
     bed.reshape(testbed.bed_dir, link)

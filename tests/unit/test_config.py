@@ -348,3 +348,14 @@ def test_keep_best_direction_follows_the_metric_name() -> None:
     assert higher(keep_best="val_accuracy") and higher(keep_best="val_top2")
     assert not higher(keep_best="val_loss") and not higher(keep_best="val_error")
     assert not higher(keep_best="val_top2", keep_best_mode="min")
+
+
+def test_kbit_set_reaches_every_profile_and_set_still_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KBIT_SET", "kafka.embedded.port=29092 'dataset.num_records=600' launch.ray_head_port=6391")
+    cfg = load_config(Path(__file__).resolve().parents[2] / "deployments/train-smoke.yaml", ["dataset.num_records=700"])
+    assert cfg.kafka.embedded.port == 29092 and cfg.launch.ray_head_port == 6391
+    assert cfg.dataset.num_records == 700, "--set comes after KBIT_SET"
+    assert cfg.profile == "train-smoke", "the profile's own values stay"
+    monkeypatch.setenv("KBIT_SET", "train.epochs")
+    with pytest.raises(ConfigError, match=r"^KBIT_SET: override 'train.epochs' is not of the form section.key=value$"):
+        load_config(None)

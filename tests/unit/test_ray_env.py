@@ -48,22 +48,25 @@ def test_a_local_ray_keeps_loopback_and_a_cluster_does_not(tmp_path: Path) -> No
     assert "RAY_AUTH_TOKEN_PATH" not in ray_env.ray_env(None, loopback=False), "None: the user's own variables"
 
 
-def test_joining_takes_the_configured_token_file_then_kbits_own(tmp_path: Path) -> None:
+def test_joining_takes_the_configured_token_file_then_the_stacks_then_kbits_own(tmp_path: Path) -> None:
     configured = ray_env.create_token(tmp_path / "theirs")
+    recorded = ray_env.own_token_file(tmp_path / "stack")
     own = ray_env.own_token_file(tmp_path / "workdir")
 
-    assert ray_env.join_token_file("10.0.0.1:6379", configured, own) == configured
+    assert ray_env.join_token_file("10.0.0.1:6379", configured, recorded, own) == configured
     ray_env.create_token(own)
-    assert ray_env.join_token_file("127.0.0.1:6390", None, own) == own
+    assert ray_env.join_token_file("127.0.0.1:6390", None, recorded, own) == own, "a recorded file not there: own"
+    ray_env.create_token(recorded)
+    assert ray_env.join_token_file("127.0.0.1:6390", None, recorded, own) == recorded
 
 
 def test_joining_without_any_token_names_the_setting_and_creates_none(tmp_path: Path) -> None:
     own = ray_env.own_token_file(tmp_path)
 
     with pytest.raises(ConfigError, match=r"Ray cluster at ray://10\.1\.2\.3:10001 .*launch\.ray_auth_token_file"):
-        ray_env.join_token_file("ray://10.1.2.3:10001", None, own)
+        ray_env.join_token_file("ray://10.1.2.3:10001", None, None, own)
     with pytest.raises(ConfigError, match=rf"launch\.ray_auth_token_file={tmp_path / 'missing'}: no token there"):
-        ray_env.join_token_file("ray://10.1.2.3:10001", tmp_path / "missing", own)
+        ray_env.join_token_file("ray://10.1.2.3:10001", tmp_path / "missing", None, own)
     assert not own.exists()
 
 
@@ -71,7 +74,7 @@ def test_a_users_own_token_variable_is_used_for_their_cluster(tmp_path: Path) ->
     # the user's environment is read as the process found it, so this runs in a process of its own
     code = (
         "from pathlib import Path; from kbit_core import ray_env; "
-        "print(ray_env.join_token_file('ray://10.1.2.3:10001', None, Path('/nonexistent/auth_token')))"
+        "print(ray_env.join_token_file('ray://10.1.2.3:10001', None, None, Path('/nonexistent/auth_token')))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code],

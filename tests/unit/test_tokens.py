@@ -47,6 +47,7 @@ def test_records_depend_on_seed_and_index_only_and_carry_their_class_motif() -> 
     assert np.bincount(labels, minlength=10).min() > 200
 
 
+@pytest.mark.slow  # about 90 s of training on a loaded 2-core VM: the full suite runs it, the fast tier does not
 def test_token_transformer_learns_the_motifs_from_ids() -> None:
     _, ids, labels = read_all(tokens(num_records=3000), 3000)
     x, y = to_batch(ids, labels, np.arange(len(labels)))[:2]
