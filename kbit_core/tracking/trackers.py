@@ -27,6 +27,7 @@ from kbit_core.tracking.environment import run_environment
 from kbit_core.tracking.params import config_params, run_settings
 from kbit_core.tracking.reconcile import DRIVER_TAG, end_abandoned_runs
 from kbit_core.tracking.registry import register_model
+from kbit_core.tracking.training import headline as training_headline
 from kbit_core.tracking.training import metric_series, plot_curves, result_tags, run_note
 from kbit_core.train import checkpoint as ckpt
 
@@ -129,13 +130,19 @@ class MlflowTracker:
 
         self.cfg = cfg
         self.uri = cfg.tracking_uri()
+        # A sqlite store keeps its artifacts beside it, not in ./mlruns of whichever directory the run started in.
+        artifacts = None
         if self.uri.startswith("sqlite:///"):
-            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            store_dir = Path(self.uri.removeprefix("sqlite:///")).parent
+            store_dir.mkdir(parents=True, exist_ok=True)
+            artifacts = (store_dir.resolve() / "mlruns").as_uri()
         # log_model only knows the fluent API, which reads the process-wide URI.
         mlflow.set_tracking_uri(self.uri)
         self.client = MlflowClient(tracking_uri=self.uri)
         exp = self.client.get_experiment_by_name(cfg.experiment_name())
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(cfg.experiment_name())
+        self.experiment_id = (
+            exp.experiment_id if exp else self.client.create_experiment(cfg.experiment_name(), artifacts)
+        )
         self.experiment_tags = dict(exp.tags) if exp else {}
         # Without this tag MLflow 3 guesses the experiment's kind and may open it on the GenAI traces page.
         if self.experiment_tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
@@ -357,14 +364,23 @@ class MlflowTracker:
             for metric in self._metrics({name: value}, step=step)
         ]
         self._log(run_id, metrics=metrics, tags=result_tags(result))
-        self._log_artifacts(run_id, result)
+        plotted = self._log_artifacts(run_id, result)
+        # Relative to the UI's page: the server's artifact endpoint, wherever the UI is served from.
+        plot_url = f"get-artifact?path={LOSS_PLOT_ARTIFACT}&run_uuid={run_id}" if plotted else None
         registered = None
         if model_path is not None and self.cfg.tracking.log_models:
             registered = self._register_model(run_id, Path(model_path), result)
-        self._log(run_id, tags={NOTE_TAG: run_description(run_note(result, registered))})
+        self._log(run_id, tags={NOTE_TAG: run_description(run_note(result, registered, plot_url))})
+        run = self.client.get_run(run_id)
+        if "mlflow.parentRunId" not in run.data.tags:  # a sweep's trials leave the experiment's answer to the sweep
+            # The experiment's description opens every view of it: one click from the landing page, and its link
+            # is the second, straight to the curves.
+            link = f"#/experiments/{self.experiment_id}/runs/{run_id}/model-metrics?{MODEL_TRAINING_VIEW}"
+            self._show_latest_answer(f"[Latest training: {run.info.run_name}]({link}): {training_headline(result)}")
 
-    def _log_artifacts(self, run_id: str, result: Mapping[str, Any]) -> None:
-        """The loss-curve plot, the manifests the data came with and the whole result (the run report)."""
+    def _log_artifacts(self, run_id: str, result: Mapping[str, Any]) -> bool:
+        """The loss-curve plot, the manifests the data came with and the whole result (the run report); whether
+        there was a curve to plot."""
         self.client.log_dict(run_id, json.loads(json.dumps(result, default=str)), RUN_REPORT_ARTIFACT)
         with tempfile.TemporaryDirectory() as tmp:
             plot = plot_curves(result, Path(tmp) / LOSS_PLOT_ARTIFACT)
@@ -374,6 +390,7 @@ class MlflowTracker:
             path = Path(result[key]) if result.get(key) else None
             if path is not None and path.is_file():
                 self.client.log_artifact(run_id, str(path), artifact_path=MANIFEST_ARTIFACT_DIR)
+        return plot is not None
 
     def _register_model(self, run_id: str, model_path: Path, result: Mapping[str, Any]) -> str | None:
         """Register the model; None (and a ``model_logged`` tag saying why) when the checkpoint holds no whole model."""

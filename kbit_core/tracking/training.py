@@ -30,8 +30,8 @@ STEP_LOSS = "train/step_loss"
 RESULT_MEASURES = ("samples_per_s", "data_wait_fraction", "peak_memory_mb", "wall_seconds", "records_per_s")
 RESULT_MEASURES += ("seconds", "lag_records", "lag_seconds")
 RESULT_MEASURE_PREFIXES = ("test_", "freshness_")
-# Result entries that are neither: this run's own id, and the lists kept whole in the run report artifact.
-NOT_TAGS = ("mlflow_run_id", "loss_curve", "history", "epochs_history")
+# Result entries logged as neither: this run's own id, and the lists kept whole in the run report artifact.
+REPORT_ONLY = ("mlflow_run_id", "loss_curve", "history")
 MAX_TAG_CHARS = 5000
 
 
@@ -68,7 +68,7 @@ def metric_name(key: str) -> str:
     """A result or history key's MLflow name: ``train_loss`` -> ``train/loss``, ``val_top2`` -> ``val/top2``;
     the throughput and cost of an epoch keep their names (``train_samples_per_s``), out of the curves' sections."""
     section, _, rest = key.partition("_")
-    if section == "val" and rest or key in ("train_loss", "train_accuracy"):
+    if (section == "val" and rest) or key in ("train_loss", "train_accuracy"):
         return f"{section}/{rest}"
     return key
 
@@ -91,7 +91,7 @@ def metric_series(result: Mapping[str, Any]) -> dict[str, list[tuple[int, float]
                 series.setdefault(metric_name(key), []).append((step, float(value)))
     for key, values in result.items():
         name = metric_name(key)
-        if key not in NOT_TAGS and isinstance(values, list) and name not in series and name != key:
+        if key not in REPORT_ONLY and isinstance(values, list) and name not in series and name != key:
             series[name] = [(i, float(v)) for i, v in enumerate(values) if _is_number(v)]
     if result.get("loss_curve"):
         series[STEP_LOSS] = [(step, float(loss)) for step, loss in enumerate(result["loss_curve"])]
@@ -108,7 +108,7 @@ def result_tags(result: Mapping[str, Any]) -> dict[str, str]:
     tags = {
         key: str(value)[:MAX_TAG_CHARS]
         for key, value in result.items()
-        if key not in NOT_TAGS
+        if key not in REPORT_ONLY
         and isinstance(value, (int, float, str, bool))
         and not (_is_measure(key) and _is_number(value))
     }
@@ -159,9 +159,12 @@ def headline(result: Mapping[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def run_note(result: Mapping[str, Any], registered: str | None) -> str:
-    """The run's description: :func:`headline`, then where the data came from and where the model went."""
-    lines = [headline(result), ""]
+def run_note(result: Mapping[str, Any], registered: str | None, plot_url: str | None) -> str:
+    """The run's description (markdown): :func:`headline`, the curves' plot at ``plot_url`` (the run page shows it
+    right away, two clicks from MLflow's landing page), then where the data came from and where the model went."""
+    lines = [headline(result)]
+    if plot_url:
+        lines.append(f"![loss and accuracy curves]({plot_url})")
     source = result.get("topic") or result.get("dataset")
     if source:
         heldout = f", held-out `{result['heldout_topic']}`" if "heldout_topic" in result else ""
@@ -177,7 +180,7 @@ def run_note(result: Mapping[str, Any], registered: str | None) -> str:
         "Curves: the Model metrics tab (`train/...`, `val/...`) and `loss_curve.png`; the whole result, as every rank "
         "returned it, is `run_report.json`."
     )
-    return "\n".join(lines)
+    return "\n\n".join(lines)
 
 
 def plot_curves(result: Mapping[str, Any], path: Path) -> Path | None:

@@ -108,10 +108,21 @@ def test_the_run_opens_on_its_curves_and_says_what_it_trained(trained: tuple[Kbi
     assert first.startswith(f"**test accuracy {result['test_accuracy']:.4f}** · ") and "samples/s on 2 ranks" in first
     assert "% of step time waiting for data, 0 messages skipped" in first
     assert f"`{registered_model_name(cfg)}` version" in note
+    # The experiment's description, atop every view of it, links the newest training's curves: the second click
+    # from MLflow's landing page.
+    experiment = client.get_experiment(run.info.experiment_id)
+    link = (
+        f"#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}/model-metrics?workflowType=machine_learning"
+    )
+    latest = experiment.tags["mlflow.note.content"].split("\n\n---\n")[0]
+    assert latest.startswith(f"[Latest training: {run.info.run_name}]({link}): **test accuracy ")
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.json", "loss_curve.png", "run_report.json", "manifests"} <= artifacts
     manifests = {a.path for a in client.list_artifacts(run.info.run_id, "manifests")}
     assert manifests == {f"manifests/{result['topic']}.json"}
+    # beside the sqlite store, not in the directory the test ran in
+    store_dir = Path(cfg.tracking_uri().removeprefix("sqlite:///")).parent
+    assert client.get_experiment(run.info.experiment_id).artifact_location == (store_dir / "mlruns").as_uri()
 
 
 def test_the_registered_model_predicts_the_test_split_with_the_runs_accuracy(
