@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.errors import ConfigError
@@ -121,27 +122,48 @@ def nearest_existing(path: Path) -> Path:
     return path
 
 
-def check_shards(cfg: KbitConfig, num_records: int, variant: DataVariant, world_size: int, batch_size: int) -> None:
-    """ConfigError when the shard plan of the topic ``cfg`` would produce leaves some rank without data."""
+def check_shards(
+    cfg: KbitConfig,
+    num_records: int,
+    variant: DataVariant,
+    world_size: int,
+    batch_size: int,
+    snapshot: Any = None,
+) -> None:
+    """ConfigError when the shard plan of the topic ``cfg`` would produce, or of ``snapshot`` (the Manifest of a
+    user's topic), leaves some rank without data."""
     rpm = variant.records_per_message
     messages = math.ceil(num_records / rpm)
     partitions = cfg.produce.partitions
     # Message m goes to partition m % partitions (see kbit_core/produce.py), so this is the layout a manifest will have.
     layout = {p: (0, len(range(p, messages, partitions))) for p in range(partitions)}
     layout = {p: bounds for p, bounds in layout.items() if bounds[1]}
-    shards = plan(
-        layout, cfg.shard.split_rates, world_size, remainder=cfg.shard.remainder, records_per_message=rpm
-    ).shards
+    boundaries = None
+    if snapshot is not None:
+        layout, rpm, boundaries = snapshot.ranges(), 1, snapshot.source.split_offsets
+    try:
+        shards = plan(
+            layout,
+            cfg.shard.split_rates,
+            world_size,
+            remainder=cfg.shard.remainder,
+            records_per_message=rpm,
+            boundaries=boundaries if cfg.shard.split_by == "time" else None,
+        ).shards
+    except ValueError as exc:
+        raise ConfigError(f"cannot plan the shards: {exc}") from None
     where = (
         f"{num_records} records in {messages} message(s) of {rpm}, shard.split_rates={cfg.shard.split_rates}, "
         f"{world_size} rank(s)"
     )
+    more = (
+        f"snapshot more of topic {snapshot.topic!r} (source.at, source.ranges), move shard.split_times"
+        if snapshot is not None
+        else "produce more records (dataset.num_records), fewer records per message"
+    )
     for split, ranks in shards.items():
         if ranks[0].num_messages == 0:
-            raise ConfigError(
-                f"split {split!r} gives each rank no message ({where}); produce more records "
-                "(dataset.num_records), fewer records per message, or use fewer ranks"
-            )
+            raise ConfigError(f"split {split!r} gives each rank no message ({where}); {more}, or use fewer ranks")
     per_rank_batch = batch_size // world_size
     train_records = shards["train"][0].num_records
     if train_records < per_rank_batch:

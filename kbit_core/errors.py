@@ -40,6 +40,11 @@ class RecordError(KbitError):
         self.topic, self.partition, self.offset = topic, partition, offset
 
 
+class SchemaRegistryError(KbitError):
+    """The Schema Registry cannot be reached within its deadline, or refuses a request (authentication, a subject it
+    does not know)."""
+
+
 class CorruptRecordError(RecordError):
     """A record's bytes do not decode with the topic's codec."""
 

@@ -25,8 +25,8 @@ from kbit_core.checks import check_produce
 from kbit_core.config import DataVariant, KbitConfig
 from kbit_core.datasets import DatasetSource, open_source
 from kbit_core.errors import ConfigError, KbitError, ManifestMismatchError, TopicError
-from kbit_core.formats import Codec, get_codec
-from kbit_core.kafka import admin, manifest_registry
+from kbit_core.formats import Codec, ConfluentFramedCodec, variant_codec
+from kbit_core.kafka import admin, manifest_registry, ownership
 from kbit_core.kafka.contents import check_topic_and_records
 from kbit_core.kafka.manifest import DataIdentity, DatasetInfo, Manifest, manifest_path, message_digest
 from kbit_core.kafka.producers import DeliveryLedger, ProducerBackend, delivery_timeout_ms, make_producer
@@ -93,14 +93,7 @@ def _send_dataset(
 
 def _requested_identity(cfg: KbitConfig, variant: DataVariant) -> tuple[DataIdentity, DatasetSource, Codec]:
     source = open_source(cfg.dataset)
-    codec = get_codec(
-        variant.format,
-        variant.layout,
-        source.image_shape,
-        variant.records_per_message,
-        num_classes=source.num_classes,
-        dtype=source.record_dtype,
-    )
+    codec = variant_codec(variant, source)
     info = DatasetInfo(
         name=source.name,
         seed=cfg.dataset.seed,
@@ -174,13 +167,11 @@ def _known_manifest(cfg: KbitConfig, topic: str) -> tuple[Manifest, str]:
     local = Manifest.load(path) if path.is_file() else None
     registered = _registration(cfg, topic)
     if registered is not None and registered.manifest is not None and registered.manifest != local:
+        if not registered.manifest.kbit_wrote_it:
+            raise ownership.not_kbits(topic, "write")
         return registered.manifest, f"recorded in {manifest_registry.REGISTRY_TOPIC} by {registered.owner}"
-    if local is None:
-        raise ManifestMismatchError(
-            f"topic {topic!r} exists but has no manifest, neither at {path} nor in the broker's "
-            f"{manifest_registry.REGISTRY_TOPIC}, so its contents are unknown; pass --recreate (produce.recreate) to "
-            "replace it, or set produce.topic to another name"
-        )
+    if local is None or not local.kbit_wrote_it:
+        raise ownership.not_kbits(topic, "write")
     return local, str(path)
 
 
@@ -193,7 +184,7 @@ def _registration(cfg: KbitConfig, topic: str) -> manifest_registry.Registration
         return None
 
 
-def _record(cfg: KbitConfig, topic: str, manifest: Manifest | None) -> None:
+def record_manifest(cfg: KbitConfig, topic: str, manifest: Manifest | None) -> None:
     """Record ``manifest`` (None: deleted) in the broker registry; a broker that refuses it only costs the sharing."""
     try:
         manifest_registry.register(cfg.kafka, topic, manifest_registry.owner_name(str(cfg.run_dir)), manifest)
@@ -220,7 +211,7 @@ def _delete_for_recreate(cfg: KbitConfig, topic: str) -> None:
         )
     manifest_path(cfg.workdir, topic).unlink(missing_ok=True)
     if admin.delete_topic(cfg.kafka, topic) and registered is not None:
-        _record(cfg, topic, None)
+        record_manifest(cfg, topic, None)
 
 
 def produce_dataset(
@@ -248,6 +239,7 @@ def produce_dataset(
     with _producing(cfg, topic):
         path = manifest_path(cfg.workdir, topic)
         if recreate:
+            ownership.refuse_unless_kbits(cfg.kafka, cfg.workdir, topic, "delete", [_partial_marker(cfg, topic)])
             _delete_for_recreate(cfg, topic)
         else:
             reused = _reusable(cfg, topic, identity)
@@ -312,6 +304,8 @@ def _produce(
     A produce that does not finish (an error, an interrupt, a lost broker) deletes the topic it began, or, when
     the broker cannot be reached, leaves a note so that the next produce from this workdir does.
     """
+    if isinstance(codec, ConfluentFramedCodec):
+        codec.bind(cfg.registry, topic)  # registers kbit's schema under the topic's subject
     backend = make_producer(cfg.kafka, cfg.produce, variant.compression, client, broker_lost_s=BROKER_LOST_S)
     marker = _partial_marker(cfg, topic)
     try:
@@ -333,7 +327,7 @@ def _produce(
     backend.close()
     saved = manifest.save(cfg.manifest_dir)
     marker.unlink()
-    _record(cfg, topic, manifest)
+    record_manifest(cfg, topic, manifest)
     log.info(
         "produced %s: %d records in %d messages, %.1f MB in %.2fs; manifest %s",
         topic,

@@ -179,6 +179,7 @@ def plan(
     seed: int = 0,
     remainder: Remainder = "drop",
     records_per_message: int = 1,
+    boundaries: Mapping[int, Sequence[int]] | None = None,
 ) -> Plan:
     """Split ``partitions`` (``{partition: (start, stop)}``, half-open) by ``rates`` and shard each split.
 
@@ -191,9 +192,14 @@ def plan(
         remainder: ``'drop'`` the messages that do not divide evenly, or ``'pad'`` ranks by repeating
             their own earliest messages (the split's earliest when a rank has none).
         records_per_message: samples per Kafka message, carried into each shard's ``num_records``.
+        boundaries: a split by time (``{partition: (offset, ...)}``, every partition's first offset at each
+            split time, ascending): split i takes each partition's offsets from boundary i - 1 up to boundary i,
+            the splits past the last boundary share the rest by their rates; None: every split takes its rate's
+            share of each partition.
 
     Raises:
-        ValueError: on a world size below 1, no or negative partitions, inverted ranges, or bad rates.
+        ValueError: on a world size below 1, no or negative partitions, inverted ranges, bad rates, or a
+            boundary missing or outside its partition.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -212,7 +218,7 @@ def plan(
     for p in sorted(partitions):
         start, stop = partitions[p]
         cursor = start
-        for i, count in enumerate(split_counts(stop - start, exact)):
+        for i, count in enumerate(_partition_counts(p, start, stop, exact, boundaries)):
             if count:
                 per_split[i].append(OffsetRange(p, cursor, cursor + count))
             cursor += count
@@ -223,6 +229,30 @@ def plan(
         for name, ranges in splits.items()
     }
     return Plan(splits, shards, world_size, epoch, seed, remainder, records_per_message)
+
+
+def _partition_counts(
+    partition: int, start: int, stop: int, rates: Sequence[Fraction], boundaries: Mapping[int, Sequence[int]] | None
+) -> list[int]:
+    """How many of a partition's messages each split takes: by rate, or split i up to its time boundary i and the
+    splits past the last boundary the rest by their rates."""
+    if boundaries is None:
+        return split_counts(stop - start, rates)
+    if partition not in boundaries:
+        raise ValueError(f"partition {partition} has no split boundary")
+    cuts = list(boundaries[partition])
+    if not 1 <= len(cuts) <= max(1, len(rates) - 1):
+        raise ValueError(f"partition {partition}: {len(cuts)} split boundaries for {len(rates)} splits")
+    if any(not lo <= hi for lo, hi in zip([start, *cuts], [*cuts, stop])):
+        raise ValueError(
+            f"partition {partition}: split boundaries {cuts} are outside its range [{start}, {stop}) or out of order"
+        )
+    counts = [hi - lo for lo, hi in zip([start, *cuts], cuts)]
+    later = rates[len(cuts) :]
+    if not later:
+        return counts
+    total = sum(later)
+    return [*counts, *split_counts(stop - cuts[-1], [r / total for r in later])]
 
 
 def _slice(ranges: Sequence[OffsetRange], lo: int, hi: int) -> list[OffsetRange]:

@@ -1,5 +1,5 @@
-"""The local stack: embedded broker, Prefect server, process worker, MLflow server and an optional Ray head, each
-with a PID and log."""
+"""The local stack: embedded broker, Prefect server, process worker, MLflow server, an optional Schema Registry and
+an optional Ray head, each with a PID and log."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 
 from kbit_core import ray_env
 from kbit_core.brokers.local import local_broker
+from kbit_core.brokers.schema_registry import local_registry
 from kbit_core.config import KbitConfig
 from kbit_core.service import Service, ServiceError, ServiceStatus, http_ok
 
@@ -149,7 +150,8 @@ class LocalStack:
     ``<run_dir>/mlflow.db`` and ``<run_dir>/mlartifacts``. A remote Prefect API
     (``stack.prefect_api_url``) replaces the local server; an external Kafka cluster
     (``kafka.bootstrap_servers``) replaces the embedded broker, and an http(s) ``tracking.tracking_uri``
-    the local MLflow server.
+    the local MLflow server. ``registry.local.enabled`` adds kbit's Schema Registry (unless ``registry.url`` names
+    a user's own).
     """
 
     def __init__(self, cfg: KbitConfig) -> None:
@@ -178,6 +180,7 @@ class LocalStack:
             error_type=StackError,
         )
         self.mlflow_server = mlflow_server(cfg)
+        self.registry = local_registry(self.run_dir, cfg.registry.local) if self.local_registry else None
         self.ray_head = ray_head(cfg)
         self.worker = Service(
             "prefect-worker",
@@ -203,6 +206,11 @@ class LocalStack:
     @property
     def worker_name(self) -> str:
         return f"kbit-{self.cfg.stack.work_pool}"
+
+    @property
+    def local_registry(self) -> bool:
+        """Whether this stack runs kbit's own Schema Registry (asked for, and no registry.url of the user's)."""
+        return self.cfg.registry.local.enabled and self.cfg.registry.url is None
 
     @property
     def remote_prefect(self) -> bool:
@@ -235,6 +243,8 @@ class LocalStack:
         """
         if self.cfg.kafka.uses_embedded:
             self.broker.start()
+        if self.registry is not None:
+            self.registry.start()
         if ray:
             self.ray_head.start()
         if broker_only:
@@ -251,9 +261,8 @@ class LocalStack:
 
     def down(self) -> list[str]:
         """Stop every service of ours by PID, worker first; returns the names that were running."""
-        stopped = [
-            svc.name for svc in (self.worker, self.mlflow_server, self.prefect_server, self.ray_head) if svc.stop()
-        ]
+        services = (self.worker, self.mlflow_server, self.prefect_server, self.ray_head, self.registry)
+        stopped = [svc.name for svc in services if svc is not None and svc.stop()]
         if self.broker.stop():
             stopped.append("broker")
         return stopped
@@ -284,6 +293,8 @@ class LocalStack:
             )
         else:
             services.append(self.mlflow_server.status())
+        if self.registry is not None:
+            services.append(self.registry.status())
         if self.ray_head.pid() is not None:
             services.append(self.ray_head.status())
         return services

@@ -31,6 +31,17 @@ check_java() {
 # Apache Kafka's pinned jars (deployments/kafka/pom.xml) into $VENV/kafka/libs; idempotent, see the script.
 install_kafka() { KBIT_VENV=$VENV bash scripts/install_kafka.sh; }
 
+# The Schema Registry (Apicurio, deployments/registry/pom.xml) into $VENV/registry/app; idempotent, see the script.
+# Profiles start it with registry.local.enabled; the suite's registry tests need it. In CI a failed install fails
+# the run; elsewhere kbit says what is missing and goes on (the registry is optional, and those tests skip).
+install_registry() {
+  KBIT_VENV=$VENV bash scripts/install_registry.sh && return 0
+  if [ -n "${CI:-}" ] || [ "${KBIT_REQUIRE_APACHE_KAFKA:-}" = 1 ]; then
+    die "installing Apicurio Registry failed (CI needs it: the Schema Registry tests run on it): see $VENV/registry/install.log"
+  fi
+  echo "kbit: Apicurio Registry is not installed: registry.local.enabled cannot start, and the registry tests skip" >&2
+}
+
 install_torch() {
   # torch 2.13.0 and no other version. The CPU build (+cpu) comes from whatever wheel source the machine offers
   # (a find-links folder, KBIT_TORCH_INDEX); otherwise PyPI's torch==2.13.0, which is the CUDA build: it runs on
@@ -82,6 +93,7 @@ case "${1:-}" in
     check_java
     # Apache Kafka is the default local broker (kafka.embedded.broker): without its jars the stack cannot start.
     install_kafka || die "installing Apache Kafka (the default broker) failed: see $VENV/kafka/install.log"
+    install_registry
     exec bash scripts/main_job.sh "${@:2}"
     ;;
   test)
@@ -97,6 +109,7 @@ case "${1:-}" in
       echo "kbit: Apache Kafka is not installed: the suite runs on Tansu (KBIT_TEST_BROKER=tansu) and the tests that need Apache Kafka skip" >&2
       export KBIT_TEST_BROKER=tansu
     fi
+    install_registry
     # Everything temporary (torchelastic, TorchDistributor, pytest) lands in one per-run dir.
     TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/kbit-test.XXXXXX"); export TMPDIR
     trap 'rm -rf "$TMPDIR"' EXIT
@@ -115,6 +128,7 @@ case "${1:-}" in
   install)
     install test,ray
     install_kafka
+    install_registry
     ;;
   *)
     echo "usage: scripts/run.sh main|test|install [args]" >&2; exit 2 ;;

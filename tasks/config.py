@@ -15,6 +15,8 @@ from kbit_core.errors import ConfigError
 
 DEPLOYMENTS_DIR = Path(__file__).resolve().parents[1] / "deployments"
 SASL_PASSWORD_ENV = "KBIT_KAFKA_SASL_PASSWORD"
+# The Schema Registry's credentials, from the worker's environment like the SASL password.
+REGISTRY_SECRET_ENV = {"password": "KBIT_REGISTRY_PASSWORD", "bearer_token": "KBIT_REGISTRY_BEARER_TOKEN"}
 
 
 def profile_path(profile: str) -> Path:
@@ -37,7 +39,8 @@ def load_run_config(profile: str, overrides: dict[str, Any] | None = None) -> Kb
     A deployment's job environment names the stack's MLflow server in MLFLOW_TRACKING_URI; it is
     used unless the profile or the overrides choose a tracking URI themselves. The Kafka SASL password
     comes from KBIT_KAFKA_SASL_PASSWORD (the worker's environment) so that it never appears among
-    the flow-run parameters that Prefect stores and shows. Every MLflow run the config starts is tagged with
+    the flow-run parameters that Prefect stores and shows; the Schema Registry's password or bearer token from
+    KBIT_REGISTRY_PASSWORD / KBIT_REGISTRY_BEARER_TOKEN, likewise. Every MLflow run the config starts is tagged with
     this flow run (:func:`flow_run_tags`).
     """
     cfg = load_config(profile_path(profile), overrides or {})
@@ -47,6 +50,10 @@ def load_run_config(profile: str, overrides: dict[str, Any] | None = None) -> Kb
     env_password = os.environ.get(SASL_PASSWORD_ENV)
     if env_password and cfg.kafka.sasl_mechanism and cfg.kafka.sasl_password is None:
         cfg.kafka.sasl_password = SecretStr(env_password)
+    wants = {"password": cfg.registry.username is not None, "bearer_token": cfg.registry.url is not None}
+    for name, variable in REGISTRY_SECRET_ENV.items():
+        if os.environ.get(variable) and wants[name] and getattr(cfg.registry, name) is None:
+            setattr(cfg.registry, name, SecretStr(os.environ[variable]))
     cfg.tracking.run_tags = {**flow_run_tags(), **cfg.tracking.run_tags}
     return cfg
 

@@ -1,5 +1,5 @@
-"""Shared fixtures: a real embedded broker on a free loopback port, configs pointing at it, one SparkSession per
-test session, a TMPDIR to audit, the fault-injecting models (tests/integration/fault_models.py) for training, and one
+"""Shared fixtures: a real embedded broker on a free loopback port, configs pointing at it, one Schema Registry
+(Apicurio) and one SparkSession per test session, a TMPDIR to audit, the fault-injecting models (tests/integration/fault_models.py) for training, and one
 Ray head per test session."""
 
 from __future__ import annotations
@@ -162,17 +162,23 @@ def tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     b.stop()
 
 
+def installed_or_skip(check: Callable[[], object], missing: type[Exception]) -> None:
+    """Run ``check``; when it raises ``missing`` (a Java or jars not installed), skip, except under CI or
+    KBIT_REQUIRE_APACHE_KAFKA=1 (fail)."""
+    try:
+        check()
+    except missing as exc:
+        if os.environ.get("CI") or os.environ.get("KBIT_REQUIRE_APACHE_KAFKA") == "1":
+            raise
+        pytest.skip(str(exc))
+
+
 def require_apache_kafka() -> None:
     """Skip when Java or Apache Kafka's jars are missing, except under CI or KBIT_REQUIRE_APACHE_KAFKA=1 (fail)."""
     from kbit_core.brokers.apache_broker import java_binary, kafka_libs
     from kbit_core.errors import BrokerError
 
-    try:
-        kafka_libs(), java_binary()
-    except BrokerError as exc:
-        if os.environ.get("CI") or os.environ.get("KBIT_REQUIRE_APACHE_KAFKA") == "1":
-            raise
-        pytest.skip(str(exc))
+    installed_or_skip(lambda: (kafka_libs(), java_binary()), BrokerError)
 
 
 @pytest.fixture(scope="session")
@@ -186,6 +192,28 @@ def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     b.start()
     yield b
     b.stop()
+
+
+def require_schema_registry() -> None:
+    """Skip when Apicurio Registry or a Java 21+ is missing, except under CI or KBIT_REQUIRE_APACHE_KAFKA=1 (fail)."""
+    from kbit_core.brokers.schema_registry import RegistryServiceError, find_java, registry_app
+
+    installed_or_skip(lambda: (registry_app(), find_java()), RegistryServiceError)
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """One real Schema Registry (kbit's local Apicurio Registry, in memory) for the whole session; tests register
+    under subjects of their own topics. Its URL (the Confluent-compatible API) is ``schema_registry.url``."""
+    from kbit_core.brokers.schema_registry import local_registry
+    from kbit_core.config import LocalRegistryConfig
+
+    require_schema_registry()
+    local = LocalRegistryConfig(enabled=True, port=free_port(), management_port=free_port())
+    service = local_registry(tmp_path_factory.mktemp("schema-registry"), local)
+    service.start(timeout_s=180.0)
+    yield service
+    service.stop()
 
 
 def embedded_settings(broker: Any) -> dict[str, Any]:

@@ -1,20 +1,20 @@
 """`kbit bench`, `kbit report`, `kbit compare` and `kbit history`: run the benchmark, rebuild its report, flag
-regressions, and follow each configuration over the nights."""
+regressions, and follow each configuration over the nights.
+
+The benchmark, its statistics and MLflow (torch, scipy and pandas behind them) are imported inside the commands that
+use them, so `kbit --help` and a config error answer at once (tests/unit/test_cli_imports.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from kbit_core.bench.loading.report import RANKING_METRIC, load_stats, rebuild_report, significance_label
 from kbit_core.cli.common import (
     BENCH_STOPPED,
     ConfigOpt,
@@ -26,92 +26,6 @@ from kbit_core.cli.common import (
     run_guarded,
 )
 from kbit_core.config import BenchConfig, load_config, parse_overrides
-from kbit_core.jobs.benchmark import run_benchmark
-from kbit_core.jobs.history import history_report
-from kbit_core.stats.compare import COMPARISON_COLUMNS, compare_runs, comparison_rows
-from kbit_core.stats.history import history_markdown
-from kbit_core.stats.identity import check_comparable, comparability_problems
-from kbit_core.tracking import record_overrides
-
-# Below this many columns the results table stacks its figures two to a cell instead of giving each a column.
-WIDE_TABLE_COLUMNS = 130
-_WIDE = (
-    "#",
-    "configuration",
-    "runs",
-    "makespan s [95% CI]",
-    "ratio",
-    "vs fastest (p Holm)",
-    "per-rank median s",
-    "records/s",
-    "MB/s",
-)
-_NARROW = ("configuration", "makespan s\n[95% CI]", "× fastest\np (Holm)", "per-rank\nmedian s", "records/s\nMB/s")
-
-
-def results_table(stats: dict[str, Any], width: int | None = None) -> Table:
-    """Median makespan per iteration with its bootstrap CI and its Holm-corrected test against the fastest, the
-    per-rank median and throughput, fastest first. Under ``width`` < WIDE_TABLE_COLUMNS (an 80-column terminal)
-    two figures share a cell, so that none is cut off."""
-    narrow = width is not None and width < WIDE_TABLE_COLUMNS
-    table = Table(
-        title=f"kbit benchmark {stats.get('metadata', {}).get('run_id', '')}".rstrip(),
-        box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD,
-        show_edge=not narrow,
-        pad_edge=not narrow,
-    )
-    for column in _NARROW if narrow else _WIDE:
-        table.add_column(
-            column,
-            justify="left" if column == "configuration" else "right",
-            no_wrap=column != _NARROW[2] if narrow else column == "configuration",
-        )
-    for entry in stats["comparison"][RANKING_METRIC]["ranking"]:
-        name = entry["name"]
-        s, m, t = (
-            stats["statistical_analysis"][name],
-            stats["makespan"]["statistical_analysis"][name],
-            stats["throughput"][name],
-        )
-        if narrow:
-            table.add_row(
-                f"{entry['rank']}. {name}\n   {entry['runs']} runs",
-                f"{m['median']:.4f}\n[{m['median_ci_low']:.3f}, {m['median_ci_high']:.3f}]",
-                f"{entry['ratio']:.2f}\n{significance_label(entry)}",
-                f"{s['median']:.4f}",
-                f"{t['records_per_s_median']:,.0f}\n{t['mb_per_s_median']:.2f}",
-            )
-            continue
-        table.add_row(
-            str(entry["rank"]),
-            name,
-            str(entry["runs"]),
-            f"{m['median']:.4f} [{m['median_ci_low']:.4f}, {m['median_ci_high']:.4f}]",
-            f"{entry['ratio']:.2f}",
-            significance_label(entry),
-            f"{s['median']:.4f}",
-            f"{t['records_per_s_median']:,.0f}",
-            f"{t['mb_per_s_median']:.2f}",
-        )
-    return table
-
-
-def comparison_table(result: Any) -> Table:
-    table = Table(
-        title=f"B vs A ({result.metric} per iteration, threshold {result.threshold:.0%}, "
-        f"alpha {result.alpha}, Holm-corrected)"
-    )
-    for column in COMPARISON_COLUMNS:
-        table.add_column(
-            column,
-            justify="left" if column in ("configuration", "verdict") else "right",
-            no_wrap=column == "configuration",
-        )
-    for *cells, verdict in comparison_rows(result.to_dict()["deltas"]):
-        table.add_row(
-            *cells, {"regression": "[red]REGRESSION[/]", "improvement": "[green]improvement[/]"}.get(verdict, verdict)
-        )
-    return table
 
 
 def bench(
@@ -125,6 +39,10 @@ def bench(
     A run with --set overrides that change what is measured never becomes a nightly baseline."""
     overrides = run_guarded(parse_overrides, sets or [])  # parsed once: the config and the run's tag both read it
     cfg = run_guarded(load_config, config, overrides)
+    from kbit_core.cli.bench_tables import results_table
+    from kbit_core.jobs.benchmark import run_benchmark
+    from kbit_core.tracking import record_overrides
+
     # With --json, stdout carries exactly one JSON document: worker output goes to stderr.
     redirect = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
     with redirect:
@@ -145,6 +63,9 @@ def report(
     as_json: JsonOpt = False,
 ) -> None:
     """Rebuild every report file of RUN_DIR from its raw timings CSV."""
+    from kbit_core.bench.loading.report import load_stats, rebuild_report
+    from kbit_core.cli.bench_tables import results_table
+
     files = run_guarded(rebuild_report, run_dir)
     stats = load_stats(files.stats_json)
     if as_json:
@@ -173,6 +94,11 @@ def compare(
 
     Runs of different identities (profile, dataset, variants, iterations, world size, engine, clients,
     broker, hardware) are refused with their differences named, unless --force."""
+    from kbit_core.bench.loading.report import load_stats
+    from kbit_core.cli.bench_tables import comparison_table
+    from kbit_core.stats.compare import compare_runs
+    from kbit_core.stats.identity import check_comparable, comparability_problems
+
     limit = threshold if threshold is not None else BenchConfig().regression_threshold
     a_stats, b_stats = run_guarded(load_stats, a), run_guarded(load_stats, b)
     if not force:
@@ -217,6 +143,9 @@ def history(
     """Each configuration's nightly median makespan with its CI, change points (with the commits between)
     and unstable configurations, over the finished override-free runs of the newest run's identity."""
     cfg = run_guarded(load_cli_config, config, sets)
+    from kbit_core.jobs.history import history_report
+    from kbit_core.stats.history import history_markdown
+
     chosen = {"profile": profile or (cfg.profile if config else "nightly")}
     if tracking_uri:
         chosen["tracking.tracking_uri"] = tracking_uri

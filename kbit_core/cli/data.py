@@ -8,17 +8,10 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from kbit_core.checks import check_topic_name
-from kbit_core.cli.common import PRODUCE_STOPPED, ConfigOpt, JsonOpt, SetOpt, console, print_json, run_guarded
+from kbit_core.cli.common import PRODUCE_STOPPED, ConfigOpt, JsonOpt, SetOpt, print_json, run_guarded
 from kbit_core.cli.stream import produce_stream
 from kbit_core.config import COMPRESSIONS, FORMATS, KbitConfig, deep_merge, load_config, nest_dotted, parse_overrides
-from kbit_core.errors import TopicError
-from kbit_core.kafka import admin, manifest_registry
-from kbit_core.kafka.contents import TopicCheck, check_topic_and_records
-from kbit_core.kafka.manifest import Manifest, manifest_path
-from kbit_core.produce import produce_dataset
 
 out = Console()
 
@@ -48,66 +41,6 @@ def _config_with_flags(config: Path | None, sets: list[str] | None, flags: dict[
     """The profile, then --set overrides, then the explicit flags (the most specific wins)."""
     given = nest_dotted({key: value for key, value in flags.items() if value is not None})
     return load_config(config, deep_merge(parse_overrides(sets or []), given))
-
-
-def _mb(n: int | None) -> str:
-    return "-" if n is None else f"{n / 1e6:,.2f}"
-
-
-def manifest_table(m: Manifest) -> Table:
-    table = Table(title=f"manifest {m.topic}", show_header=False)
-    table.add_column("field", style="bold")
-    table.add_column("value")
-    ds = m.dataset
-    rows = [
-        (
-            "dataset",
-            f"{ds.name} seed={ds.seed} records={ds.num_records:,} shape={'x'.join(map(str, ds.image_shape))} "
-            f"classes={ds.num_classes}",
-        ),
-        ("variant", f"{m.variant.name} ({m.variant.records_per_message} record(s)/message)"),
-        ("schema fingerprint", m.schema_fingerprint),
-        ("records / messages", f"{m.num_records:,} / {m.num_messages:,}"),
-        ("value MB / wire MB", f"{_mb(m.value_bytes)} / {_mb(m.wire_bytes)}"),
-        ("bytes per record", f"{m.value_bytes / max(m.num_records, 1):,.1f}"),
-        (
-            "produce",
-            f"{m.produce_seconds:.2f} s, {m.num_records / max(m.produce_seconds, 1e-9):,.0f} rec/s, "
-            f"{m.value_bytes / 1e6 / max(m.produce_seconds, 1e-9):,.1f} MB/s ({m.client})",
-        ),
-        ("offsets", " ".join(m.offset_strings())),
-        ("created", f"{m.created_at:%Y-%m-%d %H:%M:%S %Z} by kbit {m.kbit_version}"),
-    ]
-    for row in rows:
-        table.add_row(*row)
-    return table
-
-
-def partitions_table(m: Manifest, check: TopicCheck | None = None) -> Table:
-    """One row per partition: its offsets, messages, records and MB, and with a ``check`` what the broker holds.
-    Offsets share a column ('first..last') so that the live check fits 80 columns."""
-    table = Table(title="partitions")
-    columns = ["part", "offsets", "messages", "records", "MB"]
-    if check is not None:
-        columns += ["earliest", "end", "live"]
-    for col in columns:
-        table.add_column(col, justify="right", no_wrap=True)
-    for p in m.partitions:
-        row = [
-            str(p.partition),
-            f"{p.first_offset}..{p.last_offset}",
-            f"{p.num_messages:,}",
-            f"{p.num_records:,}",
-            _mb(p.value_bytes),
-        ]
-        if check is not None:
-            row += [
-                str(check.earliest.get(p.partition, "-")),
-                str(check.ends.get(p.partition, "-")),
-                "[red]differs[/]" if p.partition in check.differing else "[green]ok[/]",
-            ]
-        table.add_row(*row)
-    return table
 
 
 def produce(
@@ -150,6 +83,10 @@ def produce(
     if stream:
         produce_stream(cfg, as_json)
         return
+    from kbit_core.cli.topic_view import manifest_table, partitions_table
+    from kbit_core.kafka.manifest import manifest_path
+    from kbit_core.produce import produce_dataset  # after the config: its errors answer before torch is imported
+
     manifest = run_guarded(produce_dataset, cfg, progress=not as_json, on_interrupt=PRODUCE_STOPPED)
     if as_json:
         print_json(
@@ -169,28 +106,10 @@ def inspect(
 ) -> None:
     """Show a topic's saved manifest and check it live: partitions, exact end offsets and every record's identity."""
     cfg = run_guarded(_config_with_flags, config, sets, {})
-    check, manifest = run_guarded(_inspect, cfg, topic)
-    if as_json:
-        print_json(
-            {
-                "topic": topic,
-                "ok": check.holds_manifest,
-                "exists": check.exists,
-                "partitions": check.partitions,
-                "earliest": check.earliest,
-                "ends": check.ends,
-                "problems": check.problems,
-                "manifest": manifest.model_dump(mode="json"),
-            }
-        )
-    else:
-        out.print(manifest_table(manifest))
-        out.print(partitions_table(manifest, check))
-        for problem in check.problems:
-            out.print(f"[bold red]differs:[/] {escape(problem)}")
-        if check.holds_manifest:
-            out.print(f"[green]topic {escape(topic)} holds exactly its manifest[/]")
-    if not check.holds_manifest:
+    from kbit_core.cli import topic_view  # after the config: its errors answer before the Kafka clients load
+
+    found = run_guarded(topic_view.inspect_topic, cfg, topic)
+    if not topic_view.show_inspected(out, topic, found, as_json):
         raise typer.Exit(code=1)
 
 
@@ -198,24 +117,3 @@ def register(app: typer.Typer) -> None:
     """Add `produce` and `inspect` to the root app."""
     app.command("produce")(produce)
     app.command("inspect")(inspect)
-
-
-def _inspect(cfg: KbitConfig, topic: str) -> tuple[TopicCheck, Manifest]:
-    check_topic_name(topic, "TOPIC")
-    path = manifest_path(cfg.workdir, topic)
-    if path.is_file():
-        manifest = Manifest.load(path)
-    else:
-        registered = manifest_registry.lookup(cfg.kafka, topic)
-        if registered is None or registered.manifest is None:
-            exists = admin.topic_exists(cfg.kafka, topic)
-            advice = "`kbit produce --recreate` replaces it" if exists else "produce it with `kbit produce`"
-            raise TopicError(
-                f"topic {topic!r} has no manifest at {path} nor in the broker's {manifest_registry.REGISTRY_TOPIC} and "
-                f"{'exists on' if exists else 'is not on'} the {admin.describe_broker(cfg.kafka)}; {advice}"
-            )
-        manifest = registered.manifest
-        console.print(
-            f"manifest recorded in {manifest_registry.REGISTRY_TOPIC} by {escape(registered.owner)}", highlight=False
-        )
-    return check_topic_and_records(cfg.kafka, manifest), manifest

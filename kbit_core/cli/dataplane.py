@@ -1,18 +1,21 @@
-"""`kbit bench-data`: produce, fetch and decode throughput per variant × client, and streaming memory."""
+"""`kbit bench-data`: produce, fetch and decode throughput per variant × client, and streaming memory.
+
+The benchmark and its peers (torch, Ray and Spark behind them) are imported once the config has loaded, so `kbit
+--help` and a config error answer at once (tests/unit/test_cli_imports.py)."""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, get_args
+from types import ModuleType
+from typing import Annotated, Any, get_args
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from kbit_core.bench.dataplane import data_plane, data_plane_report, ray_data_peer, spark_kafka_peer
-from kbit_core.bench.dataplane import kafka_tools as kafka_tools_module
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
 from kbit_core.config import DatasetConfig, KbitConfig, ReaderConfig
 from kbit_core.errors import ConfigError
@@ -28,12 +31,19 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-# The peers a run can be compared with, in the order of their options: (comparison, its terminal table).
-PEERS = {
-    "kafka_tools": (kafka_tools_module.compare, kafka_tools_module.tools_table),
-    "ray_read_kafka": (ray_data_peer.compare, ray_data_peer.peer_table),
-    "spark_kafka_source": (spark_kafka_peer.compare, spark_kafka_peer.peer_table),
-}
+# The peers a run can be compared with, in the order of their options.
+PEER_NAMES = ("kafka_tools", "ray_read_kafka", "spark_kafka_source")
+
+
+def _peers() -> dict[str, tuple[Callable[..., Any], Callable[..., Any]]]:
+    """Each peer's comparison and its terminal table, by name."""
+    from kbit_core.bench.dataplane import kafka_tools, ray_data_peer, spark_kafka_peer
+
+    return {
+        "kafka_tools": (kafka_tools.compare, kafka_tools.tools_table),
+        "ray_read_kafka": (ray_data_peer.compare, ray_data_peer.peer_table),
+        "spark_kafka_source": (spark_kafka_peer.compare, spark_kafka_peer.peer_table),
+    }
 
 
 DatasetsOpt = Annotated[
@@ -61,32 +71,37 @@ KafkaToolsOpt = Annotated[
 ]
 
 
+VariantsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--variants", "-v", help="format_layout_compression[_xN][_confluent], repeatable (default: bench.variants)."
+    ),
+]
+ClientsOpt = Annotated[
+    list[str] | None, typer.Option("--clients", help="confluent | kafka-python, repeatable (default: bench.clients).")
+]
+RssRecordsOpt = Annotated[str, typer.Option("--rss-records", help="Small,large topic sizes for the RSS check.")]
+LoaderWorkersOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--loader-workers",
+        help="Also time the loader with this reader.workers (thread | process | partitions), repeatable.",
+    ),
+]
+
+
 def bench_data(
     config: ConfigOpt = None,
     sets: SetOpt = None,
     records: Annotated[int | None, typer.Option("--records", "-n", help="Records per topic.")] = None,
-    variants: Annotated[
-        list[str] | None,
-        typer.Option("--variants", "-v", help="format_layout_compression[_xN], repeatable (default: bench.variants)."),
-    ] = None,
-    clients: Annotated[
-        list[str] | None,
-        typer.Option("--clients", help="confluent | kafka-python, repeatable (default: bench.clients)."),
-    ] = None,
+    variants: VariantsOpt = None,
+    clients: ClientsOpt = None,
     datasets: DatasetsOpt = None,
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, help="Timed reads per cell (median).")] = 3,
     rss: Annotated[bool, typer.Option("--rss/--no-rss", help="Measure streaming peak RSS on two topic sizes.")] = True,
-    rss_records: Annotated[
-        str, typer.Option("--rss-records", help="Small,large topic sizes for the RSS check.")
-    ] = "60000,600000",
+    rss_records: RssRecordsOpt = "60000,600000",
     keep_topics: Annotated[bool, typer.Option("--keep-topics", help="Keep the topics this run produced.")] = False,
-    loader_workers: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--loader-workers",
-            help="Also time the loader with this reader.workers (thread | process | partitions), repeatable.",
-        ),
-    ] = None,
+    loader_workers: LoaderWorkersOpt = None,
     ray_peer: RayPeerOpt = False,
     spark_peer: SparkPeerOpt = False,
     kafka_tools: KafkaToolsOpt = False,
@@ -96,29 +111,30 @@ def bench_data(
 ) -> None:
     """Benchmark the data plane: every rate next to the raw fetch rate of the same topic, measured in the same run."""
     cfg = run_guarded(load_cli_config, config, sets)
+    from kbit_core.bench.dataplane import data_plane, data_plane_report
+    from kbit_core.bench.dataplane.user_topic_bench import run_user_topic_bench
+
     chosen = [run_guarded(data_plane.parse_variant, v) for v in variants] if variants else None
-    for client in clients or []:
-        if client not in ("confluent", "kafka-python"):
-            raise typer.BadParameter(f"unknown client {client!r}; use confluent or kafka-python")
-    known = get_args(ReaderConfig.model_fields["workers"].annotation)
-    for workers in loader_workers or []:
-        if workers not in known:
-            raise typer.BadParameter(f"unknown reader.workers {workers!r}; use {', '.join(known)}")
-    wanted = [name for name, on in zip(PEERS, (kafka_tools, ray_peer, spark_peer), strict=True) if on]
-    results = run_guarded(
-        data_plane.run_data_plane,
-        cfg,
-        records=records,
-        variants=chosen,
-        datasets=[run_guarded(_named_dataset, cfg, name) for name in datasets] if datasets else None,
-        clients=clients or None,
-        repeats=repeats,
-        rss_sizes=_sizes(rss_records) if rss else None,
-        keep_topics=keep_topics,
-        progress=not as_json,
-        peers={name: PEERS[name][0] for name in wanted},
-        loader_workers=loader_workers or (),
-    )
+    _check_choices(clients or [], loader_workers or [])
+    wanted = [name for name, on in zip(PEER_NAMES, (kafka_tools, ray_peer, spark_peer), strict=True) if on]
+    peers = _peers() if wanted else {}
+    if cfg.source.topic is not None:  # a user's topic: its snapshot is measured, nothing produced
+        results = run_guarded(run_user_topic_bench, cfg, clients or None, repeats, loader_workers or (), wanted)
+    else:
+        results = run_guarded(
+            data_plane.run_data_plane,
+            cfg,
+            records=records,
+            variants=chosen,
+            datasets=[run_guarded(_named_dataset, cfg, name) for name in datasets] if datasets else None,
+            clients=clients or None,
+            repeats=repeats,
+            rss_sizes=_sizes(rss_records) if rss else None,
+            keep_topics=keep_topics,
+            progress=not as_json,
+            peers={name: peers[name][0] for name in wanted},
+            loader_workers=loader_workers or (),
+        )
     if output:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(results, indent=2))
@@ -128,7 +144,17 @@ def bench_data(
     if as_json:
         print_json(results)
     else:
-        _print_tables(results, wanted, output)
+        _print_tables(data_plane_report, results, {name: peers[name][1] for name in wanted}, output)
+
+
+def _check_choices(clients: list[str], loader_workers: list[str]) -> None:
+    for client in clients:
+        if client not in ("confluent", "kafka-python"):
+            raise typer.BadParameter(f"unknown client {client!r}; use confluent or kafka-python")
+    known = get_args(ReaderConfig.model_fields["workers"].annotation)
+    for workers in loader_workers:
+        if workers not in known:
+            raise typer.BadParameter(f"unknown reader.workers {workers!r}; use {', '.join(known)}")
 
 
 def _named_dataset(cfg: KbitConfig, name: str) -> DatasetConfig:
@@ -139,13 +165,13 @@ def _named_dataset(cfg: KbitConfig, name: str) -> DatasetConfig:
         raise ConfigError(f"--datasets {name}: {exc.errors()[0]['msg']}") from None
 
 
-def _print_tables(results: dict, peers: list[str], output: Path | None) -> None:
+def _print_tables(report: ModuleType, results: dict, peer_tables: dict[str, Callable], output: Path | None) -> None:
     """The run's tables for the terminal: the rows, the targets, then each peer's comparison."""
-    out.print(data_plane_report.results_table(results))
-    out.print(data_plane_report.loader_workers_table(results))
-    out.print(data_plane_report.targets_table(results))
-    for name in peers:
-        out.print(PEERS[name][1](results[name]))
+    out.print(report.results_table(results))
+    out.print(report.loader_workers_table(results))
+    out.print(report.targets_table(results))
+    for name, table in peer_tables.items():
+        out.print(table(results[name]))
     if output:
         out.print(f"results: {output}")
 

@@ -1,5 +1,6 @@
 """`kbit produce --stream` (the flag lives on `produce`; this prints what the live producer appended) and
-`kbit bench-stream`."""
+`kbit bench-stream`; the live producer and the stream benchmark are imported by the commands that run them (the
+CLI's import budget, tests/unit/test_cli_imports.py)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ from rich.table import Table
 
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, print_results, run_guarded
 from kbit_core.config import DataVariant, KbitConfig
-from kbit_core.jobs.stream_bench import results_table, run_stream_bench
-from kbit_core.stream.live_producer import LiveProducer
 
 out = Console()
 
 
 def produce_stream(cfg: KbitConfig, as_json: bool) -> None:
     """Append to the stream topic at ``stream.rate`` until ``stream.duration_s`` / ``stream.records`` / Ctrl-C."""
+    from kbit_core.stream.live_producer import LiveProducer
+
     run = run_guarded(lambda: LiveProducer(cfg).run())
     summary = {**asdict(run), "achieved_rate": run.achieved_rate}
     if as_json:
@@ -53,6 +54,8 @@ def bench_stream_command(
 ) -> None:
     """Per format: the highest produce rate continuous training sustains with bounded lag, and its freshness."""
     cfg = run_guarded(load_cli_config, config, sets)
+    from kbit_core.jobs.stream_bench import results_table, run_stream_bench
+
     chosen = variant_specs or ["raw:bytes:lz4", "avro:list:lz4", "json:list:lz4"]
     variants = run_guarded(
         lambda: [DataVariant(**dict(zip(("format", "layout", "compression"), v.split(":")))) for v in chosen]

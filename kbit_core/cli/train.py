@@ -1,5 +1,8 @@
 """`kbit train` (one distributed training job from a profile) and the training benchmarks `kbit bench-train` and
-`kbit bench-placement`."""
+`kbit bench-placement`.
+
+The jobs and benchmarks (torch, Spark, Ray and MLflow behind them) are imported inside the commands that run them,
+so `kbit --help` and a config error answer at once (tests/unit/test_cli_imports.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +18,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kbit_core.bench.dataplane.data_plane import parse_variant
-from kbit_core.bench.training.direct_bench import direct_table, run_direct_bench
-from kbit_core.bench.training.fast_consumer_bench import fast_consumer_table, run_fast_consumer_bench
-from kbit_core.bench.training.placement_bench import placement_table, run_placement_bench
-from kbit_core.bench.training.train_bench import results_table, run_train_bench
 from kbit_core.cli.common import (
     TRAINING_STOPPED,
     ConfigOpt,
@@ -30,7 +28,7 @@ from kbit_core.cli.common import (
     print_results,
     run_guarded,
 )
-from kbit_core.jobs.train import train
+from kbit_core.config import KbitConfig
 
 out = Console()
 
@@ -78,6 +76,8 @@ def _format(value: Any) -> str:
 def train_command(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Train once: produce or reuse the topic, launch DDP/DeepSpeed through TorchDistributor, print final metrics."""
     cfg = run_guarded(load_cli_config, config, sets)
+    from kbit_core.jobs.train import train  # after the config: a config error answers before torch is imported
+
     # TorchDistributor copies the workers' output to stdout; with --json, stdout carries the JSON alone.
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
         result = run_guarded(train, cfg, progress=not as_json, on_interrupt=TRAINING_STOPPED)
@@ -100,7 +100,9 @@ def bench_train_command(
     variants: Annotated[
         list[str] | None,
         typer.Option(
-            "--variants", "-v", help="Also stream these variants (format_layout_compression[_xN]), repeatable."
+            "--variants",
+            "-v",
+            help="Also stream these variants (format_layout_compression[_xN][_confluent]), repeatable.",
         ),
     ] = None,
     fast_consumer: Annotated[
@@ -124,17 +126,21 @@ def bench_train_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Kafka-streamed vs in-memory training throughput, launch overheads, and DeepSpeed vs DDP step time."""
+    cfg = run_guarded(load_cli_config, config, sets)
+    from kbit_core.bench.dataplane.data_plane import parse_variant
+    from kbit_core.bench.training.direct_bench import direct_table, run_direct_bench
+    from kbit_core.bench.training.fast_consumer_bench import fast_consumer_table, run_fast_consumer_bench
+    from kbit_core.bench.training.train_bench import results_table, run_train_bench
+
     if direct:
-        _run_bench(run_direct_bench, direct_table, config, sets, output, repeats, as_json)
+        _run_bench(run_direct_bench, direct_table, cfg, output, repeats, as_json)
         return
     chosen = [run_guarded(parse_variant, v) for v in variants or ()]
     if fast_consumer is not None:
         run = functools.partial(run_fast_consumer_bench, step_ms=fast_consumer, variants=chosen)
-        _run_bench(run, fast_consumer_table, config, sets, output, repeats, as_json)
+        _run_bench(run, fast_consumer_table, cfg, output, repeats, as_json)
         return
-    _run_bench(
-        functools.partial(run_train_bench, variants=chosen), results_table, config, sets, output, repeats, as_json
-    )
+    _run_bench(functools.partial(run_train_bench, variants=chosen), results_table, cfg, output, repeats, as_json)
 
 
 def bench_placement_command(
@@ -145,19 +151,20 @@ def bench_placement_command(
     as_json: JsonOpt = False,
 ) -> None:
     """A cluster launch (e.g. deployments/train-cluster.yaml on the test bed) vs the same training on this host alone."""
-    _run_bench(run_placement_bench, placement_table, config, sets, output, repeats, as_json)
+    cfg = run_guarded(load_cli_config, config, sets)
+    from kbit_core.bench.training.placement_bench import placement_table, run_placement_bench
+
+    _run_bench(run_placement_bench, placement_table, cfg, output, repeats, as_json)
 
 
 def _run_bench(
     run: Callable[..., dict[str, Any]],
     table: Callable[[dict[str, Any]], Table],
-    config: Path | None,
-    sets: list[str] | None,
+    cfg: KbitConfig,
     output: Path | None,
     repeats: int,
     as_json: bool,
 ) -> None:
-    cfg = run_guarded(load_cli_config, config, sets)
     print_results(lambda: run(cfg, output=output, repeats=repeats), table, as_json)
 
 

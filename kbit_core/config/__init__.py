@@ -8,6 +8,7 @@ from kbit_core.config.data import DatasetConfig, DataVariant, ProduceConfig, Rea
 from kbit_core.config.kafka import EmbeddedBrokerConfig, KafkaConfig
 from kbit_core.config.kbit import KbitConfig, deep_merge, flatten, load_config, nest_dotted, parse_overrides
 from kbit_core.config.launch import LaunchConfig, is_loopback, local_slots
+from kbit_core.config.registry import LocalRegistryConfig, RegistryConfig
 from kbit_core.config.runs import (
     LOOPBACK,
     BenchConfig,
@@ -16,6 +17,7 @@ from kbit_core.config.runs import (
     TrackingConfig,
     default_bench_variants,
 )
+from kbit_core.config.topics import FeatureDtype, MappingConfig, SourceConfig
 from kbit_core.config.training import (
     BUILTIN_OPTIMIZERS,
     BUILTIN_SCHEDULES,
@@ -41,11 +43,16 @@ __all__ = [
     "mask_credentials",
     "EmbeddedBrokerConfig",
     "KafkaConfig",
+    "LocalRegistryConfig",
+    "RegistryConfig",
     "DataVariant",
     "DatasetConfig",
     "ProduceConfig",
     "ReaderConfig",
     "ShardConfig",
+    "FeatureDtype",
+    "MappingConfig",
+    "SourceConfig",
     "BUILTIN_OPTIMIZERS",
     "BUILTIN_SCHEDULES",
     "CheckpointConfig",

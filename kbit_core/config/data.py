@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from kbit_core.config.base import ClientName, Compression, Format, Layout, Section
 
@@ -93,11 +94,33 @@ class DataVariant(Section):
     layout: Layout = "list"
     compression: Compression = "lz4"
     records_per_message: int = Field(1, ge=1)
+    framing: Literal["kbit", "confluent"] = Field(
+        "kbit",
+        description="kbit: the format's own bytes; confluent: the Confluent wire format (magic byte, schema id, "
+        "Protobuf's message indexes) written by confluent-kafka's serializers, kbit's schema registered under "
+        "<topic>-value in the Schema Registry (registry.*); avro, json and protobuf only.",
+    )
 
     @property
     def name(self) -> str:
         base = f"{self.format}_{self.layout}_{self.compression}"
-        return base if self.records_per_message == 1 else f"{base}_x{self.records_per_message}"
+        base = base if self.records_per_message == 1 else f"{base}_x{self.records_per_message}"
+        return base if self.framing == "kbit" else f"{base}_confluent"
+
+    @model_serializer(mode="wrap")
+    def _kbit_framing_unwritten(self, handler: Any) -> dict[str, Any]:
+        """kbit's own framing is left out of dumps, so manifests, run identities and baselines stay what they were
+        before variants had a framing."""
+        data = handler(self)
+        if self.framing == "kbit":
+            data.pop("framing", None)
+        return data
+
+    @model_validator(mode="after")
+    def _framing_carries_format(self) -> DataVariant:
+        if self.framing == "confluent" and self.format not in ("avro", "json", "protobuf"):
+            raise ValueError(f"framing confluent carries avro, json and protobuf, not {self.format}")
+        return self
 
 
 class ProduceConfig(Section):
@@ -122,6 +145,17 @@ class ProduceConfig(Section):
 
 class ShardConfig(Section):
     split_rates: list[float] = Field(default_factory=lambda: [6 / 7, 1 / 14, 1 / 14])
+    split_by: Literal["ratio", "time"] = Field(
+        "ratio",
+        description="ratio: each split takes its rate's share of every partition; time (a snapshot of a user's "
+        "topic, source.topic): train on the records before shard.split_times[0], val on those before "
+        "split_times[1] (when given) and test on the later ones; splits past the last time share its records "
+        "by their rates.",
+    )
+    split_times: list[datetime] = Field(
+        default_factory=list,
+        description="shard.split_by: time: where train ends, then (optionally) where val ends and test begins.",
+    )
     remainder: Literal["drop", "pad"] = Field("drop", description="How ranks are given equal sample counts.")
     shuffle: bool = True
     seed: int = 0
@@ -130,6 +164,17 @@ class ShardConfig(Section):
         ge=1,
         description="Samples per shuffle block: read with one seek; larger reads faster, smaller shuffles finer.",
     )
+
+    @model_validator(mode="after")
+    def _time_split_has_a_time(self) -> ShardConfig:
+        if (self.split_by == "time") != bool(self.split_times):
+            raise ValueError("shard.split_times is set exactly when shard.split_by is 'time'")
+        if len(self.split_times) > max(1, len(self.split_rates) - 1) or self.split_times != sorted(self.split_times):
+            raise ValueError(
+                f"shard.split_times needs 1 to {max(1, len(self.split_rates) - 1)} ascending times for "
+                f"{len(self.split_rates)} split(s), got {len(self.split_times)}"
+            )
+        return self
 
     @field_validator("split_rates")
     @classmethod

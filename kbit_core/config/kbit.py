@@ -15,7 +15,9 @@ from kbit_core.config.credentials import mask_credentials
 from kbit_core.config.data import DatasetConfig, ProduceConfig, ReaderConfig, ShardConfig
 from kbit_core.config.kafka import KafkaConfig
 from kbit_core.config.launch import LaunchConfig
+from kbit_core.config.registry import RegistryConfig
 from kbit_core.config.runs import BenchConfig, StackConfig, SweepConfig, TrackingConfig
+from kbit_core.config.topics import SourceConfig
 from kbit_core.config.training import CheckpointConfig, DeepSpeedConfig, StreamConfig, TrainConfig
 from kbit_core.errors import ConfigError
 
@@ -25,6 +27,9 @@ _RANK_PATHS = (
     ("kafka", "sasl_password_file"),
     ("kafka", "ssl_certfile"),
     ("kafka", "ssl_keyfile"),
+    ("registry", "ssl_cafile"),
+    ("registry", "ssl_certfile"),
+    ("registry", "ssl_keyfile"),
     ("dataset", "path"),
     ("launch", "gpu_discovery_script"),
 )
@@ -35,7 +40,9 @@ class KbitConfig(Section):
     workdir: Path = Field(Path(".kbit"), description="Run directory: broker pid/log, manifests, reports, mlflow.db.")
     dataset: DatasetConfig = DatasetConfig()
     kafka: KafkaConfig = KafkaConfig()
+    registry: RegistryConfig = RegistryConfig()
     produce: ProduceConfig = ProduceConfig()
+    source: SourceConfig = SourceConfig()
     shard: ShardConfig = ShardConfig()
     reader: ReaderConfig = ReaderConfig()
     train: TrainConfig = TrainConfig()
@@ -73,7 +80,7 @@ class KbitConfig(Section):
 
     def to_secret_dict(self) -> dict[str, Any]:
         """Like to_dict but with secrets revealed: only for handing to worker processes, never for logs."""
-        return {**self.to_dict(), "kafka": self.kafka.secret_dict()}
+        return {**self.to_dict(), "kafka": self.kafka.secret_dict(), "registry": self.registry.secret_dict()}
 
     def to_secret_json(self) -> str:
         """The config as JSON with secrets revealed: the one form a rank receives (see ``from_json``).

@@ -148,7 +148,7 @@ class _WorkerShard:
         if self._stream is None:
             cfg, manifest = self.cfg, self.manifest
             schedule = ShardSchedule(cfg, manifest, self.split, self.rank, self.world_size, epoch)
-            codec = manifest_codec(manifest, cfg.reader.decoder)
+            codec = manifest_codec(manifest, cfg.reader.decoder, cfg.registry)
             reader = RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec, self.client)
             self._stats = LoaderStats(reader=reader.stats)
             # pin_memory off: the child never touches CUDA (the rank pins what arrives)

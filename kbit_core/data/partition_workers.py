@@ -118,7 +118,7 @@ class _PartitionReader:
 
     def __call__(self, blocks: list[Block]) -> Iterator[_WorkerItem]:
         if self._reader is None:
-            codec = manifest_codec(self.manifest, self.cfg.reader.decoder)
+            codec = manifest_codec(self.manifest, self.cfg.reader.decoder, self.cfg.registry)
             self._reader = RangeReader(self.cfg.kafka, self.cfg.reader, self.manifest.topic, codec, self.client)
         reader, ahead = self._reader, self.cfg.reader.fetch_ahead_blocks
         ranges = [b.range for b in blocks]

@@ -256,11 +256,14 @@ class RangeReader:
     def decode(self, records: Sequence[RawRecord]) -> Any:
         """Decode ``records`` together; if that fails, one by one to find the culprits (fail or skip them)."""
         t0 = time.perf_counter()
+        good = records
         try:
             batch = self._decoder.decode(list(map(_VALUE, records)))
         except Exception:  # any codec failure means a bad value somewhere; localise it below
             good = self._good_records(records)
             batch = self.codec.decode(list(map(_VALUE, good))) if good else None
+        if batch is not None and self.codec.index_from_offsets:
+            batch = self.codec.indexed(batch, good)
         self.stats.decode_seconds += time.perf_counter() - t0
         if batch is not None:
             self.stats.records += len(batch.indices)
@@ -280,7 +283,7 @@ class RangeReader:
             )
             where = {"topic": self.topic, "partition": rec.partition, "offset": rec.offset}
             what = f"message does not decode as {self.codec.format}/{self.codec.layout}: {exc}"
-            if self.reader_cfg.bad_records == "fail":
+            if self.reader_cfg.bad_records == "fail" and not self.codec.skips(failed[position]):
                 raise CorruptRecordError(what, **where) from exc
             if (rec.partition, rec.offset) not in self._skipped_at:
                 self._skipped_at.add((rec.partition, rec.offset))

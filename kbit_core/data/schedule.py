@@ -83,9 +83,23 @@ class ShardSchedule:
                 seed=self.cfg.shard.seed,
                 remainder=self.cfg.shard.remainder,
                 records_per_message=self.records_per_message,
+                boundaries=self._time_boundaries(),
             )
         except ValueError as exc:
             raise ConfigError(f"cannot plan shards of topic {self.manifest.topic!r}: {exc}") from None
+
+    def _time_boundaries(self) -> dict[int, list[int]] | None:
+        """shard.split_by: time: each partition's first offset at each shard.split_times, found when the snapshot was
+        taken."""
+        if self.cfg.shard.split_by != "time":
+            return None
+        snapshot = self.manifest.source
+        if snapshot is None or snapshot.split_offsets is None or snapshot.split_times != self.cfg.shard.split_times:
+            raise ConfigError(
+                f"shard.split_by: time needs a snapshot of topic {self.manifest.topic!r} taken for "
+                f"shard.split_times={[t.isoformat() for t in self.cfg.shard.split_times]} (a user's topic, source.topic)"
+            )
+        return snapshot.split_offsets
 
     def _plan_hash(self, p: Plan) -> str:
         return hashlib.sha256(f"{self.manifest.topic}|{p.fingerprint()}".encode()).hexdigest()[:16]

@@ -35,7 +35,7 @@ def make_split_loader(
             split,
             rank,
             world_size,
-            manifest_codec(manifest, cfg.reader.decoder),
+            manifest_codec(manifest, cfg.reader.decoder, cfg.registry),
             epoch=epoch,
             client=client,
         )
@@ -101,7 +101,9 @@ def make_split_loaders(
     """The loaders of ``splits`` (default: every split ``shard.split_rates`` defines) for ``rank``, sharing one
     reader. Nothing connects until :meth:`SplitLoaderSet.connect` or the first read."""
     names = split_names(cfg.shard.split_rates) if splits is None else tuple(splits)
-    reader = RangeReader(cfg.kafka, cfg.reader, manifest.topic, manifest_codec(manifest, cfg.reader.decoder), client)
+    reader = RangeReader(
+        cfg.kafka, cfg.reader, manifest.topic, manifest_codec(manifest, cfg.reader.decoder, cfg.registry), client
+    )
     return SplitLoaderSet(
         reader, {s: make_split_loader(cfg, manifest, s, rank, world_size, epoch=epoch, reader=reader) for s in names}
     )

@@ -38,6 +38,26 @@ def load_avro_schema(*names: str) -> tuple[dict[str, Any], str]:
     return parsed[-1], "\n".join(to_parsing_canonical_form(p) for p in parsed)
 
 
+def _inlined(node: Any, named: dict[str, Any], defined: set[str]) -> Any:
+    """An Avro schema with each type it names by a name in ``named`` defined in place at its first use."""
+    if isinstance(node, str):
+        if node in named and node not in defined:
+            defined.add(node)
+            return _inlined(named[node], named, defined)
+        return node
+    if isinstance(node, list):
+        return [_inlined(branch, named, defined) for branch in node]
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    for key in ("type", "items", "values"):
+        if key in out:
+            out[key] = _inlined(out[key], named, defined)
+    if isinstance(out.get("fields"), list):
+        out["fields"] = [{**f, "type": _inlined(f["type"], named, defined)} for f in out["fields"]]
+    return out
+
+
 class AvroCodec(RecordCodec):
     format = "avro"
     schema_files = {"list": ("Meta", "MNISTImage"), "bytes": ("Meta", "MNISTImageBytes")}
@@ -48,6 +68,7 @@ class AvroCodec(RecordCodec):
         names = self.schema_files[self.layout]
         if self.records_per_message > 1:
             names = (*names, self.batch_schema_files[self.layout])
+        self._schema_names = names
         self._schema, self._canonical = load_avro_schema(*names)
 
     def _meta(self, index: int) -> dict[str, Any]:
@@ -56,6 +77,11 @@ class AvroCodec(RecordCodec):
         return {"index": index, "partition": 0, "timestamp": 0, "format": self.format, "compression": ""}
 
     def _encode_group(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, self._schema, self._group_object(indices, labels, pixels))
+        return out.getvalue()
+
+    def _group_object(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> dict[str, Any]:
         if indices.size and indices.max() > AVRO_INT_MAX:
             raise ValueError(f"{self.name}: sample index {indices.max()} does not fit the schema's Avro int")
         shape = list(self.image_shape)
@@ -64,11 +90,14 @@ class AvroCodec(RecordCodec):
             {"data": d, "shape": shape, "label": int(y), "meta": self._meta(int(i))}
             for d, y, i in zip(data, labels, indices)
         ]
-        out = io.BytesIO()
-        fastavro.schemaless_writer(
-            out, self._schema, records[0] if self.records_per_message == 1 else {"items": records}
-        )
-        return out.getvalue()
+        return records[0] if self.records_per_message == 1 else {"items": records}
+
+    def schema_text(self) -> str:
+        """The schema as one self-contained JSON text (each named type defined where first used): what a registry
+        registers."""
+        directory = files("kbit_core.formats") / "schemas"
+        raw = [json.loads((directory / f"{name}.avsc").read_text()) for name in self._schema_names]
+        return json.dumps(_inlined(raw[-1], {r["name"]: r for r in raw[:-1]}, set()))
 
     def _parse_one(self, value: bytes) -> dict[str, Any]:
         stream = io.BytesIO(value)

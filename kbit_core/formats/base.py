@@ -70,6 +70,9 @@ class Codec(ABC):
     max_records_per_message: ClassVar[int | None] = None
     single_record_reason: ClassVar[str] = ""
     wide_records: ClassVar[bool] = False
+    # Records carry no index of their own: the reader sets each sample's index from its (partition, offset) with
+    # ``indexed(batch, records)`` (a user's topic, see formats/mapping.py).
+    index_from_offsets: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -152,11 +155,15 @@ class Codec(ABC):
         Returns:
             ``ceil(n / records_per_message)`` values, in sample order.
         """
+        return self._encode(*self._prepared(indices, images, labels))
+
+    def _prepared(self, indices: np.ndarray, images: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Checked ``(indices, labels, pixels [n, C*H*W])``, pixels as floats in [0, 1] for the list layout."""
         indices, images, labels = self._check_inputs(indices, images, labels)
         pixels = images.reshape(len(images), self.record_size)
         if self.layout == "list":
             pixels = pixels.astype(np.float32) / np.float32(255)
-        return self._encode(indices, labels, pixels)
+        return indices, labels, pixels
 
     @abstractmethod
     def _encode(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> list[bytes]:
@@ -212,6 +219,10 @@ class Codec(ABC):
                 self._decode([value])
             except Exception as exc:  # noqa: BLE001 - as in decode
                 yield position, exc
+
+    def skips(self, reason: BaseException) -> bool:
+        """Whether a value failing with ``reason`` is skipped and counted whatever ``reader.bad_records`` says."""
+        return False
 
     def _localise(self, values: Sequence[bytes], batch_error: Exception) -> CorruptRecordError:
         """Find the first value that fails on its own, so the error names it (the batch path stays lean)."""
@@ -283,6 +294,20 @@ class RecordCodec(Codec):
     @abstractmethod
     def _encode_group(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> bytes:
         """One message value for up to ``records_per_message`` samples."""
+
+    def encode_objects(self, indices: np.ndarray, images: np.ndarray, labels: np.ndarray) -> list[Any]:
+        """What ``encode`` serializes, one object per message value (an Avro record dict, a Protobuf message, a JSON
+        document): for a schema-registry serializer to write instead (``formats.confluent.framed``)."""
+        indices, labels, pixels = self._prepared(indices, images, labels)
+        step = self.records_per_message
+        return [
+            self._group_object(indices[i : i + step], labels[i : i + step], pixels[i : i + step])
+            for i in range(0, len(indices), step)
+        ]
+
+    def _group_object(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> Any:
+        """The object one value holds, for formats a schema-registry serializer writes."""
+        raise NotImplementedError(f"{self.name} has no serializer-ready objects")
 
     def _decode(self, values: Sequence[bytes]) -> DecodedBatch:
         if self.records_per_message == 1:

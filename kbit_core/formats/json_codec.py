@@ -21,13 +21,36 @@ class JsonCodec(RecordCodec):
     format = "json"
 
     def _encode_group(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> bytes:
-        shape = list(self.image_shape)
-        if self.layout == "list":
-            data = list(pixels)  # float32 rows, serialized by orjson's numpy support
-        else:
-            data = [base64.b64encode(row.tobytes()).decode("ascii") for row in pixels]
-        docs = [{"data": d, "label": int(y), "index": int(i), "shape": shape} for d, y, i in zip(data, labels, indices)]
+        # float32 rows, serialized by orjson's numpy support
+        docs = self._docs(indices, labels, list(pixels) if self.layout == "list" else pixels)
         return orjson.dumps(docs[0] if self.records_per_message == 1 else docs, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    def _group_object(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> Any:
+        # plain Python floats (the same float32 values) for serializers that cannot take numpy rows
+        docs = self._docs(indices, labels, pixels.tolist() if self.layout == "list" else pixels)
+        return docs[0] if self.records_per_message == 1 else docs
+
+    def _docs(self, indices: np.ndarray, labels: np.ndarray, data: Any) -> list[dict[str, Any]]:
+        if self.layout == "bytes":
+            data = [base64.b64encode(row.tobytes()).decode("ascii") for row in data]
+        shape = list(self.image_shape)
+        return [{"data": d, "label": int(y), "index": int(i), "shape": shape} for d, y, i in zip(data, labels, indices)]
+
+    def json_schema(self) -> dict[str, Any]:
+        """A JSON Schema of the values: what a registry registers."""
+        data = {"type": "string"} if self.layout == "bytes" else {"type": "array", "items": {"type": "number"}}
+        integer = {"type": "integer"}
+        sample = {
+            "type": "object",
+            "properties": {
+                "data": data,
+                "label": integer,
+                "index": integer,
+                "shape": {"type": "array", "items": integer},
+            },
+            "required": ["data", "label", "index", "shape"],
+        }
+        return sample if self.records_per_message == 1 else {"type": "array", "items": sample}
 
     _parse_one = staticmethod(orjson.loads)
 

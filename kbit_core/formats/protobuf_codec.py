@@ -41,6 +41,11 @@ class ProtobufCodec(RecordCodec):
     wide_records = True
 
     def _encode_group(self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray) -> bytes:
+        return self._group_object(indices, labels, pixels).SerializeToString()
+
+    def _group_object(
+        self, indices: np.ndarray, labels: np.ndarray, pixels: np.ndarray
+    ) -> kbit_pb2.Sample | kbit_pb2.SampleBatch:
         field = "pixels" if self.layout == "bytes" else "data"
         rows = [row.tobytes() for row in pixels] if self.layout == "bytes" else pixels.tolist()
         samples = [
@@ -48,8 +53,8 @@ class ProtobufCodec(RecordCodec):
             for i, y, row in zip(indices, labels, rows)
         ]
         if self.records_per_message == 1:
-            return samples[0].SerializeToString()
-        return kbit_pb2.SampleBatch(samples=samples, count=len(samples)).SerializeToString()
+            return samples[0]
+        return kbit_pb2.SampleBatch(samples=samples, count=len(samples))
 
     def _decode(self, values: Sequence[bytes]) -> DecodedBatch:
         # Grouped values each carry a count that must match their own samples, so they are parsed one by one.

@@ -32,6 +32,7 @@ from kbit_core.kafka.manifest import manifest_path
 from kbit_core.launch import launch
 from kbit_core.produce import ensure_topics
 from kbit_core.testbed.shaping import network_shape
+from kbit_core.topic_dataset import snapshot_dataset, snapshot_variant
 from kbit_core.tracking import make_tracker, run_environment
 
 log = logging.getLogger(__name__)
@@ -213,8 +214,10 @@ def run_benchmark(cfg: KbitConfig, *, progress: bool = True) -> BenchResult:
     The embedded broker is started for the run when the config uses it and nothing listens there yet.
     Reports go to ``bench.output_dir/<UTC timestamp>/``.
     """
+    if cfg.source.topic is not None:  # a user's topic: its snapshot is the one "variant" measured
+        cfg = cfg.override({"bench.variants": [snapshot_variant(cfg).model_dump()]})
     cells = matrix(cfg)
-    for warning in check_benchmark(cfg).warnings:
+    for warning in check_benchmark(cfg).warnings if cfg.source.topic is None else ():
         log.warning("%s", warning)
     started_at = datetime.now(UTC)
     run_id = started_at.strftime("%Y%m%dT%H%M%SZ")
@@ -223,7 +226,11 @@ def run_benchmark(cfg: KbitConfig, *, progress: bool = True) -> BenchResult:
     with embedded_broker(cfg):
         variants = list({c.variant.name: c.variant for c in cells}.values())
         # check_benchmark checked every variant's topic
-        produced = dict(zip((v.name for v in variants), ensure_topics(cfg, variants, progress=progress, checked=True)))
+        produced = (
+            {variants[0].name: snapshot_dataset(cfg)}
+            if cfg.source.topic is not None
+            else dict(zip((v.name for v in variants), ensure_topics(cfg, variants, progress=progress, checked=True)))
+        )
         manifests = [produced[c.variant.name] for c in cells]
         tracker = make_tracker(cfg)
         with tracker.run(cfg, name=f"bench-{run_id}", kind="benchmark", tags={"suite": cfg.profile}) as parent_id:

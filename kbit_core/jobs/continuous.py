@@ -9,7 +9,7 @@ from typing import Any
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError, TopicError
 from kbit_core.jobs.restarts import train_with_restarts
-from kbit_core.kafka import admin
+from kbit_core.kafka import admin, ownership
 from kbit_core.produce import produce_dataset
 from kbit_core.stream.ledger import assign_partitions
 from kbit_core.stream.stream_log import stream_log_path
@@ -47,6 +47,13 @@ def wait_for_stream(cfg: KbitConfig) -> str:
                 f"{cfg.stream.idle_timeout_s:.0f}s; start `kbit produce --stream` with the same config"
             )
         time.sleep(0.5)
+    if ownership.kbit_evidence(cfg.kafka, cfg.workdir, topic, [stream_log_path(cfg.workdir, topic)]) is None:
+        raise TopicError(
+            f"stream topic {topic!r} was not written by kbit's live producer (no stream log at "
+            f"{stream_log_path(cfg.workdir, topic)}): its keys are not kbit's stream indices and kbit will not write "
+            f"a held-out topic beside it; train on it as a snapshot instead: source.topic={topic} with "
+            "train.mode=batch (docs/your_topics.md)"
+        )
     partitions = admin.topic_partitions(cfg.kafka, topic)
     if len(partitions) != cfg.produce.partitions:
         raise TopicError(

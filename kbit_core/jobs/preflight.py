@@ -28,6 +28,8 @@ from kbit_core.data.dataset_reader import check_direct
 from kbit_core.datasets import DatasetSource, open_source
 from kbit_core.datasets.map_style import MapStyleSource
 from kbit_core.jobs.split_check import split_label_mismatch
+from kbit_core.kafka.manifest import DatasetInfo
+from kbit_core.topic_dataset import snapshot_dataset
 from kbit_core.train.checkpoint import resolve_resume
 from kbit_core.train.models import build_model, check_vocabulary
 from kbit_core.train.tensor_parallel import splittable_blocks
@@ -49,20 +51,31 @@ def check_training(cfg: KbitConfig) -> Preflight:
             for ``checkpoint.keep_last`` checkpoints.
     """
     started = time.perf_counter()
-    with _worker_import_path():  # a dataset factory imports as on the ranks
-        source = open_source(cfg.dataset, exact=cfg.train.data == "direct")
-    if isinstance(source, MapStyleSource):
-        source.check_ends()
+    check_writable(cfg.run_dir, "workdir")
+    if cfg.source.topic is not None:  # a user's topic: its snapshot, mapping checked, is the dataset
+        snapshot = snapshot_dataset(cfg)
+        source: DatasetSource | DatasetInfo = snapshot.dataset
+        report, planned, layout = Preflight(), cfg, snapshot
+    else:
+        with _worker_import_path():  # a dataset factory imports as on the ranks
+            source = open_source(cfg.dataset, exact=cfg.train.data == "direct")
+        if isinstance(source, MapStyleSource):
+            source.check_ends()
+        layout = None
     if cfg.train.data == "direct":  # no topic: the dataset is planned as one partition of its records
         check_direct(cfg)
         report, planned = Preflight(), cfg.override({"produce.partitions": 1, "produce.variant.records_per_message": 1})
-    else:
+    elif layout is None:
         report = check_produce(cfg, cfg.produce.topic_for(cfg.dataset), cfg.produce.variant, source.num_records)
         planned = cfg
-    check_writable(cfg.run_dir, "workdir")
     # Under a pipeline or tensor parallelism one process per data-parallel rank reads: the shards are planned for those.
     check_shards(
-        planned, source.num_records, planned.produce.variant, cfg.data_parallel_size, cfg.train.global_batch_size
+        planned,
+        source.num_records,
+        planned.produce.variant,
+        cfg.data_parallel_size,
+        cfg.train.global_batch_size,
+        layout,
     )
     if isinstance(source, MapStyleSource) and (mismatch := split_label_mismatch(planned, source)):
         report.warn(mismatch)
@@ -123,7 +136,7 @@ def _worker_import_path() -> Iterator[None]:
             sys.path.remove(entry)
 
 
-def _check_model(cfg: KbitConfig, source: DatasetSource) -> int:
+def _check_model(cfg: KbitConfig, source: DatasetSource | DatasetInfo) -> int:
     """Import and build ``train.model`` for the dataset's records as every rank will (for token sequences, with an
     embedding that holds the dataset's vocabulary), and import the loss, metrics,
     optimizer and scheduler named by import path, and check that tensor parallelism can split the model; the

@@ -15,8 +15,9 @@ from kbit_core.datasets import open_source
 from kbit_core.jobs.continuous import train_continuous
 from kbit_core.jobs.preflight import check_training
 from kbit_core.jobs.restarts import train_with_restarts
-from kbit_core.kafka.manifest import manifest_path
+from kbit_core.kafka.manifest import Manifest, manifest_path
 from kbit_core.produce import produce_dataset
+from kbit_core.topic_dataset import snapshot_dataset
 from kbit_core.tracking import Tracker, make_tracker, training_run_name
 from kbit_core.train.direct_worker import train_direct_main
 from kbit_core.train.worker import train_main
@@ -52,7 +53,7 @@ def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
             result = train_with_restarts(cfg, train_direct_main, dataset.model_dump_json())
             result.update(dataset=dataset.topic, mlflow_run_id=run_id)
         else:
-            manifest = produce_dataset(cfg, progress=progress, checked=True)  # check_training checked it
+            manifest = dataset_manifest_of(cfg, progress)
             result = train_with_restarts(cfg, train_main, manifest.model_dump_json())
             result.update(
                 topic=manifest.topic,
@@ -62,6 +63,14 @@ def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
         result["wall_seconds"] = time.perf_counter() - started
         _track(tracker, run_id, result)
     return result
+
+
+def dataset_manifest_of(cfg: KbitConfig, progress: bool) -> Manifest:
+    """The manifest a run reads: the snapshot of a user's topic (source.topic), else kbit's topic of the dataset,
+    produced or reused (check_training checked either)."""
+    if cfg.source.topic is not None:
+        return snapshot_dataset(cfg)
+    return produce_dataset(cfg, progress=progress, checked=True)
 
 
 def _track(tracker: Tracker, run_id: str | None, result: dict[str, Any]) -> None:

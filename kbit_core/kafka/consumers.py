@@ -11,7 +11,6 @@ import functools
 import itertools
 import logging
 import operator
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -23,9 +22,9 @@ import kafka.errors
 
 from kbit_core.config import ClientName, KafkaConfig, ReaderConfig
 from kbit_core.errors import BrokerError, ConfigError, OffsetRangeError
-from kbit_core.kafka.admin import EAGER_CONNECT, OUT_OF_RANGE, UNKNOWN_PARTITION, client_options
+from kbit_core.kafka.admin import OUT_OF_RANGE, UNKNOWN_PARTITION
+from kbit_core.kafka.clients import ConsumerUse, consumer_options, open_consumer
 from kbit_core.kafka.offsets import offset_bounds
-from kbit_core.kafka.settings import kafka_python_options, mask
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +34,6 @@ FETCH_WAIT_MS = 10
 # range read after the check took 13-16 ms with 10 ms, 3-5 ms with 1 ms); an idle consumer at a log end then
 # costs the broker ~11 % of a core instead of ~4 %, only while it sits there.
 LOG_END_WAIT_MS = 1
-# Both clients skip the records of aborted transactions and stop at the last stable offset: nothing a producer
-# aborted is ever trained on. Their offsets, and those of the transaction markers, are the reader's counted gaps.
-READ_COMMITTED = "read_committed"
 
 
 class RawRecord(NamedTuple):
@@ -108,9 +104,18 @@ class ConsumerBackend(ABC):
         self.close()
 
 
-def _group_id() -> str:
-    # A fresh group id per consumer: nothing is committed, and concurrent readers never rebalance each other.
-    return f"kbit-reader-{uuid.uuid4().hex[:12]}"
+def _reader_use(reader_cfg: ReaderConfig, fetch_wait_ms: int, tuning: dict[str, Any]) -> ConsumerUse:
+    """The reader's consumer, either client. Both skip the records of aborted transactions and stop at the last
+    stable offset: nothing a producer aborted is ever trained on. Their offsets, and those of the transaction
+    markers, are the reader's counted gaps."""
+    return ConsumerUse(
+        purpose="reader",
+        read_committed=True,
+        fetch_wait_ms=fetch_wait_ms,
+        fetch_max_bytes=reader_cfg.fetch_max_bytes,
+        partition_fetch_bytes=reader_cfg.fetch_max_bytes,
+        tuning=tuning,
+    )
 
 
 class ConfluentConsumer(ConsumerBackend):
@@ -120,30 +125,22 @@ class ConfluentConsumer(ConsumerBackend):
         self.kafka_cfg = kafka_cfg
         self._last_error: str | None = None
         self._starts: dict[int, int] = {}  # the current assignment's start offsets
-        opts: dict[str, Any] = {
-            **client_options(kafka_cfg),
-            **EAGER_CONNECT,
-            "group.id": _group_id(),
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "error",
-            "isolation.level": READ_COMMITTED,
-            "enable.partition.eof": False,
-            # The reader knows where its ranges end; a long poll at the log end would only delay the next
-            # assign by up to 500 ms (measured: 0.5 s per re-seek with the default, ~15 ms with 10 ms).
-            "fetch.wait.max.ms": LOG_END_WAIT_MS,
-            # Once the prefetch queue reaches its bounds librdkafka pauses fetching for this long (default 1 s)
-            # even after the queue drains: measured one 1 s stall per 20k records, 28k instead of 500k records/s.
-            "fetch.queue.backoff.ms": FETCH_WAIT_MS,
-            # Bound librdkafka's prefetch queue so memory stays flat however large the topic is.
-            "fetch.max.bytes": reader_cfg.fetch_max_bytes,
-            "max.partition.fetch.bytes": reader_cfg.fetch_max_bytes,
-            "queued.max.messages.kbytes": max(1, 2 * reader_cfg.fetch_max_bytes // 1024),
-            "queued.min.messages": max(1000, 4 * reader_cfg.max_poll_records),
-            "error_cb": self._on_error,
-        }
-        log.debug("confluent consumer options: %s", mask({k: v for k, v in opts.items() if not callable(v)}))
-        self._consumer = confluent_kafka.Consumer(opts)
+        # The reader knows where its ranges end; a long poll at the log end would only delay the next assign by up
+        # to 500 ms (measured: 0.5 s per re-seek with the default, ~15 ms with 10 ms).
+        use = _reader_use(
+            reader_cfg,
+            LOG_END_WAIT_MS,
+            {
+                # Once the prefetch queue reaches its bounds librdkafka pauses fetching for this long (default 1 s)
+                # even after the queue drains: measured one 1 s stall per 20k records, 28k instead of 500k records/s.
+                "fetch.queue.backoff.ms": FETCH_WAIT_MS,
+                # Bound librdkafka's prefetch queue so memory stays flat however large the topic is.
+                "queued.max.messages.kbytes": max(1, 2 * reader_cfg.fetch_max_bytes // 1024),
+                "queued.min.messages": max(1000, 4 * reader_cfg.max_poll_records),
+                "error_cb": self._on_error,
+            },
+        )
+        self._consumer = open_consumer(kafka_cfg, use)
 
     def _on_error(self, err: Any) -> None:
         # Transport errors arrive here, not from consume(); keep the latest for the caller's timeout message.
@@ -236,29 +233,15 @@ class KafkaPythonConsumer(ConsumerBackend):
             import crc32c  # noqa: F401  (kafka-python checks CRCs in pure Python without it: 10x slower)
         except ImportError:
             log.warning("the crc32c package is missing: kafka-python will verify CRCs very slowly")
-        opts: dict[str, Any] = {
-            **kafka_python_options(kafka_cfg),
-            "group_id": None,
-            "enable_auto_commit": False,
-            "auto_offset_reset": "none",
-            "isolation_level": READ_COMMITTED,  # kafka-python's default is read_uncommitted
-            "max_poll_records": reader_cfg.max_poll_records,
-            "fetch_max_bytes": reader_cfg.fetch_max_bytes,
-            "max_partition_fetch_bytes": reader_cfg.fetch_max_bytes,
-            "fetch_max_wait_ms": FETCH_WAIT_MS,
-            "client_id": _group_id(),
-            # kbit reads none of kafka-python's sensors; creating them took 1.4 of its 3.2 ms start-up (measured)
-            "metrics_enabled": False,
-        }
-        log.debug("kafka-python consumer options: %s", mask(opts))
-        self._consumer_class, self._opts = kafka.KafkaConsumer, opts
+        use = _reader_use(reader_cfg, FETCH_WAIT_MS, {"max_poll_records": reader_cfg.max_poll_records})
+        self._opts = consumer_options(kafka_cfg, use, "kafka-python")
         self._kafka_consumer: Any = None
 
     def open(self) -> None:
         # Made here, not in __init__: kafka-python bootstraps (connection, ApiVersions, metadata: ~3 ms on loopback)
         # before its constructor returns, which offset_bounds overlaps with its confluent probe's round trips.
         if self._kafka_consumer is None:
-            self._kafka_consumer = self._consumer_class(**self._opts)
+            self._kafka_consumer = kafka.KafkaConsumer(**self._opts)
 
     @property
     def _consumer(self) -> Any:

@@ -19,15 +19,15 @@ import dataclasses
 import json
 import logging
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from kbit_core.config import KafkaConfig
 from kbit_core.kafka import admin, offsets
+from kbit_core.kafka.clients import ConsumerUse, client_options, open_consumer
 from kbit_core.kafka.manifest import Manifest, PartitionManifest, digest_hex, message_digest, record_digest
 
 log = logging.getLogger(__name__)
@@ -131,15 +131,7 @@ def check_records(kcfg: KafkaConfig, manifest: Manifest) -> dict[int, str]:
 def _read_all(kcfg: KafkaConfig, manifest: Manifest, reads: dict[int, _PartitionRead]) -> set[int]:
     """Read every range into ``reads``; returns the partitions whose reading stalled."""
     admin.require_embedded_listening(kcfg)
-    consumer = Consumer(
-        {
-            **admin.client_options(kcfg),
-            **admin.EAGER_CONNECT,
-            "group.id": f"kbit-contents-{uuid.uuid4().hex[:8]}",  # assign only: never joins nor commits
-            "enable.auto.commit": False,
-            "auto.offset.reset": "error",
-        }
-    )
+    consumer = open_consumer(kcfg, ConsumerUse(purpose="contents"))
     try:
         consumer.assign([TopicPartition(manifest.topic, p, read.next_offset) for p, read in reads.items()])
         last_progress = time.monotonic()
@@ -199,7 +191,7 @@ def check_topic_and_records(kcfg: KafkaConfig, manifest: Manifest, verified_at: 
 def topic_state(kcfg: KafkaConfig, manifest: Manifest, check: TopicCheck) -> dict[str, Any] | None:
     """What must stay the same for ``manifest``'s records to be unchanged: the topic's id, every partition's
     earliest and end offset, and the manifest itself; None when the broker reports no topic id."""
-    client = AdminClient(admin.client_options(kcfg))
+    client = AdminClient(client_options(kcfg))
     future = client.describe_topics(TopicCollection([manifest.topic]), request_timeout=kcfg.request_timeout_s)
     try:
         topic_id = str(future[manifest.topic].result().topic_id or "")

@@ -7,13 +7,15 @@ import os
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from kbit_core.config import DataVariant
+from kbit_core.config import DataVariant, MappingConfig, RegistryConfig
 from kbit_core.errors import ManifestMismatchError, TopicError
-from kbit_core.formats import Codec, get_codec
+from kbit_core.formats import Codec, variant_codec
+from kbit_core.formats.decoders import make_record_decoder
+from kbit_core.formats.mapping import MappedCodec
 from kbit_core.sharding import OffsetRange
 
 MANIFEST_DIR = "manifests"
@@ -33,7 +35,9 @@ class DatasetInfo(_Frozen):
     num_records: int = Field(ge=0)
     image_shape: tuple[int, ...] = Field(description="One record's shape: (C, H, W) images, (L,) token sequences.")
     num_classes: int = Field(ge=1)
-    record_dtype: Literal["uint8", "uint16"] = Field("uint8", description="uint8 pixels or uint16 token ids.")
+    record_dtype: Literal["uint8", "uint16", "float32"] = Field(
+        "uint8", description="uint8 pixels, uint16 token ids, or float32 features (a user's topic, mapped)."
+    )
     vocab_size: int | None = Field(None, ge=1, description="Token sequences: every id lies in [0, vocab_size).")
 
 
@@ -111,6 +115,34 @@ class DataIdentity(_Frozen):
         return diffs
 
 
+class TopicSnapshot(_Frozen):
+    """What makes a manifest the snapshot of a topic kbit did not write: the topic is never recreated, deleted or
+    written, only read at the recorded offsets, its values decoded by ``value_format`` and mapped by ``mapping``."""
+
+    topic_id: str | None = Field(description="The broker's id of the topic; a recreated topic has a new one.")
+    taken_at: datetime
+    at: datetime | None = Field(None, description="The snapshot holds the records before this time (source.at).")
+    ranges: list[str] | None = Field(None, description="The explicit ranges asked for (source.ranges).")
+    value_format: str
+    value_options: dict[str, Any] = Field(default_factory=dict)
+    mapping: MappingConfig
+    vocabulary: list[str] | None = Field(None, description="String labels, in class order (given or discovered).")
+    split_times: list[datetime] = Field(
+        default_factory=list, description="shard.split_times the split_offsets were found for."
+    )
+    split_offsets: dict[int, list[int]] | None = Field(
+        None, description="partition -> its first offset at each of split_times (a split by time)."
+    )
+
+    def partition_starts(self, partitions: list[PartitionManifest]) -> dict[int, tuple[int, int]]:
+        """partition -> (first offset, snapshot index of its first record): indices run partition by partition."""
+        starts, base = {}, 0
+        for part in partitions:
+            starts[part.partition] = (part.first_offset, base)
+            base += part.num_messages
+        return starts
+
+
 class Manifest(_Frozen):
     topic: str = Field(pattern=TOPIC_PATTERN)
     dataset: DatasetInfo
@@ -126,6 +158,13 @@ class Manifest(_Frozen):
     client: str
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     kbit_version: str
+    source: TopicSnapshot | None = Field(
+        None, description="Set when the topic is not kbit's: a snapshot of it (never recreated, deleted or written)."
+    )
+
+    @property
+    def kbit_wrote_it(self) -> bool:
+        return self.source is None
 
     @model_validator(mode="after")
     def _totals_add_up(self) -> Manifest:
@@ -192,20 +231,15 @@ def manifest_path(workdir: Path, topic: str) -> Path:
     return Path(workdir).resolve() / MANIFEST_DIR / f"{topic}.json"
 
 
-def manifest_codec(manifest: Manifest, decoder: str = "stock") -> Codec:
+def manifest_codec(manifest: Manifest, decoder: str = "stock", registry: RegistryConfig | None = None) -> Codec:
     """The codec the topic was written with, decoding with ``decoder`` (``fast`` falls back to the stock library,
     logging why, when no fast decoder recognises the schema); ManifestMismatchError when this kbit's schema
-    differs."""
+    differs. A snapshot of a user's topic decodes with its value format's decoder (writer schemas from ``registry``
+    for the Confluent framing) and its mapping."""
+    if manifest.source is not None:
+        return _mapped_codec(manifest, manifest.source, decoder, registry)
     variant = manifest.variant
-    codec = get_codec(
-        variant.format,
-        variant.layout,
-        tuple(manifest.dataset.image_shape),
-        variant.records_per_message,
-        num_classes=manifest.dataset.num_classes,
-        decoder=decoder,
-        dtype=manifest.dataset.record_dtype,
-    )
+    codec = variant_codec(variant, manifest.dataset, decoder)
     if codec.schema_fingerprint() != manifest.schema_fingerprint:
         raise ManifestMismatchError(
             f"topic {manifest.topic!r} was written with schema {manifest.schema_fingerprint}, but this kbit's "
@@ -213,3 +247,17 @@ def manifest_codec(manifest: Manifest, decoder: str = "stock") -> Codec:
             f"(kbit produce --recreate)"
         )
     return codec
+
+
+def _mapped_codec(
+    manifest: Manifest, source: TopicSnapshot, decoder: str, registry: RegistryConfig | None
+) -> MappedCodec:
+    return MappedCodec(
+        make_record_decoder(
+            source.value_format, source.value_options, decoder, topic=manifest.topic, registry=registry
+        ),
+        source.mapping,
+        source.partition_starts(manifest.partitions),
+        vocabulary=source.vocabulary,
+        num_classes=manifest.dataset.num_classes,
+    )

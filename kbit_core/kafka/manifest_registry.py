@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import socket
 import time
-import uuid
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kbit_core.config import KafkaConfig
 from kbit_core.errors import TopicError
 from kbit_core.kafka import admin, offsets
+from kbit_core.kafka.clients import ConsumerUse, client_options, open_consumer
 from kbit_core.kafka.manifest import Manifest
 
 REGISTRY_TOPIC = "kbit.manifests"
@@ -50,7 +50,7 @@ def register(kcfg: KafkaConfig, topic: str, owner: str, manifest: Manifest | Non
             if not admin.topic_exists(kcfg, REGISTRY_TOPIC):  # else another kbit created it meanwhile
                 raise
     entry = Registration(topic=topic, owner=owner, manifest=manifest)
-    producer = Producer({**admin.client_options(kcfg), "acks": "all", "enable.idempotence": True})
+    producer = Producer({**client_options(kcfg), "acks": "all", "enable.idempotence": True})
     failures: list[str] = []
     producer.produce(
         REGISTRY_TOPIC,
@@ -81,14 +81,7 @@ def lookup(kcfg: KafkaConfig, topic: str) -> Registration | None:
 
 def _read(kcfg: KafkaConfig, end: int) -> list[tuple[bytes | None, bytes]]:
     """Every (key, value) of the registry up to offset ``end``."""
-    consumer = Consumer(
-        {
-            **admin.client_options(kcfg),
-            **admin.EAGER_CONNECT,
-            "group.id": f"kbit-registry-{uuid.uuid4().hex[:8]}",  # assign only: never joins nor commits
-            "enable.auto.commit": False,
-        }
-    )
+    consumer = open_consumer(kcfg, ConsumerUse(purpose="registry", reset_is_error=False))
     entries: list[tuple[bytes | None, bytes]] = []
     try:
         consumer.assign([TopicPartition(REGISTRY_TOPIC, 0, 0)])

@@ -7,31 +7,26 @@ probe. Keep every end-offset lookup behind :func:`offset_bounds` or :func:`exact
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 
 from confluent_kafka import Consumer
 
 from kbit_core.config import KafkaConfig
 from kbit_core.kafka import admin, tansu
+from kbit_core.kafka.clients import ConsumerUse, open_consumer
 
 
 def _offset_consumer(kcfg: KafkaConfig) -> Consumer:
     admin.require_embedded_listening(kcfg)
-    return Consumer(
-        {
-            **admin.client_options(kcfg),
-            **admin.EAGER_CONNECT,
-            # never joins the group (assign only) and never commits; the id is required by librdkafka
-            "group.id": f"kbit-offsets-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "error",  # a probe outside the log is answered as such, never moved silently
-            "enable.partition.eof": True,
-            "fetch.wait.max.ms": 10,
-            "fetch.max.bytes": 1024 * 1024,
-            "max.partition.fetch.bytes": 64 * 1024,
-        }
+    # a probe outside the log is answered as such (the use's default), never moved silently
+    use = ConsumerUse(
+        purpose="offsets",
+        partition_eof=True,
+        fetch_wait_ms=10,
+        fetch_max_bytes=1024 * 1024,
+        partition_fetch_bytes=64 * 1024,
     )
+    return open_consumer(kcfg, use)
 
 
 def _checked_partitions(kcfg: KafkaConfig, topic: str, partitions: Iterable[int]) -> list[int]:

@@ -25,6 +25,7 @@ from kafka.metrics.stats import Total
 from kbit_core.config import ClientName, Compression, KafkaConfig, ProduceConfig
 from kbit_core.errors import BrokerError, ConfigError, TopicError
 from kbit_core.kafka import admin, replicas
+from kbit_core.kafka.clients import client_options
 from kbit_core.kafka.manifest import PartitionManifest, digest_hex, record_digest
 from kbit_core.kafka.settings import kafka_python_options
 
@@ -100,7 +101,7 @@ class ConfluentProducer(ProducerBackend):
         self._transport_error: str | None = None
         self._producer = Producer(
             {
-                **admin.client_options(kcfg),
+                **client_options(kcfg),
                 "acks": "all",
                 "enable.idempotence": True,
                 "compression.type": compression,

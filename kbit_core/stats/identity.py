@@ -5,7 +5,7 @@ split, the training engine, the broker's kind and version, and a hardware finger
 compares runs of one identity, and ``kbit compare`` refuses runs of different ones, naming the differences.
 Overrides a run was started with are recorded beside the identity: one that changes what is measured keeps the
 run from ever becoming a baseline; one that only says where things live (work directory, tracking store,
-topic prefix, the local broker's port) does not.
+topic prefix, the local broker's port, the Schema Registry) does not.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ OPERATIONAL_OVERRIDES = (
     "produce.topic_prefix",
     "bench.output_dir",
     "kafka.embedded.",
+    "registry.",
 )
 HARDWARE_FINGERPRINT = ("machine", "cpu_model", "cpu_count", "memory_gb", "gpus")
 

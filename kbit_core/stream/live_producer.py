@@ -21,7 +21,7 @@ import numpy as np
 from kbit_core.config import KbitConfig
 from kbit_core.datasets import DatasetSource, open_source
 from kbit_core.errors import BrokerError, ConfigError, TopicError
-from kbit_core.formats import get_codec
+from kbit_core.formats import Codec, RecordShape, variant_codec
 from kbit_core.kafka import admin, offsets
 from kbit_core.kafka.producers import DeliveryLedger, ProducerBackend, make_producer
 from kbit_core.stream.stream_log import Segment, StreamLog, stream_log_path
@@ -67,28 +67,30 @@ def stream_header(cfg: KbitConfig, source: DatasetSource, fingerprint: str) -> d
     }
 
 
+def stream_codec(cfg: KbitConfig, records: RecordShape) -> Codec:
+    """The codec of ``cfg``'s stream, for the producer that writes it and the ranks that decode it with
+    ``reader.decoder``. A stream carries one record per message, so that each record has its own offset and
+    produce time."""
+    variant = cfg.produce.variant
+    if variant.records_per_message != 1:
+        raise ConfigError(
+            "a stream carries one record per message (produce.variant.records_per_message=1), "
+            "so that each record has its own offset and produce time"
+        )
+    if variant.framing != "kbit":
+        raise ConfigError("a stream is written in kbit's framing (produce.variant.framing: kbit)")
+    return variant_codec(variant, records, cfg.reader.decoder)
+
+
 class LiveProducer:
     """Appends the stream of ``cfg`` (``stream.topic_for``) at a target rate; see the module docstring."""
 
     def __init__(self, cfg: KbitConfig) -> None:
-        if cfg.produce.variant.records_per_message != 1:
-            raise ConfigError(
-                "a stream carries one record per message (produce.variant.records_per_message=1), "
-                "so that each record has its own offset and produce time"
-            )
         self.cfg = cfg
         self.topic = cfg.stream.topic_for(cfg.dataset, cfg.produce)
         self.partitions = cfg.produce.partitions
         self.source = open_source(cfg.dataset)
-        variant = cfg.produce.variant
-        self.codec = get_codec(
-            variant.format,
-            variant.layout,
-            self.source.image_shape,
-            1,
-            num_classes=self.source.num_classes,
-            dtype=self.source.record_dtype,
-        )
+        self.codec = stream_codec(cfg, self.source)
         self.log = StreamLog.open(
             stream_log_path(cfg.workdir, self.topic), stream_header(cfg, self.source, self.codec.schema_fingerprint())
         )

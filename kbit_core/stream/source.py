@@ -24,7 +24,8 @@ from kbit_core.config import KbitConfig
 from kbit_core.data.batching import Batch, to_batch
 from kbit_core.errors import BrokerError, ConfigError, TopicError
 from kbit_core.formats import Codec
-from kbit_core.kafka import admin, offsets
+from kbit_core.kafka import offsets
+from kbit_core.kafka.clients import ConsumerUse, open_consumer
 from kbit_core.kafka.consumers import FETCH_WAIT_MS
 from kbit_core.stream.ledger import IndexRuns, extend_runs
 
@@ -121,17 +122,13 @@ class StreamSource:
     # ---- reading -------------------------------------------------------------------------------------------
 
     def _connect(self) -> Consumer:
-        opts = {
-            **admin.client_options(self.cfg.kafka),
-            **admin.EAGER_CONNECT,
-            "group.id": f"kbit-stream-{self.topic}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "error",
-            "fetch.wait.max.ms": FETCH_WAIT_MS,
-            "fetch.queue.backoff.ms": FETCH_WAIT_MS,
-        }
-        consumer = Consumer(opts)
+        use = ConsumerUse(
+            purpose="stream",
+            group=f"kbit-stream-{self.topic}",
+            fetch_wait_ms=FETCH_WAIT_MS,
+            tuning={"fetch.queue.backoff.ms": FETCH_WAIT_MS},
+        )
+        consumer = open_consumer(self.cfg.kafka, use)
         # Fetch from past what is already buffered, so nothing arrives twice.
         consumer.assign([TopicPartition(self.topic, p, self._fetch_offset(p)) for p in self.partitions])
         return consumer
@@ -312,7 +309,9 @@ class StreamSource:
                 f"(partition/offset of the first: {chosen[0][0]}/{chosen[0][1].offset})"
             )
         produced_ms = np.array([rec.produced_ms for _, rec in chosen], dtype=np.int64)
-        return to_batch(decoded.pixels, decoded.labels, decoded.indices)._replace(produced_ms=produced_ms)
+        # a fast decoder's float lists are a read-only view of its own buffer; the training step gets a tensor of its own
+        pixels = decoded.pixels if decoded.pixels.flags.writeable else decoded.pixels.copy()
+        return to_batch(pixels, decoded.labels, decoded.indices)._replace(produced_ms=produced_ms)
 
     # ---- lag -----------------------------------------------------------------------------------------------
 

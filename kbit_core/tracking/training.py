@@ -125,7 +125,10 @@ def name_part(text: str) -> str:
 
 
 def dataset_label(cfg: KbitConfig) -> str:
-    """The dataset as names show it: a map-style dataset by its factory's name or its files' stem."""
+    """The dataset as names show it: a user's topic by its name, a map-style dataset by its factory's name or its
+    files' stem."""
+    if cfg.source.topic is not None:
+        return name_part(cfg.source.topic)
     if cfg.dataset.name == "torch" and cfg.dataset.factory:
         return name_part(cfg.dataset.factory)
     if cfg.dataset.name == "arrays" and cfg.dataset.path:
@@ -134,9 +137,11 @@ def dataset_label(cfg: KbitConfig) -> str:
 
 
 def training_run_name(cfg: KbitConfig) -> str:
-    """What the run trained: dataset, model, how the data came (the Kafka variant, or ``direct``) and the world
-    size, e.g. ``fashion_mnist-cnn-raw_bytes_lz4-2r``; continuous training on the stream ends in ``-stream``."""
+    """What the run trained: dataset, model, how the data came (the Kafka variant, a user's topic's value format, or
+    ``direct``) and the world size, e.g. ``fashion_mnist-cnn-raw_bytes_lz4-2r``; continuous training on the stream
+    ends in ``-stream``."""
     data = "direct" if cfg.train.data == "direct" else cfg.produce.variant.name
+    data = name_part(cfg.source.value_format) if cfg.source.topic is not None else data
     name = f"{dataset_label(cfg)}-{name_part(cfg.train.model.name)}-{data}-{cfg.launch.num_processes}r"
     return f"{name}-stream" if cfg.train.mode == "continuous" else name
 

@@ -129,6 +129,7 @@ class Trainer:
         self.spikes = SpikeDetector(cfg.train.loss_spike_factor)
         self.console = RankConsole(stderr=False)
         self.last_checkpoint: str | None = None
+        self.resumed: dict[str, Any] | None = None  # resume()'s checkpoint, the ranks that wrote it, its step
         self.loss_fn = resolve_loss(cfg.train)
         self.metric_fns = resolve_metrics(cfg.train)
 
@@ -143,6 +144,11 @@ class Trainer:
         meta = self.engine.load_checkpoint(path)
         self._restore(path, meta)
         self.last_checkpoint = str(path)
+        self.resumed = {
+            "checkpoint": str(path),
+            "written_by_ranks": len(meta[ckpt.RANKS]),
+            "step": self._progress_step(),
+        }
         if self.env.is_main:
             self.console.print(self._resumed_note(path, len(meta[ckpt.RANKS])))
 
@@ -429,6 +435,7 @@ class Trainer:
             "data_wait_fraction": last.get("train_data_wait_fraction"),
             "peak_memory_mb": max((h["train_peak_memory_mb"] for h in st.history), default=None),
             "checkpoint": self.last_checkpoint,
+            "resumed": self.resumed,
             "best": {**st.best, "checkpoint": str(self._model_checkpoint())} if st.best else None,
             "data": self._data_report(),
             "history": st.history,

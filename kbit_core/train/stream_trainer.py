@@ -318,6 +318,7 @@ class StreamTrainer(Trainer):
             "test_loss": test["loss"] if test else None,
             "test_accuracy": test["accuracy"] if test else None,
             "checkpoint": self.last_checkpoint,
+            "resumed": self.resumed,
             "offsets": st.offsets,
             "trained": st.trained,
             "history": st.history,

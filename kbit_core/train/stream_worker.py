@@ -6,9 +6,9 @@ from typing import Any
 
 from kbit_core.config import KbitConfig
 from kbit_core.datasets import open_source
-from kbit_core.formats import get_codec
 from kbit_core.kafka.manifest import Manifest
 from kbit_core.stream.ledger import assign_partitions
+from kbit_core.stream.live_producer import stream_codec
 from kbit_core.stream.source import StreamSource
 from kbit_core.train.distributed import DistEnv
 from kbit_core.train.loop import SplitLoaders
@@ -50,10 +50,7 @@ def stream_main(cfg: KbitConfig, heldout_json: str, run_dir: str) -> dict[str, A
     """
     heldout = Manifest.model_validate_json(heldout_json)
     source = open_source(cfg.dataset)
-    variant = cfg.produce.variant
-    codec = get_codec(
-        variant.format, variant.layout, source.image_shape, 1, num_classes=source.num_classes, dtype=source.record_dtype
-    )
+    codec = stream_codec(cfg, source)
     topic = cfg.stream.topic_for(cfg.dataset, cfg.produce)
 
     def stream_loaders(cfg: KbitConfig, env: DistEnv) -> SplitLoaders:

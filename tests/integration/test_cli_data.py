@@ -114,7 +114,7 @@ def test_inspect_unknown_topic(profile: Path, topic_name: str) -> None:
     result = runner.invoke(app, ["inspect", topic_name, "--config", str(profile)])
     assert result.exit_code == 1
     error = flat(result.stderr)
-    assert f"topic '{topic_name}' has no manifest" in error and "is not on the embedded broker" in error
+    assert f"topic '{topic_name}' is not on the embedded broker" in error and "kbit produce" in error
 
 
 def test_commands_tell_the_user_to_start_the_stack(profile: Path, topic_name: str) -> None:

@@ -193,6 +193,8 @@ def test_checkpoint_of_two_ranks_resumes_mid_epoch_on_three(produce_topic: Produ
     )
     assert {epoch for epoch, _, _ in trained_by_three} == {0} and resumed["world_size"] == 3
     assert resumed["engine"] == first["engine"] == engine
+    assert resumed["resumed"] == {"checkpoint": str(mid), "written_by_ranks": 2, "step": 5}
+    assert first["resumed"] is None
     audit = Counter(before + [i for _, _, indices in trained_by_three for i in indices])
     assert audit == whole_epoch, f"missing or repeated: {set(whole_epoch) ^ set(audit)}"
     # 5 steps of 6 records before; the 96 left, 32 a rank, in 16 steps of 2 a rank after

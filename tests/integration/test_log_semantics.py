@@ -20,7 +20,7 @@ from kbit_core.data.reader import RangeReader
 from kbit_core.errors import ManifestMismatchError, OffsetRangeError, TopicError
 from kbit_core.formats import get_codec
 from kbit_core.jobs import train as train_job
-from kbit_core.kafka import admin
+from kbit_core.kafka import admin, offsets
 from kbit_core.kafka.producers import DeliveryLedger
 from kbit_core.produce import produce_dataset
 from kbit_core.sharding import OffsetRange
@@ -76,17 +76,17 @@ def test_records_deleted_below_the_manifest_are_named_before_any_rank_starts(
 def transaction(cfg: KbitConfig, producer: Producer, topic: str, values: list[bytes], *, commit: bool) -> list[int]:
     """Send ``values`` to partition 0 in one transaction, committed or aborted; their offsets. Waits until the
     transaction's marker is in the log (the coordinator writes it after commit/abort returns)."""
-    offsets: list[int] = []
+    written: list[int] = []
     producer.begin_transaction()
     for value in values:
-        producer.produce(topic, value, partition=0, on_delivery=lambda err, msg: offsets.append(msg.offset()))
+        producer.produce(topic, value, partition=0, on_delivery=lambda err, msg: written.append(msg.offset()))
     producer.flush(30)
     (producer.commit_transaction if commit else producer.abort_transaction)(30)
     deadline = time.monotonic() + 30
-    while offsets.exact_end_offsets(cfg.kafka, topic)[0] < offsets[-1] + 2:
+    while offsets.exact_end_offsets(cfg.kafka, topic)[0] < written[-1] + 2:
         assert time.monotonic() < deadline, f"the transaction marker did not reach {topic}[0] within 30 s"
         time.sleep(0.05)
-    return sorted(offsets)
+    return sorted(written)
 
 
 def raw_values(codec: Any, indices: range) -> list[bytes]:
@@ -106,10 +106,10 @@ def test_aborted_transactions_are_never_read_and_their_offsets_are_gaps(
     ledger = DeliveryLedger(topic_name, 1)  # what a manifest would record of the committed records
     committed: list[int] = []
     for indices, commit in ((range(0, 5), True), (range(100, 105), False), (range(5, 10), True)):
-        offsets = transaction(cfg, producer, topic_name, raw_values(codec, indices), commit=commit)
+        written = transaction(cfg, producer, topic_name, raw_values(codec, indices), commit=commit)
         if commit:
-            committed += offsets
-            for offset in offsets:
+            committed += written
+            for offset in written:
                 ledger.callback(1, 1)(0, offset, None)
     log_end = offsets.exact_end_offsets(cfg.kafka, topic_name)[0]
     # 0..4 committed, 5 its marker, 6..10 aborted, 11 the abort marker, 12..16 committed, 17 its marker

@@ -25,7 +25,7 @@ from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.cli import app
 from kbit_core.config import DataVariant, KafkaConfig, KbitConfig
 from kbit_core.datasets import open_source
-from kbit_core.errors import BrokerError, ConfigError, ManifestMismatchError
+from kbit_core.errors import BrokerError, ConfigError, ManifestMismatchError, TopicError
 from kbit_core.formats import get_codec
 from kbit_core.kafka import admin, contents, offsets
 from kbit_core.kafka.manifest import Manifest, manifest_path
@@ -138,11 +138,15 @@ def test_different_request_raises_mismatch_until_recreate(cfg: KbitConfig) -> No
     assert_topic_holds_dataset(cfg, recreated)
 
 
-def test_foreign_topic_without_manifest_is_not_overwritten(cfg: KbitConfig) -> None:
+def test_foreign_topic_without_manifest_is_neither_overwritten_nor_recreated(cfg: KbitConfig) -> None:
+    """Issue 31: --recreate deleted a user's topic kbit had not created; now neither path touches it."""
     admin.create_topic(cfg.kafka, cfg.produce.topic, 3)
-    with pytest.raises(ManifestMismatchError, match="exists but has no manifest"):
-        produce_dataset(cfg, progress=False)
-    assert_topic_holds_dataset(cfg, produce_dataset(cfg, progress=False, recreate=True))
+    for recreate in (False, True):
+        with pytest.raises(TopicError, match="exists and kbit did not create it") as exc:
+            produce_dataset(cfg, progress=False, recreate=recreate)
+        assert "--recreate" not in str(exc.value) and f"source.topic={cfg.produce.topic}" in str(exc.value)
+    assert admin.topic_partitions(cfg.kafka, cfg.produce.topic) == [0, 1, 2]
+    assert not manifest_path(cfg.workdir, cfg.produce.topic).exists()
 
 
 def test_changed_records_at_unchanged_offsets_break_reuse_and_inspect(cfg: KbitConfig, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from kbit_core.data.reader import RangeReader
 from kbit_core.data.split_loaders import make_split_loader
 from kbit_core.errors import ConfigError
 from kbit_core.formats import get_codec
+from kbit_core.kafka import offsets
 from kbit_core.sharding import OffsetRange
 from tests.integration.dataplane_fixtures import Produce
 
@@ -235,21 +236,21 @@ def append_transaction(cfg, topic: str, partition: int, values: list[bytes]) -> 
     them, the log's last, and no consumer ever delivers it. Returns the values' offsets."""
     from confluent_kafka import Producer
 
-    offsets: list[int] = []
+    written: list[int] = []
     producer = Producer({"bootstrap.servers": cfg.kafka.resolved_bootstrap(), "transactional.id": f"kbit-{topic}"})
     producer.init_transactions(30)
     producer.begin_transaction()
     for value in values:
-        producer.produce(topic, value, partition=partition, on_delivery=lambda err, msg: offsets.append(msg.offset()))
+        producer.produce(topic, value, partition=partition, on_delivery=lambda err, msg: written.append(msg.offset()))
     producer.flush(30)
     producer.commit_transaction(30)
     # Apache Kafka's coordinator writes the commit marker after commit_transaction returned (Tansu before): the log
     # ends past the marker only then
     deadline = time.monotonic() + 30
-    while offsets.exact_end_offsets(cfg.kafka, topic)[partition] < offsets[-1] + 2:
+    while offsets.exact_end_offsets(cfg.kafka, topic)[partition] < written[-1] + 2:
         assert time.monotonic() < deadline, f"the commit marker did not reach {topic}[{partition}] within 30 s"
         time.sleep(0.05)
-    return offsets
+    return written
 
 
 @pytest.mark.parametrize("client", ["confluent", "kafka-python"])

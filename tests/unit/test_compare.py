@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from rich.console import Console
 from scipy.stats import mannwhitneyu
 
 from kbit_core.bench.loading.report import analyze, timings_frame
+from kbit_core.cli.bench_tables import comparison_table
 from kbit_core.errors import StatisticsError
 from kbit_core.stats.compare import compare_configs, compare_runs
 from tests.unit.test_report import synthetic_rows
@@ -131,3 +133,19 @@ def test_missing_samples_are_a_clear_error() -> None:
         compare_runs(doc({"x": FAST}), doc({"x": FAST}), threshold=0.1, metric="load_time")  # type: ignore[arg-type]
     with pytest.raises(StatisticsError, match="threshold must be positive"):
         compare_runs(doc({"x": FAST}), doc({"x": FAST}), threshold=0)
+
+
+def test_the_comparison_table_fits_80_columns_without_cutting_a_figure() -> None:
+    few = nightly_stats(seed=1, iterations=3)  # 3 runs each: every verdict is "insufficient runs"
+    slowed = nightly_stats(seed=2, slowdown={NIGHTLY[5]: 2.0})
+    for a, b in ((few, few), (nightly_stats(seed=1), slowed)):
+        result = compare_runs(a, b, threshold=0.10)
+        console = Console(width=80, record=True, force_terminal=False)
+        console.print(comparison_table(result))
+        text = console.export_text()
+        assert max(len(line) for line in text.splitlines()) <= 80
+        assert "…" not in text
+        words = text.upper().split()
+        for delta in result.to_dict()["deltas"]:
+            for figure in (f"{delta['change_pct']:+.1f}%", f"{delta['b_median']:.4f}", *delta["verdict"].split()):
+                assert figure.upper() in words, figure

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from rich.console import Console
 
-from kbit_core.cli.data import partitions_table
+from kbit_core.cli.topic_view import partitions_table
 from kbit_core.config import DataVariant, KafkaConfig
 from kbit_core.errors import BrokerError, TopicError
 from kbit_core.kafka.contents import TopicCheck

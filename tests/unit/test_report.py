@@ -19,7 +19,7 @@ from kbit_core.bench.loading.report import (
     timings_frame,
     write_report,
 )
-from kbit_core.cli.bench import results_table
+from kbit_core.cli.bench_tables import results_table
 from kbit_core.errors import ConfigError, StatisticsError
 
 CONFIGS = ("avro_list_lz4.confluent", "json_list_none.confluent")

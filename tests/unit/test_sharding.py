@@ -300,3 +300,52 @@ def test_remainder_pieces_owe_every_unread_record_once_in_near_equal_runs(
     assert got == owed
     shares = [sum(b.single_record_count() for b in mine) for mine in pieces]
     assert max(shares) - min(shares) <= 1 and len(pieces) == new_world
+
+
+@settings(max_examples=200, deadline=None)
+@given(partitions_st, rates_st, st.integers(1, 5), st.data())
+def test_a_split_by_time_trains_before_each_boundary_and_evaluates_after(partitions, rates, world_size, data):
+    """Every offset lands in exactly one split; train holds exactly the offsets below each partition's boundary."""
+    boundaries = {p: (data.draw(st.integers(a, b)),) for p, (a, b) in partitions.items()}
+    result = plan(partitions, rates, world_size, boundaries=boundaries)
+    in_splits = [o for ranges in result.splits.values() for o in offsets_of(ranges)]
+    before = {(p, o) for p, (a, _) in partitions.items() for o in range(a, boundaries[p][0])}
+    assert set(offsets_of(result.splits["train"])) == before
+    if len(rates) > 1:
+        assert Counter(in_splits) == Counter(all_offsets(partitions))
+    else:  # one split: the records after the boundary are left out
+        assert set(in_splits) == before
+
+
+def test_a_split_by_time_shares_the_later_records_by_the_later_rates():
+    result = plan({0: (0, 100), 1: (10, 50)}, (0.5, 0.25, 0.25), 1, boundaries={0: (60,), 1: (10,)})
+    assert result.splits["train"] == (OffsetRange(0, 0, 60),)
+    assert result.splits["val"] == (OffsetRange(0, 60, 80), OffsetRange(1, 10, 30))
+    assert result.splits["test"] == (OffsetRange(0, 80, 100), OffsetRange(1, 30, 50))
+
+
+@pytest.mark.parametrize(
+    ("boundaries", "match"),
+    [
+        ({0: (5,)}, "partition 1 has no split boundary"),
+        ({0: (5,), 1: (99,)}, "boundaries \\[99\\] are outside its range"),
+        ({0: (1, 2, 3), 1: (5,)}, "3 split boundaries for 2 splits"),
+    ],
+)
+def test_a_split_by_time_rejects_missing_or_outside_boundaries(boundaries, match):
+    with pytest.raises(ValueError, match=match):
+        plan({0: (0, 10), 1: (0, 10)}, (0.5, 0.5), 1, boundaries=boundaries)
+
+
+def test_split_boundaries_out_of_order_are_refused():
+    with pytest.raises(ValueError, match="out of order"):
+        plan({0: (0, 10)}, (0.8, 0.1, 0.1), 1, boundaries={0: (5, 3)})
+
+
+def test_two_split_times_give_train_val_and_test_their_own_periods():
+    result = plan({0: (0, 100)}, (0.8, 0.1, 0.1), 1, boundaries={0: (55, 60)})
+    assert [result.splits[s] for s in ("train", "val", "test")] == [
+        (OffsetRange(0, 0, 55),),
+        (OffsetRange(0, 55, 60),),
+        (OffsetRange(0, 60, 100),),
+    ]

@@ -33,8 +33,8 @@ from kbit_core.data.reader import RangeReader
 from kbit_core.data.split_loaders import make_split_loader, make_split_loaders
 from kbit_core.datasets import open_source
 from kbit_core.errors import ConfigError, KbitError
-from kbit_core.formats import get_codec
-from kbit_core.formats.fast import select_codec
+from kbit_core.formats import variant_codec
+from kbit_core.formats.fast import FastPath
 from kbit_core.kafka import admin
 from kbit_core.kafka.manifest import Manifest, manifest_codec
 from kbit_core.sharding import OffsetRange, block_order, plan
@@ -47,7 +47,10 @@ TARGET_CONNECT_MS = 5.0
 
 
 def parse_variant(name: str) -> DataVariant:
-    """``format_layout_compression[_xN]`` (e.g. ``mongodb_avro_list_lz4``, ``raw_bytes_zstd_x8``) -> variant."""
+    """``format_layout_compression[_xN][_confluent]`` (e.g. ``mongodb_avro_list_lz4``, ``raw_bytes_zstd_x8``,
+    ``avro_bytes_lz4_confluent``: the Confluent framing) -> variant."""
+    framing = "confluent" if name.endswith("_confluent") else "kbit"
+    name = name.removesuffix("_confluent")
     for fmt in sorted(FORMATS, key=len, reverse=True):
         if name.startswith(fmt + "_"):
             rest = name[len(fmt) + 1 :].split("_")
@@ -64,6 +67,7 @@ def parse_variant(name: str) -> DataVariant:
             layout=rest[0],
             compression=rest[1],
             records_per_message=int(rest[2][1:]) if len(rest) == 3 else 1,
+            framing=framing,
         )
     except ValueError as exc:
         raise ConfigError(f"variant {name!r}: {exc}") from None
@@ -125,13 +129,12 @@ def measure_variant(
     loader's loader ÷ fetch per round for its spread. Fetch and both decodes alternate per block, so load that drifts
     on a shared machine hits all three."""
     ranges = whole_topic_blocks(cfg, manifest)
-    stock = manifest_codec(manifest, "stock")
-    fast = select_codec(stock, "fast")
+    stock, fast = (manifest_codec(manifest, decoder, cfg.registry) for decoder in ("stock", "fast"))
     processes = cfg.reader.decode_processes
     # without a fast decoder (and no pool) both columns are the stock library, timed once
     pool = DecodePool(fast, processes) if processes else None
     codecs: dict[str, Any] = {"stock": stock}
-    if fast is not stock or pool:
+    if isinstance(fast, FastPath) or pool:
         codecs["fast"] = pool or fast
     batches = loader_configs(cfg, workers)
     fetch_s, decode_s, loader_s = [], {d: [] for d in codecs}, {b: [] for b in batches}
@@ -168,7 +171,7 @@ def measure_variant(
             f"{manifest.topic}: read {fetched} messages / {decoded} records, the manifest has "
             f"{manifest.num_messages} / {manifest.num_records}"
         )
-    return _row(cfg, manifest, client, fetch_s, decode_s, loader_s, loaded, fast is not stock)
+    return _row(cfg, manifest, client, fetch_s, decode_s, loader_s, loaded, isinstance(fast, FastPath))
 
 
 def _row(
@@ -187,16 +190,10 @@ def _row(
     f = statistics.median(fetch_s)
     stock_t = statistics.median(decode_s["stock"])
     fast_t = statistics.median(decode_s["fast"]) if "fast" in decode_s else stock_t
+    # each loader's (seconds, records) at the default batch size, then at the large one
+    sizes = ("default", "large")
     by_workers = {
-        w: loader_figures(
-            n,
-            fetch_s,
-            f + fast_t,
-            loader_s[w, "default"],
-            loaded[w, "default"],
-            loader_s[w, "large"],
-            loaded[w, "large"],
-        )
+        w: loader_figures(n, fetch_s, f + fast_t, *(x for s in sizes for x in (loader_s[w, s], loaded[w, s])))
         for w, _ in loader_s
     }
     own = by_workers[cfg.reader.workers]
@@ -364,7 +361,7 @@ def carriable(cfg: KbitConfig, variants: Sequence[DataVariant]) -> tuple[list[Da
     kept, left_out = [], []
     for variant in variants:
         try:
-            get_codec(variant.format, variant.layout, source.image_shape, dtype=source.record_dtype)
+            variant_codec(variant, source)
         except ConfigError as exc:
             left_out.append({"dataset": source.name, "variant": variant.name, "reason": str(exc)})
         else:

@@ -26,13 +26,13 @@ from typing import Any
 from rich.table import Table
 
 from kbit_core.bench.dataplane.data_plane import timed_pass, whole_topic_blocks
+from kbit_core.bench.dataplane.peer_harness import comparison_head, peer_codec
 from kbit_core.brokers.apache_broker import java_binary, kafka_libs
 from kbit_core.config import ClientName, KbitConfig
 from kbit_core.data.reader import RangeReader
 from kbit_core.errors import KbitError
-from kbit_core.formats.fast import select_codec
 from kbit_core.kafka import admin
-from kbit_core.kafka.manifest import Manifest, manifest_codec
+from kbit_core.kafka.manifest import Manifest
 from kbit_core.kafka.producers import DeliveryLedger, delivery_timeout_ms, make_producer
 
 TARGET_FETCH_RATIO = 0.9  # kbit's raw fetch over ConsumerPerformance
@@ -166,7 +166,7 @@ def compare_consumers(cfg: KbitConfig, manifest: Manifest, client: ClientName, r
     """ConsumerPerformance and kbit's raw fetch and read+decode (fast decoder) with ``client`` on the whole topic,
     alternating ``repeats`` times after one untimed pass of each (WARMUP); medians and kbit's ratios."""
     ranges = whole_topic_blocks(cfg, manifest)
-    codec = select_codec(manifest_codec(manifest, "stock"), "fast")
+    codec = peer_codec(manifest.model_dump_json())
     mb = manifest.value_bytes / 1e6
     tool, fetch, decode = [], [], []
     with RangeReader(
@@ -209,9 +209,7 @@ def compare(cfg: KbitConfig, manifest: Manifest, kbit_rows: list[dict[str, Any]]
         if variant.layout == "bytes":
             targets.append(_target(f"{who} read+decode", TARGET_DECODE_RATIO, c["read_decode_over_tool"]))
     return {
-        "variant": variant.name,
-        "topic": manifest.topic,
-        "records": manifest.num_records,
+        **comparison_head(manifest),
         "messages": manifest.num_messages,
         "consumers": consumers,
         "producer": compare_producers(cfg, manifest, repeats),

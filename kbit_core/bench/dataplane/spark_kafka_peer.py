@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -21,11 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.table import Table
 
-from kbit_core.bench.dataplane.peer_table import peer_table as reader_table
-from kbit_core.bench.dataplane.peer_table import ratios_text
-from kbit_core.bench.dataplane.ray_data_peer import fast_codec
+from kbit_core.bench.dataplane.peer_harness import PeerReader, peer_codec, peer_row, timed_reads
 from kbit_core.config import KbitConfig
 from kbit_core.errors import KbitError
 from kbit_core.kafka.manifest import Manifest
@@ -65,29 +61,19 @@ def measure_spark_source(cfg: KbitConfig, manifest: Manifest, repeats: int = 3) 
     if out.returncode:
         raise KbitError(f"Spark's Kafka source failed on {manifest.topic}:\n{out.stderr[-2000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    median_s = statistics.median(result["seconds"])
-    return {
-        "reader": READER,
-        "records": result["records"],
-        "records_missing": manifest.num_records - result["records"],
-        "records_per_s": result["records"] / median_s if median_s > 0 else float("nan"),
-        **result,
-    }
+    return peer_row(READER, manifest, result["records"], result["seconds"], spark_init_s=result["spark_init_s"])
 
 
 def read_here(request: dict[str, Any]) -> dict[str, Any]:
-    """In the probe process: start kbit's SparkSession and read the manifest's ranges ``repeats + 1`` times."""
+    """In the probe process: start kbit's SparkSession and read the manifest's ranges ``repeats + 1`` times (the
+    first starts Spark's Python workers and their imports)."""
     cfg = KbitConfig.from_dict(request["config"])
     manifest = Manifest.model_validate_json(request["manifest"])
     started = time.perf_counter()
     spark = get_spark(cfg)
-    init_s, seconds, records = time.perf_counter() - started, [], 0
+    init_s = time.perf_counter() - started
     try:
-        for attempt in range(request["repeats"] + 1):
-            t0 = time.perf_counter()
-            records = _read(spark, cfg, manifest, request["manifest"])
-            if attempt:  # the first read starts Spark's Python workers and their imports
-                seconds.append(time.perf_counter() - t0)
+        records, seconds = timed_reads(lambda: _read(spark, cfg, manifest, request["manifest"]), request["repeats"])
     finally:
         stop_spark()
     return {"records": records, "seconds": seconds, "spark_init_s": init_s}
@@ -114,7 +100,7 @@ def _decode(batches: Iterator[Any], manifest_json: str) -> Iterator[Any]:
     """Kafka values -> kbit's arrays (each record's pixels one binary value, without copying them per record)."""
     import pyarrow as pa  # pyspark's dependency, in Spark's Python workers
 
-    codec = fast_codec(manifest_json)
+    codec = peer_codec(manifest_json)
     for batch in batches:
         got = codec.decode(batch.column(0).to_pylist())
         pixels = np.ascontiguousarray(got.pixels)
@@ -127,41 +113,9 @@ def _decode(batches: Iterator[Any], manifest_json: str) -> Iterator[Any]:
         )
 
 
-def compare(cfg: KbitConfig, manifest: Manifest, kbit_rows: list[dict[str, Any]], repeats: int = 3) -> dict[str, Any]:
-    """Spark's Kafka source on ``manifest``'s topic next to kbit's rows for it (one per client, same run):
-    records/s of each, kbit's read+decode rate over Spark's (above 1: kbit is faster), and that target."""
-    spark = measure_spark_source(cfg, manifest, repeats)
-    kbit = {row["client"]: row["decode_records_per_s"] for row in kbit_rows}
-    ratios = {client: rate / spark["records_per_s"] for client, rate in kbit.items()}
-    return {
-        "variant": manifest.variant.name,
-        "topic": manifest.topic,
-        "records": manifest.num_records,
-        "kbit_records_per_s": kbit,
-        "spark": spark,
-        "kbit_over_spark": ratios,
-        "targets": [
-            {
-                "target": f"{manifest.variant.name} ({client}) read+decode faster than {READER}",
-                "value": round(r, 2),
-                "met": r > 1.0,
-            }
-            for client, r in ratios.items()
-        ],
-    }
-
-
-def peer_table(comparisons: list[dict[str, Any]]) -> Table:
-    """kbit's read+decode records/s per client next to Spark's Kafka source, with the ratios."""
-    return reader_table(
-        "kbit's reader vs Spark's Kafka source (records/s, same topic, same run)",
-        comparisons,
-        lambda c: [
-            (
-                READER,
-                c["spark"]["records_per_s"],
-                ratios_text(c["kbit_over_spark"].values()),
-                c["spark"]["records_missing"],
-            )
-        ],
-    )
+SPARK = PeerReader(
+    "spark",
+    "kbit's reader vs Spark's Kafka source (records/s, same topic, same run)",
+    lambda cfg, manifest, repeats: [measure_spark_source(cfg, manifest, repeats)],
+)
+compare, peer_table = SPARK.compare, SPARK.table

@@ -50,7 +50,10 @@ def stock_reason(format: str, layout: str) -> str | None:
 
 
 def select_codec(codec: Codec, decoder: str = "fast") -> Codec:
-    """The codec that decodes ``codec``'s topic with ``decoder`` (``fast`` | ``stock``); see the module docstring."""
+    """The codec that decodes ``codec``'s topic with ``decoder`` (``fast`` | ``stock``); see the module docstring.
+    A codec wrapped in another framing (``formats.confluent.framed``) gets its inner codec selected."""
+    if hasattr(codec, "inner"):
+        return codec.with_inner(select_codec(codec.inner, decoder))
     if decoder == "stock" or isinstance(codec, FastPath):
         return codec
     fast_class = _FAST.get((codec.format, codec.layout))

@@ -1,0 +1,47 @@
+"""The one consumer factory: what a consumer is for, translated alike for both clients."""
+
+from __future__ import annotations
+
+import pytest
+
+from kbit_core.config import KafkaConfig
+from kbit_core.errors import ConfigError
+from kbit_core.kafka.clients import ConsumerUse, consumer_options
+
+
+def test_no_consumer_commits_or_shares_a_group_unless_its_use_names_one() -> None:
+    kcfg, use = KafkaConfig(), ConsumerUse(purpose="reader")
+    first, second = consumer_options(kcfg, use, "confluent"), consumer_options(kcfg, use, "confluent")
+    assert first["enable.auto.commit"] is False and first["enable.auto.offset.store"] is False
+    assert first["group.id"].startswith("kbit-reader-") and first["group.id"] != second["group.id"]
+    fixed = consumer_options(kcfg, ConsumerUse(purpose="stream", group="kbit-stream-t"), "confluent")
+    assert fixed["group.id"] == "kbit-stream-t"
+    python = consumer_options(kcfg, use, "kafka-python")
+    assert python["group_id"] is None and python["enable_auto_commit"] is False
+    assert python["client_id"].startswith("kbit-reader-")
+
+
+def test_isolation_fetch_sizes_and_offset_reset_mean_the_same_on_both_clients() -> None:
+    use = ConsumerUse(
+        purpose="reader", read_committed=True, fetch_wait_ms=7, fetch_max_bytes=4096, partition_fetch_bytes=2048
+    )
+    confluent = consumer_options(KafkaConfig(), use, "confluent")
+    python = consumer_options(KafkaConfig(), use, "kafka-python")
+    assert (confluent["isolation.level"], python["isolation_level"]) == ("read_committed", "read_committed")
+    assert (confluent["fetch.wait.max.ms"], python["fetch_max_wait_ms"]) == (7, 7)
+    assert (confluent["fetch.max.bytes"], python["fetch_max_bytes"]) == (4096, 4096)
+    assert (confluent["max.partition.fetch.bytes"], python["max_partition_fetch_bytes"]) == (2048, 2048)
+    assert (confluent["auto.offset.reset"], python["auto_offset_reset"]) == ("error", "none")
+    # unset: each client's own default, not a value kbit chose
+    lenient = ConsumerUse(purpose="registry", reset_is_error=False)
+    assert "auto.offset.reset" not in consumer_options(KafkaConfig(), lenient, "confluent")
+    assert "fetch.wait.max.ms" not in consumer_options(KafkaConfig(), lenient, "confluent")
+    assert "isolation_level" not in consumer_options(KafkaConfig(), lenient, "kafka-python")
+
+
+def test_the_use_s_own_tuning_comes_last_and_an_unknown_client_is_named() -> None:
+    use = ConsumerUse(purpose="reader", fetch_wait_ms=1, tuning={"queued.min.messages": 9, "fetch.wait.max.ms": 3})
+    opts = consumer_options(KafkaConfig(), use, "confluent")
+    assert (opts["queued.min.messages"], opts["fetch.wait.max.ms"]) == (9, 3)
+    with pytest.raises(ConfigError, match="unknown Kafka client 'librdkafka'"):
+        consumer_options(KafkaConfig(), use, "librdkafka")  # type: ignore[arg-type]
