@@ -117,24 +117,29 @@ def _devtools(ws: Any, call_id: int, method: str, params: dict[str, Any]) -> dic
             return message["result"]
 
 
+def newest_run(mlflow: str, eid: str, experiment: str, kind: str) -> str:
+    """The id of the newest finished run of ``kind`` (tag ``kbit.kind``) in the experiment."""
+    runs = api(
+        f"{mlflow}/api/2.0/mlflow/runs/search",
+        {
+            "experiment_ids": [eid],
+            "filter": f"tags.`kbit.kind` = '{kind}' and attributes.status = 'FINISHED'",
+            "max_results": 1,
+            "order_by": ["attributes.start_time DESC"],
+        },
+    ).get("runs", [])
+    if not runs:
+        raise SystemExit(f"experiment {experiment!r} holds no finished {kind} run yet")
+    return runs[0]["info"]["run_id"]
+
+
 def mlflow_pages(mlflow: str, experiment: str) -> dict[str, str]:
     """The MLflow pages worth seeing: experiment, newest benchmark parent, its summary, the compare view."""
     exp = api(
         f"{mlflow}/api/2.0/mlflow/experiments/get-by-name?" + urllib.parse.urlencode({"experiment_name": experiment})
     )["experiment"]
     eid = exp["experiment_id"]
-    runs = api(
-        f"{mlflow}/api/2.0/mlflow/runs/search",
-        {
-            "experiment_ids": [eid],
-            "filter": "tags.`kbit.kind` = 'benchmark' and attributes.status = 'FINISHED'",
-            "max_results": 1,
-            "order_by": ["attributes.start_time DESC"],
-        },
-    ).get("runs", [])
-    if not runs:
-        raise SystemExit(f"experiment {experiment!r} holds no finished benchmark run yet")
-    parent = runs[0]["info"]["run_id"]
+    parent = newest_run(mlflow, eid, experiment, "benchmark")
     children = api(
         f"{mlflow}/api/2.0/mlflow/runs/search",
         {"experiment_ids": [eid], "filter": f"tags.mlflow.parentRunId = '{parent}'", "max_results": 100},
@@ -159,18 +164,7 @@ def training_pages(mlflow: str, experiment: str) -> dict[str, str]:
     eid = api(
         f"{mlflow}/api/2.0/mlflow/experiments/get-by-name?" + urllib.parse.urlencode({"experiment_name": experiment})
     )["experiment"]["experiment_id"]
-    runs = api(
-        f"{mlflow}/api/2.0/mlflow/runs/search",
-        {
-            "experiment_ids": [eid],
-            "filter": "tags.`kbit.kind` = 'train' and attributes.status = 'FINISHED'",
-            "max_results": 1,
-            "order_by": ["attributes.start_time DESC"],
-        },
-    ).get("runs", [])
-    if not runs:
-        raise SystemExit(f"experiment {experiment!r} holds no finished training run yet")
-    run_id = runs[0]["info"]["run_id"]
+    run_id = newest_run(mlflow, eid, experiment, "train")
     versions = api(
         f"{mlflow}/api/2.0/mlflow/model-versions/search?" + urllib.parse.urlencode({"filter": f"run_id = '{run_id}'"})
     ).get("model_versions", [])
