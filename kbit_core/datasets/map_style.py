@@ -112,6 +112,22 @@ class MapStyleSource(DatasetSource):
         self.read(0, min(head, self.num_records))
         self.read(self.num_records - 1, self.num_records)
 
+    def kept_labels(self) -> Any:
+        """The dataset's labels when it keeps them all in ``targets`` or ``labels`` (torchvision's ImageFolder, kbit's
+        arrays), else None."""
+        kept = next((getattr(self.dataset, a) for a in ("targets", "labels") if hasattr(self.dataset, a)), None)
+        return kept if kept is not None and len(kept) == len(self.dataset) else None
+
+    def labels_at(self, indices: np.ndarray) -> np.ndarray:
+        """int64 labels of the items at ``indices``: from :meth:`kept_labels` without reading an image, else item by
+        item."""
+        kept = self.kept_labels()
+        if kept is not None:
+            return np.asarray(kept)[indices].astype(np.int64)
+        return np.array(
+            [_label(self.dataset[int(i)][1], int(i), self.num_classes, self.where) for i in indices], dtype=np.int64
+        )
+
     def _chunks(self, start: int, stop: int, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for lo in range(start, stop, batch_size):
             yield self.read(lo, min(lo + batch_size, stop))

@@ -2,7 +2,8 @@
 each failure a ConfigError naming the setting, in seconds instead of after minutes of producing and launching.
 
 On top of :mod:`kbit_core.checks` (topic names, writable directories, shard plans): an importable model that
-builds for the dataset, a map-style dataset whose first and last items fit, and disk space for the checkpoints kept.
+builds for the dataset, a map-style dataset whose first and last items fit and whose ratio splits give validation
+and test the training split's classes (a warning), and disk space for the checkpoints kept.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from kbit_core.config import KbitConfig
 from kbit_core.data.dataset_reader import check_direct
 from kbit_core.datasets import DatasetSource, open_source
 from kbit_core.datasets.map_style import MapStyleSource
+from kbit_core.jobs.split_check import split_label_mismatch
 from kbit_core.kafka.manifest import DatasetInfo
 from kbit_core.topic_dataset import snapshot_dataset
 from kbit_core.train.checkpoint import resolve_resume
@@ -75,6 +77,8 @@ def check_training(cfg: KbitConfig) -> Preflight:
         cfg.train.global_batch_size,
         layout,
     )
+    if isinstance(source, MapStyleSource) and (mismatch := split_label_mismatch(planned, source)):
+        report.warn(mismatch)
     check_ranks_fit_cores(cfg, cfg.launch.num_processes, "launch.num_processes", report)
     num_params = _check_model(cfg, source)
     directory = cfg.run_dir / cfg.checkpoint.dir if cfg.checkpoint.dir is not None else None

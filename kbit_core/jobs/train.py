@@ -18,7 +18,7 @@ from kbit_core.jobs.restarts import train_with_restarts
 from kbit_core.kafka.manifest import Manifest, manifest_path
 from kbit_core.produce import produce_dataset
 from kbit_core.topic_dataset import snapshot_dataset
-from kbit_core.tracking import Tracker, make_tracker
+from kbit_core.tracking import Tracker, make_tracker, training_run_name
 from kbit_core.train.direct_worker import train_direct_main
 from kbit_core.train.worker import train_main
 
@@ -45,7 +45,7 @@ def train(cfg: KbitConfig, *, progress: bool = True) -> dict[str, Any]:
     tracker = make_tracker(cfg)
     direct = cfg.train.data == "direct"
     broker = contextlib.nullcontext() if direct else embedded_broker(cfg)  # direct: no Kafka at all
-    with broker, tracker.run(cfg, name=f"train-{cfg.profile}", kind="train") as run_id:
+    with broker, tracker.run(cfg, name=training_run_name(cfg), kind="train") as run_id:
         if cfg.train.mode == "continuous":
             result = train_continuous(cfg, run_id, progress=progress)
         elif direct:

@@ -3,15 +3,16 @@
 A benchmark is one parent run (params = the flattened, masked config; tags = git commit, versions,
 hardware, broker) with one nested child run per configuration carrying every statistic as a metric under
 names that never change between runs, so MLflow's compare view lines up across nights. A training run
-gets per-epoch metrics, system metrics and the model. Params, tags and metrics go through
+gets its curves, measures and facts as :mod:`kbit_core.tracking.training` lays them out, system metrics, the
+loss-curve plot, manifests and run report, and its model registered. Params, tags and metrics go through
 ``MlflowClient.log_batch`` (one call per 100 params/tags or 1000 metrics), never one call per value.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import json
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -25,6 +26,9 @@ from kbit_core.stats.metrics import configuration_metrics, verdict_against_faste
 from kbit_core.tracking.environment import run_environment
 from kbit_core.tracking.params import config_params, run_settings
 from kbit_core.tracking.reconcile import DRIVER_TAG, end_abandoned_runs
+from kbit_core.tracking.registry import register_model
+from kbit_core.tracking.training import headline as training_headline
+from kbit_core.tracking.training import metric_series, plot_curves, result_tags, run_note
 from kbit_core.train import checkpoint as ckpt
 
 MAX_NOTE_CHARS = 8000  # MLflow's limit on a tag value; the description is a tag
@@ -41,6 +45,9 @@ MODEL_TRAINING_KIND = "custom_model_development"  # the UI's model-training view
 # The UI remembers its GenAI / model-training switch per browser (GenAI first): a link must ask for the latter.
 MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 CONFIG_ARTIFACT = "config.json"  # the run's exact settings; its params are the same, rounded for reading
+RUN_REPORT_ARTIFACT = "run_report.json"  # a training's whole result, as every rank returned it, with driver facts
+LOSS_PLOT_ARTIFACT = "loss_curve.png"
+MANIFEST_ARTIFACT_DIR = "manifests"
 # The experiment's description: shown above every tab of the experiment page, whichever view MLflow opens.
 EXPERIMENT_NOTES = {
     "benchmark": (
@@ -51,8 +58,9 @@ EXPERIMENT_NOTES = {
         "`prefect.flow_run_url`)."
     ),
     "train": (
-        "kbit training runs of profile `{profile}`: one run per training, with per-epoch metrics, system metrics and "
-        "the model. A run started by Prefect links to its flow run (tag `prefect.flow_run_url`)."
+        "kbit training runs of profile `{profile}`: one run per training, named `dataset-model-data-<ranks>r`; its "
+        "description opens with the result, its Model metrics tab with the `train/` and `val/` curves, and its model "
+        "is registered (Models). A run started by Prefect links to its flow run (tag `prefect.flow_run_url`)."
     ),
 }
 LATEST_MARK = "\n\n---\n"  # the latest answer goes above it, the experiment's standing description below
@@ -111,21 +119,6 @@ def run_description(markdown: str) -> str:
     return markdown[: MAX_NOTE_CHARS - len(tail)].rsplit("\n", 1)[0] + tail
 
 
-# What a history record is logged at: its epoch (batch training) or its optimizer step (continuous training's
-# report windows, whose lag and freshness become step series).
-HISTORY_STEP_KEYS = ("epoch", "step")
-
-
-def _history_step(record: Mapping[str, Any], position: int) -> int:
-    return int(next((record[key] for key in HISTORY_STEP_KEYS if key in record), position))
-
-
-def training_history(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """Per-epoch records of a training result: ``result['history']`` (or ``['epochs']``), each with 'epoch'."""
-    history = result.get("history", result.get("epochs", []))
-    return list(history) if isinstance(history, Sequence) and not isinstance(history, str) else []
-
-
 # ---------------------------------------------------------------------------------------------- MLflow
 class MlflowTracker:
     """Runs in the experiment ``cfg.experiment_name()`` of the store at ``cfg.tracking_uri()``."""
@@ -137,13 +130,19 @@ class MlflowTracker:
 
         self.cfg = cfg
         self.uri = cfg.tracking_uri()
+        # A sqlite store keeps its artifacts beside it, not in ./mlruns of whichever directory the run started in.
+        artifacts = None
         if self.uri.startswith("sqlite:///"):
-            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            store_dir = Path(self.uri.removeprefix("sqlite:///")).parent
+            store_dir.mkdir(parents=True, exist_ok=True)
+            artifacts = (store_dir.resolve() / "mlruns").as_uri()
         # log_model only knows the fluent API, which reads the process-wide URI.
         mlflow.set_tracking_uri(self.uri)
         self.client = MlflowClient(tracking_uri=self.uri)
         exp = self.client.get_experiment_by_name(cfg.experiment_name())
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(cfg.experiment_name())
+        self.experiment_id = (
+            exp.experiment_id if exp else self.client.create_experiment(cfg.experiment_name(), artifacts)
+        )
         self.experiment_tags = dict(exp.tags) if exp else {}
         # Without this tag MLflow 3 guesses the experiment's kind and may open it on the GenAI traces page.
         if self.experiment_tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
@@ -353,59 +352,51 @@ class MlflowTracker:
         return out
 
     def log_training(self, run_id: str | None, result: Mapping[str, Any], model_path: Path | None = None) -> None:
-        """Per-epoch metrics (step = epoch) from ``result['history']``, per-step loss from ``result['loss_curve']``,
-        :func:`final_metrics`, and the model when ``model_path`` is given (a state dict, or a checkpoint dict
-        holding one under 'model'; loaded with weights_only=True)."""
+        """The run laid out for reading (:mod:`kbit_core.tracking.training`): curves and measures as metrics, one-point
+        facts as tags, the result in one line atop the description; the loss-curve plot, the manifests and the run
+        report as artifacts; and the model in ``model_path`` registered (:mod:`kbit_core.tracking.registry`)."""
         if run_id is None:
             return
-        metrics = []
-        history = training_history(result)
-        for position, record in enumerate(history):
-            metrics += self._metrics(
-                {k: v for k, v in record.items() if k not in HISTORY_STEP_KEYS and _is_number(v)},
-                step=_history_step(record, position),
-            )
-        # Final values go one step after the last epoch: a key present in both (e.g. 'steps') then stays one
-        # series whose latest value is the final one, and no (key, step) pair is logged twice.
-        final_step = max((_history_step(r, i) for i, r in enumerate(history)), default=-1) + 1
-        metrics += self._metrics(final_metrics(result), step=final_step)
-        for step, loss in enumerate(result.get("loss_curve", ())):
-            metrics += self._metrics({"train_step_loss": loss}, step=step)
-        self._log(run_id, metrics=metrics)
+        metrics = [
+            metric
+            for name, points in metric_series(result).items()
+            for step, value in points
+            for metric in self._metrics({name: value}, step=step)
+        ]
+        self._log(run_id, metrics=metrics, tags=result_tags(result))
+        plotted = self._log_artifacts(run_id, result)
+        # Relative to the UI's page: the server's artifact endpoint, wherever the UI is served from.
+        plot_url = f"get-artifact?path={LOSS_PLOT_ARTIFACT}&run_uuid={run_id}" if plotted else None
+        registered = None
         if model_path is not None and self.cfg.tracking.log_models:
-            self._log_model(run_id, Path(model_path))
+            registered = self._register_model(run_id, Path(model_path), result)
+        self._log(run_id, tags={NOTE_TAG: run_description(run_note(result, registered, plot_url))})
+        run = self.client.get_run(run_id)
+        if "mlflow.parentRunId" not in run.data.tags:  # a sweep's trials leave the experiment's answer to the sweep
+            # The experiment's description opens every view of it: one click from the landing page, and its link
+            # is the second, straight to the curves.
+            link = f"#/experiments/{self.experiment_id}/runs/{run_id}/model-metrics?{MODEL_TRAINING_VIEW}"
+            self._show_latest_answer(f"[Latest training: {run.info.run_name}]({link}): {training_headline(result)}")
 
-    def _log_model(self, run_id: str, model_path: Path) -> None:
-        import mlflow  # mlflow and torch load only when a model is logged: both take seconds to import
-        import mlflow.pytorch
-        import torch
+    def _log_artifacts(self, run_id: str, result: Mapping[str, Any]) -> bool:
+        """The loss-curve plot, the manifests the data came with and the whole result (the run report); whether
+        there was a curve to plot."""
+        self.client.log_dict(run_id, json.loads(json.dumps(result, default=str)), RUN_REPORT_ARTIFACT)
+        with tempfile.TemporaryDirectory() as tmp:
+            plot = plot_curves(result, Path(tmp) / LOSS_PLOT_ARTIFACT)
+            if plot is not None:
+                self.client.log_artifact(run_id, str(plot))
+        for key in ("manifest_path", "stream_manifest"):
+            path = Path(result[key]) if result.get(key) else None
+            if path is not None and path.is_file():
+                self.client.log_artifact(run_id, str(path), artifact_path=MANIFEST_ARTIFACT_DIR)
+        return plot is not None
 
+    def _register_model(self, run_id: str, model_path: Path, result: Mapping[str, Any]) -> str | None:
+        """Register the model; None (and a ``model_logged`` tag saying why) when the checkpoint holds no whole model."""
         if ckpt.loadable_weights(model_path) is None:
             # The ranks consolidate a ZeRO checkpoint's shards when training ends; a pipeline's stays per stage.
             self._log(run_id, tags={"model_logged": f"no: {model_path} holds no consolidated weights"})
-            return
-        model, image_shape = ckpt.load_model(self.cfg, model_path)
-        requirements = [f"{d}=={importlib.metadata.version(d).split('+')[0]}" for d in ("torch", "numpy")]
-        # MLflow 3 saves a traced torch.export program (no pickle), which needs an example input to trace;
-        # a batch of 2, because torch.export specialises a batch dimension of 1 into a fixed size.
-        example = torch.zeros((2, *image_shape), dtype=torch.float32 if len(image_shape) == 3 else torch.int64).numpy()
-        with mlflow.start_run(run_id=run_id):
-            mlflow.pytorch.log_model(model, name="model", pip_requirements=requirements, input_example=example)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def final_metrics(result: Mapping[str, Any]) -> dict[str, float]:
-    """The final numbers of a training result: its scalars, per-epoch lists reduced to their last value, and the
-    per-split data counts of ``result['data']`` as ``data_<split>_<count>``."""
-    out: dict[str, float] = {}
-    for key, value in result.items():
-        if isinstance(value, list) and value and all(_is_number(v) for v in value):
-            value = value[-1]
-        if _is_number(value):
-            out[key] = float(value)
-    for split, counts in (result.get("data") or {}).items():
-        out.update({f"data_{split}_{name}": float(v) for name, v in counts.items() if _is_number(v)})
-    return out
+            return None
+        name, version = register_model(self.cfg, self.client, run_id, model_path, result)
+        return f"`{name}` version {version}"

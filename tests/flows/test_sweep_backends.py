@@ -57,4 +57,4 @@ def test_prefect_and_ray_tune_sweeps_pick_the_same_best_trial(
     best_child = client.get_run(by_tune["best"]["mlflow_run_id"])
     assert best_child.data.tags["kbit.best_trial"] == "true"
     assert best_child.data.params["train.optim.lr"] == "0.003"
-    assert best_child.data.metrics["val_accuracy"] == pytest.approx(by_tune["best"]["metrics"]["val_accuracy"])
+    assert best_child.data.metrics["val/accuracy"] == pytest.approx(by_tune["best"]["metrics"]["val_accuracy"])

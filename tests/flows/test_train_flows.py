@@ -45,7 +45,7 @@ def test_train_flow_trains_and_records_the_run(broker: EmbeddedBroker, tmp_path:
     client = MlflowClient(overrides["tracking"]["tracking_uri"])
     run = client.get_run(summary["mlflow_run_id"])
     assert run.info.status == "FINISHED" and run.data.params["train.model.name"] == "mlp"
-    assert run.data.metrics["val_accuracy"] == pytest.approx(summary["metrics"]["val_accuracy"])
+    assert run.data.metrics["val/accuracy"] == pytest.approx(summary["metrics"]["val_accuracy"])
     assert all_run_ids(client) == [summary["mlflow_run_id"]], "one training, one MLflow run"
     assert set(task_runs(state)) == {
         "load-config",

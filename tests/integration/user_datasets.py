@@ -44,3 +44,16 @@ def pictures(num_records: int = 4) -> list[tuple[Any, np.int64]]:
         (Image.fromarray(np.concatenate([np.full((6, 8, 1), i, np.uint8), grid], axis=-1)), np.int64(i % 2))
         for i in range(num_records)
     ]
+
+
+def sorted_digits(num_records: int = 2000, keep_labels: bool = True) -> torch.utils.data.Dataset:
+    """The synthetic digits stored sorted by class, as an ImageFolder is; ``keep_labels=False`` hides the ``labels``
+    list, so that a reader must read each item for its label."""
+    dataset = Digits(num_records)
+    order = np.argsort(dataset.labels, kind="stable")
+    dataset.images, dataset.labels = dataset.images[order], [dataset.labels[i] for i in order]
+    if keep_labels:
+        return dataset
+    hidden = torch.utils.data.Subset(dataset, range(len(dataset)))
+    hidden.classes = dataset.classes
+    return hidden
