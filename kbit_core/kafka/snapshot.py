@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
@@ -15,6 +14,7 @@ from confluent_kafka.admin import AdminClient
 from kbit_core.config import KafkaConfig
 from kbit_core.errors import TopicError
 from kbit_core.kafka import admin
+from kbit_core.kafka.clients import ConsumerUse, client_options, open_consumer
 from kbit_core.kafka.contents import NULL_TOPIC_ID
 from kbit_core.kafka.manifest import Manifest
 from kbit_core.sharding import parse_offset_strings
@@ -34,7 +34,7 @@ class TopicOffsets:
 
 def topic_id(kcfg: KafkaConfig, topic: str) -> str | None:
     """The broker's id of ``topic``; None when it reports none."""
-    client = AdminClient(admin.client_options(kcfg))
+    client = AdminClient(client_options(kcfg))
     future = client.describe_topics(TopicCollection([topic]), request_timeout=kcfg.request_timeout_s)
     try:
         found = str(future[topic].result().topic_id or "")
@@ -162,13 +162,6 @@ def _timestamps_at(kcfg: KafkaConfig, topic: str, offsets: Mapping[int, int]) ->
 def _consumer(kcfg: KafkaConfig) -> Consumer:
     """An assign-only consumer that never joins a group nor commits (kbit never writes a user's topic's groups)."""
     admin.require_embedded_listening(kcfg)
-    return Consumer(
-        {
-            **admin.client_options(kcfg),
-            **admin.EAGER_CONNECT,
-            "group.id": f"kbit-snapshot-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        }
-    )
+    # a record asked for at an offset retention has just deleted: read from the earliest still stored instead
+    use = ConsumerUse("snapshot", reset_is_error=False, partition_eof=True, tuning={"auto.offset.reset": "earliest"})
+    return open_consumer(kcfg, use)
