@@ -8,16 +8,7 @@ from typing import Any
 import orjson
 
 from kbit_core.errors import ConfigError, CorruptRecordError
-from kbit_core.formats.records import Column, WriterSchema
-
-
-def field_at(document: Any, path: str) -> Any:
-    """The value at dotted ``path`` of a decoded document; None where the path ends early or meets a non-object."""
-    for name in path.split("."):
-        if not isinstance(document, dict):
-            return None
-        document = document.get(name)
-    return document
+from kbit_core.formats.records import Column, WriterSchema, columns_of
 
 
 class JsonRecordDecoder:
@@ -36,4 +27,4 @@ class JsonRecordDecoder:
             documents = list(map(orjson.loads, values))
         except (orjson.JSONDecodeError, TypeError) as exc:
             raise CorruptRecordError(f"a value is not JSON: {exc}") from None
-        return {path: [field_at(doc, path) for doc in documents] for path in fields}
+        return columns_of(documents, fields)

@@ -66,3 +66,18 @@ class RecordDecoder(Protocol):
         ``CorruptRecordError`` in one line; the caller localises the culprits value by value and names topic,
         partition and offset. A field a record lacks is None in its column."""
         ...
+
+
+def field_at(record: Any, path: str) -> Any:
+    """The value at the dotted ``path`` of a decoded record (nested dicts); None where the path ends early or meets
+    something that is not a dict."""
+    for name in path.split("."):
+        if not isinstance(record, dict):
+            return None
+        record = record.get(name)
+    return record
+
+
+def columns_of(records: Sequence[Any], fields: Sequence[str]) -> dict[str, list[Any]]:
+    """Every dotted field of every decoded record, one column per field, in the records' order."""
+    return {path: [field_at(record, path) for record in records] for path in fields}

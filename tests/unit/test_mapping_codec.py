@@ -12,9 +12,9 @@ import pytest
 from kbit_core.config import MappingConfig
 from kbit_core.errors import ConfigError, CorruptRecordError
 from kbit_core.formats.decoders import RECORD_DECODERS, make_record_decoder
-from kbit_core.formats.json_records import JsonRecordDecoder, field_at
+from kbit_core.formats.json_records import JsonRecordDecoder
 from kbit_core.formats.mapping import MappedCodec, NullFieldSkipped
-from kbit_core.formats.records import FieldType, WriterSchema
+from kbit_core.formats.records import FieldType, WriterSchema, field_at
 from kbit_core.kafka.consumers import RawRecord
 from kbit_core.topic_dataset import check_against_schema
 

@@ -12,8 +12,8 @@ from typing import Any
 import fastavro
 
 from kbit_core.formats.confluent.avro_walk import AvroColumnWalker, Leaf, flatten
-from kbit_core.formats.confluent.columns import pluck
 from kbit_core.formats.fast.base import UnsupportedSchema
+from kbit_core.formats.records import columns_of
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class AvroSchemaDecoder:
                 return {path: out[path] if path in out else [fill[path]] * len(values) for path in fields}
         self.stock_values += len(values)
         records = [self.stock(value) for value in values]
-        return {path: [pluck(record, path) for record in records] for path in fields}
+        return columns_of(records, fields)
 
     def _plan(self, fields: tuple[str, ...]) -> tuple[AvroColumnWalker, dict[str, Any]] | None:
         """The walker for ``fields`` and the fill value of each requested field the writer lacks; None (logged once)

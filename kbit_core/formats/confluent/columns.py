@@ -1,4 +1,4 @@
-"""Columns of dotted-path fields: plucked from decoded records (dicts, Protobuf messages), and put back in the
+"""Columns of dotted-path fields: taken from decoded Protobuf messages, and put back in the
 values' order after the values were decoded in groups (one per writer schema)."""
 
 from __future__ import annotations
@@ -8,15 +8,6 @@ from typing import Any
 
 import numpy as np
 from google.protobuf.message import Message
-
-
-def pluck(record: Any, path: str) -> Any:
-    """The value at the dotted ``path`` of a decoded record (nested dicts), None where the record lacks it."""
-    for part in path.split("."):
-        if not isinstance(record, dict):
-            return None
-        record = record.get(part)
-    return record
 
 
 def message_value(message: Message, path: str) -> Any:

@@ -20,12 +20,12 @@ from google.protobuf.message_factory import GetMessageClass
 from kbit_core.config.registry import RegistryConfig
 from kbit_core.errors import ConfigError, CorruptRecordError, SchemaRegistryError
 from kbit_core.formats.confluent.avro_decoder import AvroSchemaDecoder
-from kbit_core.formats.confluent.columns import in_order, message_value, pluck
+from kbit_core.formats.confluent.columns import in_order, message_value
 from kbit_core.formats.confluent.fields import avro_fields, json_schema_fields, protobuf_fields
 from kbit_core.formats.confluent.framing import HEADER_BYTES, FramingError, message_indexes, schema_id
 from kbit_core.formats.confluent.protobuf_decoder import indexed_message, registry_file
 from kbit_core.formats.confluent.source import REGISTRY_FAILURES, SchemaSource, UnknownSchemaError
-from kbit_core.formats.records import Column, WriterSchema
+from kbit_core.formats.records import Column, WriterSchema, columns_of
 
 ValueFormat = Literal["avro", "json", "protobuf"]
 VALUE_FORMATS = ("avro", "json", "protobuf")
@@ -160,7 +160,7 @@ class ConfluentDecoder:
             parse: Callable[[bytes], Any] = lambda value: stock(value, self.context)  # noqa: E731
         else:
             parse = lambda value: orjson.loads(memoryview(value)[HEADER_BYTES:])  # noqa: E731
-        return lambda values, fields: _plucked([parse(v) for v in values], fields)
+        return lambda values, fields: columns_of([parse(v) for v in values], fields)
 
     def _protobuf(self, sid: int, writer: Schema) -> GroupDecoder:
         proto, pool = registry_file(writer, self.source.client)
@@ -174,10 +174,6 @@ class ConfluentDecoder:
             return classes[key].FromString(value[start:])
 
         return lambda values, fields: _messages([parse(v) for v in values], fields)
-
-
-def _plucked(records: list[Any], fields: Sequence[str]) -> dict[str, Any]:
-    return {path: [pluck(record, path) for record in records] for path in fields}
 
 
 def _messages(messages: list[Any], fields: Sequence[str]) -> dict[str, Any]:
