@@ -112,5 +112,5 @@ def test_a_topic_with_unknown_contents_fails_without_retries(broker: EmbeddedBro
     state = produce(profile="smoke", overrides=overrides, return_state=True)
 
     assert state.is_failed()
-    assert "has no manifest" in state.message
+    assert "kbit did not create it" in state.message
     assert task_runs(state)["ensure-topics"].run_count == 1
