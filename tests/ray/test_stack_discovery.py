@@ -29,7 +29,11 @@ print(json.dumps({"gcs": ray.get_runtime_context().gcs_address, "token": os.envi
 """
 
 
-def test_a_profile_with_another_workdir_joins_the_stacks_head_with_its_token(tmp_path: Path) -> None:
+def test_a_profile_with_another_workdir_joins_the_stacks_head_with_its_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a record of its own: stacks other tests left recorded in the suite's state dir are not this test's
+    monkeypatch.setenv(stack_record.STATE_DIR_VARIABLE, str(tmp_path / "state"))
     stack_cfg = KbitConfig.from_dict(
         {
             "workdir": str(tmp_path / "stack"),
