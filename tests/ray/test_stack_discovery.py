@@ -5,6 +5,7 @@ down` takes the head out of the record."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,8 +48,10 @@ def test_a_profile_with_another_workdir_joins_the_stacks_head_with_its_token(
         head = stack_record.running_ray_head()
         assert head is not None and head.address == f"127.0.0.1:{stack_cfg.launch.ray_head_port}"
         profile = {"workdir": str(tmp_path / "profile"), "launch": {"engine": "ray"}}  # names no address, no token
+        # a user's shell with no Ray variables (in the full suite this process holds the suite's own head's)
+        env = {k: v for k, v in os.environ.items() if k not in (*ray_env.USER_TOKEN_VARIABLES, "RAY_ADDRESS")}
         done = subprocess.run(
-            [sys.executable, "-c", JOIN, json.dumps(profile)], capture_output=True, text=True, timeout=300
+            [sys.executable, "-c", JOIN, json.dumps(profile)], capture_output=True, text=True, timeout=300, env=env
         )
         assert done.returncode == 0, done.stderr[-3000:]
         joined = json.loads(done.stdout.splitlines()[-1])
