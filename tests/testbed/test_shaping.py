@@ -51,6 +51,25 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
 
+def _mac(*netns_and_device: str) -> str:
+    out = subprocess.run(
+        ["ip", *netns_and_device[:-1], "-j", "link", "show", netns_and_device[-1]],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return json.loads(out)[0]["address"]
+
+
+def _pin_neighbours() -> None:
+    """Static neighbour entries on both ends: with loss configured, a lost ARP request or reply holds the first
+    datagrams back for the kernel's one-second retry (and drops those past its queue), which a measurement of the
+    link's own loss must not count."""
+    root_mac, node_mac = _mac(ROOT_DEVICE), _mac("-n", NETNS, "eth0")
+    _ip("neigh", "replace", NODE_ADDRESS, "lladdr", node_mac, "dev", ROOT_DEVICE, "nud", "permanent")
+    _ip("-n", NETNS, "neigh", "replace", ROOT_ADDRESS, "lladdr", root_mac, "dev", "eth0", "nud", "permanent")
+
+
 def _remove_link() -> None:
     pids = subprocess.run(["ip", "netns", "pids", NETNS], capture_output=True, text=True).stdout.split()
     for pid in pids:
@@ -71,6 +90,7 @@ def veth_link() -> Iterator[Link]:
         _ip("-n", NETNS, "addr", "add", f"{NODE_ADDRESS}/24", "dev", "eth0")
         _ip("-n", NETNS, "link", "set", "eth0", "up")
         _ip("-n", NETNS, "link", "set", "lo", "up")
+        _pin_neighbours()
         yield Link(LinkEnd(None, ROOT_DEVICE), LinkEnd(NETNS, "eth0"), Host("kbs-node", NODE_ADDRESS, NETNS))
     finally:
         _remove_link()
