@@ -44,6 +44,9 @@ JVM_OPTS = (
     "-Djava.awt.headless=true",
 )
 
+# A server log line at WARN or ERROR: its level, then its message without the timestamp (_LOG4J2's pattern).
+_LEVELED = re.compile(r"^\[[^\]]*\] (WARN|ERROR) (.*)$")
+
 _INSTALL_HINT = (
     "run `bash scripts/run.sh install` (needs Java 17+ and Maven: apt-get install openjdk-17-jre-headless "
     "maven), or set KAFKA_HOME to an unpacked Apache Kafka 4.x distribution"
@@ -236,8 +239,7 @@ class ApacheKafkaBroker(ServiceBroker):
             if reason is None:
                 raise
             raise BrokerError(
-                f"the Apache Kafka broker at {self.bootstrap} did not start: {reason}\n"
-                f"last lines of {self.server_log_path}:\n{self.log_tail()}"
+                f"the Apache Kafka broker at {self.bootstrap} did not start: {reason}\n{self.why()}"
             ) from None
         self._wait_serving(deadline)
         return self.status()
@@ -269,6 +271,23 @@ class ApacheKafkaBroker(ServiceBroker):
         if text is None:
             return self.service.log_tail(lines)
         return "\n".join([line for line in text if not line.startswith("\tat ")][-lines:])
+
+    def why(self, limit: int = 8) -> str:
+        """What the server log says since the latest start, up to the broker's first error: each distinct warning
+        and error once (a retried connection warns every half second), the last ``limit`` of them. The cause is
+        there; the shutdown that follows an error only logs that parts stopped. The log's tail when it has none."""
+        seen: dict[str, str] = {}
+        for line in self._log_lines(self.server_log_path) or []:
+            leveled = _LEVELED.match(line)
+            if leveled is None:
+                continue
+            seen.setdefault(leveled.group(2), leveled.group(1))
+            if leveled.group(1) == "ERROR":
+                break
+        if not seen:
+            return f"last lines of {self.server_log_path}:\n{self.log_tail()}"
+        lines = [f"{level} {message}" for message, level in list(seen.items())[-limit:]]
+        return f"its warnings and first error since it started ({self.server_log_path}):\n" + "\n".join(lines)
 
     def fatal_error(self) -> str | None:
         """The exception of the broker's last 'Exiting Kafka due to fatal exception' since the latest start."""
@@ -369,8 +388,7 @@ class ApacheKafkaBroker(ServiceBroker):
             if self.service.pid() is None:
                 raise BrokerError(
                     f"the Apache Kafka broker at {self.bootstrap} did not start: "
-                    f"{self.fatal_error() or 'it exited'}\n"
-                    f"last lines of {self.server_log_path}:\n{self.log_tail()}"
+                    f"{self.fatal_error() or 'it exited'}\n{self.why()}"
                 )
             try:
                 if self.ready() if self.ready else metadata_brokers(self.host, self.port) > 0:
@@ -381,8 +399,7 @@ class ApacheKafkaBroker(ServiceBroker):
             if time.monotonic() > deadline:
                 self.service.stop()
                 raise BrokerError(
-                    f"the Apache Kafka broker at {self.bootstrap} did not serve metadata in time "
-                    f"({last}); {self.server_log_path}:\n{self.log_tail()}"
+                    f"the Apache Kafka broker at {self.bootstrap} did not serve metadata in time ({last})\n{self.why()}"
                 )
             time.sleep(0.1)
 

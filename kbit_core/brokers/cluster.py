@@ -9,7 +9,7 @@ of its voters before any broker can register.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,12 +122,17 @@ class KafkaCluster:
             if not broker.cluster_id_path.is_file():
                 broker.home.mkdir(parents=True, exist_ok=True)
                 broker.cluster_id_path.write_text(cluster_id + "\n")
+        failure = None
         with ThreadPoolExecutor(len(self.brokers)) as pool:
-            errors = [f.exception() for f in [pool.submit(b.start, timeout_s) for b in self.brokers]]
-        failed = [e for e in errors if e is not None]
-        if failed:
-            self.stop()
-            raise BrokerError(f"the Apache Kafka cluster at {self.bootstrap} did not start: {failed[0]}")
+            for started in as_completed([pool.submit(b.start, timeout_s) for b in self.brokers]):
+                if started.exception() is not None and failure is None:
+                    # The first broker to fail says why; the others would only fail later for want of it (no quorum),
+                    # so they stop now rather than at their deadline.
+                    failure = started.exception()
+                    self.stop()
+        if failure is not None:
+            self.stop()  # one that was still formatting its log directory started after the first stop
+            raise BrokerError(f"the Apache Kafka cluster at {self.bootstrap} did not start: {failure}")
 
     def stop(self, timeout_s: float | None = None) -> list[str]:
         """Stop every node together (one by one, the last ones would wait for a quorum that is gone); the names of

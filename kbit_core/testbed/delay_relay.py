@@ -79,6 +79,8 @@ def relay(client: socket.socket, target: tuple[str, int], delay_s: float, mark: 
     except OSError as exc:
         log.warning("%s:%d unreachable: %s", *target, exc)
         upstream.close()
+        # a reset, not an orderly close: the client sees its connection fail, as the far end's refusal would
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         client.close()
         return
     for sock in (client, upstream):

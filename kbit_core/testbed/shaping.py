@@ -168,9 +168,14 @@ def delay_ruleset(device: str, relay_port: int, shape: LinkShape) -> str:
     Only a connection's opening SYN is redirected: when the table appears on a bed that is already running
     (``bed.reshape``), conntrack picks its open connections up mid-stream as new ones, and redirecting those to the
     relay would reset them (the Spark workers' links to their master).
+    A connection to the node is redirected only when a socket in the node listens on its port (``socket wildcard``
+    finds one, bound to the address or to any): the relay would otherwise accept it for a port nobody serves, and
+    whoever asks whether the port is free or open (a service about to start, a health check, a client) would be told
+    it is taken or open. Without one the node's kernel refuses the connection, as on the bare link.
     """
     comment = f'comment "delay {shape.delay_s * 1e3:g}ms"'
     opening = "tcp flags & (syn | ack) == syn"
+    served = "socket wildcard { 0, 1 }"
     return (
         f"table ip {DELAY_TABLE}\ndelete table ip {DELAY_TABLE}\n"  # replaces an earlier one in the same transaction
         f"table ip {DELAY_TABLE} {{\n"
@@ -178,7 +183,7 @@ def delay_ruleset(device: str, relay_port: int, shape: LinkShape) -> str:
         f'    oifname "{device}" meta mark != {RELAY_MARK:#x} {opening} redirect to :{relay_port} {comment};\n'
         f"  }}\n"
         f"  chain pre {{ type nat hook prerouting priority -100;\n"
-        f'    iifname "{device}" tcp dport != {relay_port} {opening} redirect to :{relay_port} {comment};\n'
+        f'    iifname "{device}" tcp dport != {relay_port} {opening} {served} redirect to :{relay_port} {comment};\n'
         f"  }}\n}}\n"
     )
 

@@ -231,6 +231,26 @@ def test_the_delay_relay_keeps_the_configured_rate(link: Link, tmp_path: Path, t
     assert goodput_ratio(measured, shape) == pytest.approx(1, abs=0.15)
 
 
+def test_a_delayed_link_refuses_a_port_nobody_serves_and_delays_one_that_is_served(link: Link, tmp_path: Path):
+    """The relay takes only connections to a port that a socket in the node listens on: a broker about to start
+    must find its port free, and a client a port that nothing serves refused (it used to be accepted by the relay,
+    so the bed's brokers on the nodes never started: their port looked taken)."""
+    shape = LinkShape(10**9, delay_s=0.05)
+    relay_service = delay_link(link, shape, tmp_path)
+    unserved = free_port()
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((NODE_ADDRESS, unserved), timeout=10).close()
+        sink = in_node("sink", NODE_ADDRESS, unserved)
+        await_ready(sink)
+        with socket.create_connection((NODE_ADDRESS, unserved), timeout=10) as conn:
+            conn.sendall(b"x" * 10)
+        received = result_of(sink)
+    finally:
+        relay_service.stop()
+    assert received["first"] == 10 and received["peer"] == NODE_ADDRESS, "the served port was not relayed"
+
+
 def test_the_shaping_in_force_is_read_back_from_the_kernel(link: Link, tmp_path: Path):
     assert shaping.link_in_force(link.root, link.node) == "unshaped"
     shape = LinkShape.parse("100mbit,2ms,0.1%")

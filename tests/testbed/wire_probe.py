@@ -17,14 +17,15 @@ _SO_RCVBUFFORCE = 33  # asm-generic/socket.h; not exported by Python's socket mo
 
 
 def sink(listener: socket.socket) -> dict[str, float]:
-    """Receive one connection to its end; the rate counts from the first byte, so connecting costs nothing."""
-    conn, _ = listener.accept()
+    """Receive one connection to its end; the rate counts from the first byte, so connecting costs nothing. The peer
+    is the address the connection came from (the node's own when its delay relay carried it)."""
+    conn, (peer, _) = listener.accept()
     with conn:
         first = conn.recv(CHUNK)
         start, received = time.monotonic(), 0
         while data := conn.recv(CHUNK):
             received += len(data)
-        return {"bytes": received, "seconds": time.monotonic() - start, "first": len(first)}
+        return {"bytes": received, "seconds": time.monotonic() - start, "first": len(first), "peer": peer}
 
 
 def send(host: str, port: int, nbytes: int) -> None:
