@@ -1,4 +1,4 @@
-"""`kbit cluster up | down | status`: the multi-host test bed (namespaces, TLS broker, Spark standalone, Ray)."""
+"""`kbit cluster up | down | status | fault`: the multi-host test bed (namespaces, TLS broker, Spark standalone, Ray)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from kbit_core.testbed import DEFAULT_SUBNET, BedOptions, BedStatus
 from kbit_core.testbed import down as bed_down
 from kbit_core.testbed import status as bed_status
 from kbit_core.testbed import up as bed_up
+from kbit_core.testbed.faults import FAULTS, BedBrokers, cut_off, kill_controller, rolling_restart
 
 cluster_app = typer.Typer(help="Start, stop and inspect the multi-host test bed (root on Linux).", no_args_is_help=True)
 out = Console()
@@ -121,6 +122,35 @@ def status(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = Fal
     _report(st, as_json)
     if not st.up:
         raise typer.Exit(code=1)
+
+
+@cluster_app.command("fault")
+def fault(
+    name: Annotated[str, typer.Argument(help=f"One of: {', '.join(FAULTS)}.")],
+    broker: Annotated[
+        str | None, typer.Option(help="cut-off: the host whose broker to cut off (driver, node1, ...).")
+    ] = None,
+    topic: Annotated[str | None, typer.Option(help="cut-off: cut off the leader of this topic's --partition.")] = None,
+    partition: Annotated[int, typer.Option(help="cut-off: the partition whose leader to cut off.")] = 0,
+    seconds: Annotated[float, typer.Option(min=0, help="cut-off: how long the broker stays cut off.")] = 30.0,
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+) -> None:
+    """Do to the running bed's Kafka what an operator does (docs/reliability.md), then wait until the cluster is
+    whole again; prints what was done, timed, as JSON."""
+    bed = run_guarded(BedBrokers.of, _bed_dir(config, sets))
+    if name == "rolling-restart":
+        report = run_guarded(rolling_restart, bed)
+    elif name == "kill-controller":
+        report = run_guarded(kill_controller, bed)
+    elif name == "cut-off":
+        if (broker is None) == (topic is None):
+            raise typer.BadParameter("cut-off needs exactly one of --broker HOST or --topic TOPIC [--partition P]")
+        victim, host = run_guarded(bed.broker, broker) if broker else run_guarded(bed.leader_of, topic, partition)
+        report = run_guarded(cut_off, bed, victim, host, seconds)
+    else:
+        raise typer.BadParameter(f"unknown fault {name!r}; one of: {', '.join(FAULTS)}", param_hint="NAME")
+    print_json(report.to_dict())
 
 
 def register(app: typer.Typer) -> None:

@@ -23,7 +23,6 @@ from confluent_kafka.admin import AdminClient
 
 from kbit_core import ray_env
 from kbit_core.brokers.apache_broker import kafka_libs
-from kbit_core.config import KafkaConfig
 from kbit_core.errors import BrokerError
 from kbit_core.kafka.settings import confluent_options
 from kbit_core.service import Service, pid_alive
@@ -271,7 +270,7 @@ def _start_ray(procs: _Processes, timeout_s: float) -> None:
 
 def _probe_broker(state: BedState, procs: _Processes, timeout_s: float = 15.0) -> None:
     """A metadata request over TLS and SCRAM, as the training user, must list every broker."""
-    kafka = KafkaConfig.model_validate({k.removeprefix("kafka."): v for k, v in state.kafka_overrides().items()})
+    kafka = state.kafka_config()
     try:
         brokers = AdminClient({**confluent_options(kafka), "log_level": 0}).list_topics(timeout=timeout_s).brokers
     except Exception as exc:

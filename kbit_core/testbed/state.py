@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from kbit_core import ray_env
+from kbit_core.config import KafkaConfig
 from kbit_core.testbed import ray_cluster
 from kbit_core.testbed.network import TestbedError
 
@@ -62,6 +63,10 @@ class BedState(BaseModel):
     ssl_keyfile: Path | None
     ray_address: str | None = None  # Ray Client's address on the first node host; None: the bed runs no Ray
     options: dict[str, Any]
+
+    def kafka_config(self) -> KafkaConfig:
+        """The Kafka settings of the training user on the bed (what :meth:`kafka_overrides` sets)."""
+        return KafkaConfig.model_validate({k.removeprefix("kafka."): v for k, v in self.kafka_overrides().items()})
 
     def kafka_overrides(self) -> dict[str, str]:
         """Dotted kbit config overrides that point the Kafka clients at the bed's cluster as the training user."""

@@ -150,3 +150,24 @@ def drop_link_once(
         threading.Thread(target=restore_after, name="link-outage").start()
 
     return FaultAt(_cnn(image_shape, num_classes), rank=0, at_call=at_step, fault=fault)
+
+
+class StepClock(nn.Module):
+    """The wrapped model; each training forward call appends its Unix time to ``clock_dir/rank-<RANK>``."""
+
+    def __init__(self, inner: nn.Module, clock_dir: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self._clock = Path(clock_dir, f"rank-{os.environ.get('RANK', '0')}")
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training:
+            with open(self._clock, "a") as clock:
+                clock.write(f"{time.time()}\n")
+        return self.inner(x)
+
+
+def step_clock(*, image_shape: tuple[int, ...], num_classes: int, clock_dir: str) -> nn.Module:
+    """The CNN, each rank's training steps timed from outside (tests/testbed/measure_faults.py fires an operator's
+    fault on the bed at a step and measures the longest wait between two steps)."""
+    return StepClock(_cnn(image_shape, num_classes), clock_dir)
