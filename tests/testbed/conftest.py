@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -37,3 +39,15 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BedState]:
         state = bed.up(bed_dir)
     yield state
     bed.down(bed_dir)
+
+
+@contextmanager
+def links_restored(testbed: BedState, why: str) -> Iterator[BedState]:
+    """The bed, with nft available (``why`` needs it); afterwards its links are shaped as they were before."""
+    if shutil.which("nft") is None:
+        unavailable(f"{why} need the `nft` command (apt-get install nftables)")
+    link = testbed.options.get("link")
+    try:
+        yield testbed
+    finally:
+        bed.reshape(testbed.bed_dir, link)

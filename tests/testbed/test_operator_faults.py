@@ -8,7 +8,6 @@ there). The training measurements under these faults are tests/testbed/measure_f
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,8 @@ from kbit_core import testbed as bed
 from kbit_core.kafka import contents
 from kbit_core.produce import produce_dataset
 from kbit_core.testbed import BedState, faults
-from tests.conftest import unavailable
 from tests.faults.test_fault_replicated import _read_indices
+from tests.testbed.conftest import links_restored
 from tests.testbed.test_secured_kafka import bed_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
@@ -32,12 +31,9 @@ CUT_OFF_S = 15
 @pytest.fixture
 def delayed(testbed: BedState):
     """The bed on delayed links; its links as they were after the test."""
-    if shutil.which("nft") is None:
-        unavailable("the bed's faults need the `nft` command (apt-get install nftables)")
-    link = testbed.options.get("link")
-    bed.reshape(testbed.bed_dir, DELAYED)
-    yield testbed
-    bed.reshape(testbed.bed_dir, link)
+    with links_restored(testbed, "the bed's faults"):
+        bed.reshape(testbed.bed_dir, DELAYED)
+        yield testbed
 
 
 def _pids(brokers: faults.BedBrokers) -> list[int | None]:

@@ -10,7 +10,6 @@ fault's time measured alone).
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -21,8 +20,9 @@ import torch
 from kbit_core import testbed as bed
 from kbit_core.testbed import BedState
 from kbit_core.train import checkpoint as ckpt
-from tests.conftest import FAULT_MODELS_DIR, REPO, unavailable
+from tests.conftest import FAULT_MODELS_DIR, REPO
 from tests.integration.fault_models import OUTAGE_TABLE
+from tests.testbed.conftest import links_restored
 from tests.testbed.test_cluster_e2e import TRAIN_CLUSTER, assert_ranks_on_node_hosts, bed_sets, run_kbit
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.kafka]
@@ -33,11 +33,8 @@ OUTAGE_S = 10.0
 @pytest.fixture
 def wire(testbed: BedState):
     """The bed with nft available; its links as they were after the test (shape and any outage table removed)."""
-    if shutil.which("nft") is None:
-        unavailable("faults on the wire need the `nft` command (apt-get install nftables)")
-    link = testbed.options.get("link")
-    yield testbed
-    bed.reshape(testbed.bed_dir, link)
+    with links_restored(testbed, "faults on the wire"):
+        yield testbed
     for node in testbed.nodes:
         nft = ["ip", "netns", "exec", str(node.netns), "nft", "delete", "table", "netdev", OUTAGE_TABLE]
         subprocess.run(nft, capture_output=True)

@@ -60,7 +60,9 @@ def test_commands_carry_the_shape():
     rules = delay_ruleset("eth0", 7999, shape)
     assert "redirect to :7999" in rules and "tcp dport != 7999" in rules and 'comment "delay 2ms"' in rules
     # only openings: a connection picked up mid-stream when the table appears must not be sent to the relay
-    assert rules.count("tcp flags & (syn | ack) == syn redirect") == 2
+    assert rules.count("tcp flags & (syn | ack) == syn") == 2
+    # connections to the node only for a port it serves: the relay must not answer for a port nobody listens on
+    assert rules.count("socket wildcard { 0, 1 } redirect") == 1 and "syn redirect" in rules
     assert shape.describe() == "100 mbit/s, 2 ms each way (TCP), 0.1% loss, in both directions"
 
 
