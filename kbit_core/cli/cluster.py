@@ -133,6 +133,9 @@ def fault(
     topic: Annotated[str | None, typer.Option(help="cut-off: cut off the leader of this topic's --partition.")] = None,
     partition: Annotated[int, typer.Option(help="cut-off: the partition whose leader to cut off.")] = 0,
     seconds: Annotated[float, typer.Option(min=0, help="cut-off: how long the broker stays cut off.")] = 30.0,
+    until_fenced: Annotated[
+        bool, typer.Option(help="cut-off: and on until the controller fenced it (its session timed out).")
+    ] = False,
     config: ConfigOpt = None,
     sets: SetOpt = None,
 ) -> None:
@@ -147,7 +150,7 @@ def fault(
         if (broker is None) == (topic is None):
             raise typer.BadParameter("cut-off needs exactly one of --broker HOST or --topic TOPIC [--partition P]")
         victim, host = run_guarded(bed.broker, broker) if broker else run_guarded(bed.leader_of, topic, partition)
-        report = run_guarded(cut_off, bed, victim, host, seconds)
+        report = run_guarded(cut_off, bed, victim, host, seconds, until_fenced)
     else:
         raise typer.BadParameter(f"unknown fault {name!r}; one of: {', '.join(FAULTS)}", param_hint="NAME")
     print_json(report.to_dict())

@@ -151,16 +151,19 @@ def _nft(host: Host, *args: str, stdin: str | None = None, check: bool = True) -
         raise TestbedError(f"`{' '.join(argv)}` failed: {done.stderr.strip()}")
 
 
-def cut_off(bed: BedBrokers, broker: ApacheKafkaBroker, host: Host, seconds: float) -> FaultReport:
-    """The broker keeps running, but for ``seconds`` nothing reaches it and it reaches nothing (clients, the other
-    brokers, the quorum); then its traffic passes again and it rejoins. On the broker's host only: the host's other
-    processes (a rank, Spark) keep their links, except their own connections to the other brokers' internal and
-    controller ports (the broker's super-user administrator's; kbit's clients use the client port)."""
+def cut_off(
+    bed: BedBrokers, broker: ApacheKafkaBroker, host: Host, seconds: float, until_fenced: bool = False
+) -> FaultReport:
+    """The broker keeps running, but for ``seconds`` (and with ``until_fenced`` until the controller fenced it, at
+    most WHOLE_AGAIN_S) nothing reaches it and it reaches nothing (clients, the other brokers, the quorum); then its
+    traffic passes again and it rejoins. On the broker's host only: the host's other processes (a rank, Spark) keep
+    their links, except their own connections to the other brokers' internal and controller ports (the broker's
+    super-user administrator's; kbit's clients use the client port)."""
     report = FaultReport("cut-off")
     started = time.monotonic()
     _nft(host, "-f", "-", stdin=cut_off_ruleset(host.address, bed.ports))
     try:
-        fenced = _fenced_within(bed, broker, started + seconds)
+        fenced = _fenced_within(bed, broker, started + seconds, started + WHOLE_AGAIN_S if until_fenced else None)
     finally:
         _nft(host, "delete", "table", "inet", CUT_OFF_TABLE)
     healed = time.monotonic()
@@ -177,23 +180,29 @@ def cut_off(bed: BedBrokers, broker: ApacheKafkaBroker, host: Host, seconds: flo
     return report
 
 
-def _fenced_within(bed: BedBrokers, broker: ApacheKafkaBroker, until: float) -> float | None:
-    """Watch the other brokers' metadata until ``until``: the moment it stopped listing ``broker`` (the controller
-    fenced it: its session timed out), or None. Asked as the training user on the client port: on the cut-off
-    broker's host, connections to the other brokers' internal port (the administrator's) are cut too."""
+def _fenced_within(
+    bed: BedBrokers, broker: ApacheKafkaBroker, until: float, or_fenced_by: float | None
+) -> float | None:
+    """Watch the other brokers' metadata until ``until`` (and, given ``or_fenced_by``, on until ``broker`` is fenced
+    or that moment): the moment it stopped listing ``broker`` (the controller fenced it: its session timed out), or
+    None. Asked as the training user on the client port: on the cut-off broker's host, connections to the other
+    brokers' internal port (the administrator's) are cut too."""
     others = ",".join(b.bootstrap for b in bed.cluster.brokers if b is not broker)
     watcher = AdminClient({**bed.client_options, "bootstrap.servers": others})
     fenced = None
-    while time.monotonic() < until:
+    while True:
+        now = time.monotonic()
+        end = until if fenced is not None or or_fenced_by is None else max(until, or_fenced_by)
+        if now >= end:
+            return fenced
         if fenced is None:
             try:
-                listed = watcher.list_topics(timeout=max(0.5, min(5.0, until - time.monotonic())))
+                listed = watcher.list_topics(timeout=max(0.5, min(5.0, end - now)))
             except Exception:  # any client error: no answer this time
                 listed = None
             if listed is not None and broker.node_id not in listed.brokers:
                 fenced = time.monotonic()
-        time.sleep(min(_POLL_S, max(0.0, until - time.monotonic())))
-    return fenced
+        time.sleep(min(_POLL_S, max(0.0, end - time.monotonic())))
 
 
 def active_controller(bed: BedBrokers) -> ApacheKafkaBroker:
