@@ -153,21 +153,25 @@ def drop_link_once(
 
 
 class StepClock(nn.Module):
-    """The wrapped model; each training forward call appends its Unix time to ``clock_dir/rank-<RANK>``."""
+    """The wrapped model; each training forward call appends its Unix time to ``clock_dir/rank-<RANK>``, after
+    sleeping so that steps start at least ``step_s`` apart (a run stretched over a fault; the weights are the same)."""
 
-    def __init__(self, inner: nn.Module, clock_dir: str) -> None:
+    def __init__(self, inner: nn.Module, clock_dir: str, step_s: float) -> None:
         super().__init__()
         self.inner = inner
         self._clock = Path(clock_dir, f"rank-{os.environ.get('RANK', '0')}")
+        self._step_s, self._last = step_s, 0.0
 
     def forward(self, x: Tensor) -> Tensor:
         if self.training:
+            time.sleep(max(0.0, self._last + self._step_s - time.monotonic()))
+            self._last = time.monotonic()
             with open(self._clock, "a") as clock:
                 clock.write(f"{time.time()}\n")
         return self.inner(x)
 
 
-def step_clock(*, image_shape: tuple[int, ...], num_classes: int, clock_dir: str) -> nn.Module:
+def step_clock(*, image_shape: tuple[int, ...], num_classes: int, clock_dir: str, step_s: float = 0.0) -> nn.Module:
     """The CNN, each rank's training steps timed from outside (tests/testbed/measure_faults.py fires an operator's
     fault on the bed at a step and measures the longest wait between two steps)."""
-    return StepClock(_cnn(image_shape, num_classes), clock_dir)
+    return StepClock(_cnn(image_shape, num_classes), clock_dir, step_s)

@@ -5,8 +5,9 @@ fault (kbit_core.testbed.faults), fired from the driver host when rank 0 reaches
 Each row: the job's outcome, its extra wall time, the longest wait between two steps of any rank (the stall) against
 the undisturbed run's, and whether the weights and the loss curve equal the undisturbed run's (``torch.equal``: no
 record lost, none trained twice, in the same order). Run as root with the bed up (`kbit cluster up`):
-``python -m tests.testbed.measure_faults [FAULT ...] [--records N] [--at-step K] [--cut-off-s S]``; prints one JSON
-object per run.
+``python -m tests.testbed.measure_faults [FAULT ...] [--records N] [--at-step K] [--cut-off-s S] [--step-s T]``
+(each step at least T seconds: the run spans the fault; 25 steps of the 2,000 records take ~2 s unstretched); prints
+one JSON object per run.
 """
 
 from __future__ import annotations
@@ -60,11 +61,14 @@ def _longest_step_wait(clock_dir: Path) -> float:
     return max(waits)
 
 
-def train(state: bed.BedState, workdir: Path, topic: str, records: int) -> tuple[dict[str, Any], float, float, int]:
-    """One train-cluster run on ``topic``: its result (empty when it failed), wall seconds, longest step wait, rc."""
+def train(
+    state: bed.BedState, workdir: Path, topic: str, records: int, step_s: float, command: str = "train"
+) -> tuple[dict[str, Any], float, float, int]:
+    """One train-cluster run on ``topic`` (or with ``command`` produce, its topic only): its result (the error's tail
+    when it failed), wall seconds, longest step wait, rc."""
     clock_dir = workdir / "clock"
     clock_dir.mkdir(parents=True)
-    model = {"name": "fault_models:step_clock", "kwargs": {"clock_dir": str(clock_dir)}}
+    model = {"name": "fault_models:step_clock", "kwargs": {"clock_dir": str(clock_dir), "step_s": step_s}}
     extra = {
         "dataset.num_records": records,
         "train.epochs": 1,
@@ -75,7 +79,7 @@ def train(state: bed.BedState, workdir: Path, topic: str, records: int) -> tuple
     sets = [*bed_sets(state, workdir, **extra), "--set", f"produce.topic={topic}"]
     started = time.monotonic()
     done = run_kbit(
-        "train", "--config", str(TRAIN_CLUSTER), "--json", *sets, env={"PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"}
+        command, "--config", str(TRAIN_CLUSTER), "--json", *sets, env={"PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"}
     )
     result = json.loads(done.stdout) if done.returncode == 0 else {"stderr": done.stderr[-2000:]}
     return result, time.monotonic() - started, _longest_step_wait(clock_dir), done.returncode
@@ -92,6 +96,9 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=2000)
     parser.add_argument("--at-step", type=int, default=5)
     parser.add_argument("--cut-off-s", type=float, default=30.0)
+    parser.add_argument(
+        "--step-s", type=float, default=2.0, help="each step at least this long: training spans the fault"
+    )
     args = parser.parse_args()
     running = bed.running_bed_dir()
     state = bed.load_state(running) if running else None
@@ -100,8 +107,8 @@ def main() -> None:
     brokers = faults.BedBrokers.from_state(state)
     with tempfile.TemporaryDirectory(prefix="kbit-faults-") as tmp:
         topic = f"kbit-bed-faults-{Path(tmp).name[-8:]}"
-        train(state, Path(tmp, "produce"), topic, args.records)  # the topic's first production is off-clock
-        clean, clean_s, clean_wait, rc = train(state, Path(tmp, "clean"), topic, args.records)
+        train(state, Path(tmp, "produce"), topic, args.records, 0, "produce")  # off the clock
+        clean, clean_s, clean_wait, rc = train(state, Path(tmp, "clean"), topic, args.records, args.step_s)
         print(
             json.dumps({"run": "undisturbed", "rc": rc, "seconds": round(clean_s, 1), "stall_s": round(clean_wait, 2)})
         )
@@ -109,7 +116,7 @@ def main() -> None:
             workdir = Path(tmp, name)
             clock = workdir / "clock" / "rank-0"
             thread, fired = _fire_at_step(clock, args.at_step, name, brokers, topic, args.cut_off_s)
-            result, seconds, wait, rc = train(state, workdir, topic, args.records)
+            result, seconds, wait, rc = train(state, workdir, topic, args.records, args.step_s)
             thread.join()
             row = {
                 "run": name,
