@@ -141,18 +141,18 @@ def fault(
 ) -> None:
     """Do to the running bed's Kafka what an operator does (docs/reliability.md), then wait until the cluster is
     whole again; prints what was done, timed, as JSON."""
+    if name not in FAULTS:
+        raise typer.BadParameter(f"unknown fault {name!r}; one of: {', '.join(FAULTS)}", param_hint="NAME")
+    if name == "cut-off" and (broker is None) == (topic is None):
+        raise typer.BadParameter("cut-off needs exactly one of --broker HOST or --topic TOPIC [--partition P]")
     bed = run_guarded(BedBrokers.of, _bed_dir(config, sets))
     if name == "rolling-restart":
         report = run_guarded(rolling_restart, bed)
     elif name == "kill-controller":
         report = run_guarded(kill_controller, bed)
-    elif name == "cut-off":
-        if (broker is None) == (topic is None):
-            raise typer.BadParameter("cut-off needs exactly one of --broker HOST or --topic TOPIC [--partition P]")
+    else:
         victim, host = run_guarded(bed.broker, broker) if broker else run_guarded(bed.leader_of, topic, partition)
         report = run_guarded(cut_off, bed, victim, host, seconds, until_fenced)
-    else:
-        raise typer.BadParameter(f"unknown fault {name!r}; one of: {', '.join(FAULTS)}", param_hint="NAME")
     print_json(report.to_dict())
 
 

@@ -71,3 +71,17 @@ def test_cluster_up_refuses_a_bad_link_before_touching_anything(tmp_path: Path):
     assert result.exit_code == 1
     assert "--link '100mbps,2ms': rate '100mbps' needs a number and one of bit, kbit, mbit, gbit" in result.output
     assert not (tmp_path / "testbed").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["reboot"], "unknown fault 'reboot'; one of: rolling-restart, cut-off, kill-controller"),
+        (["cut-off"], "cut-off needs exactly one of --broker HOST or --topic TOPIC"),
+        (["kill-controller"], "no test bed is up at"),
+    ],
+)
+def test_cluster_fault_refuses_what_it_cannot_do_before_touching_anything(tmp_path: Path, args, named):
+    result = CliRunner().invoke(app, ["cluster", "fault", *args, "--set", f"workdir={tmp_path}"])
+    assert result.exit_code != 0
+    assert named in " ".join(result.output.replace("│", " ").split()), result.output  # the words, unwrapped
