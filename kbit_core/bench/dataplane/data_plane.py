@@ -20,8 +20,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from importlib.metadata import version
 from typing import Any
 
+import confluent_kafka
 from rich.progress import Progress
 
 from kbit_core.bench.dataplane.bench_topics import bench_config, drop_topic, produce_or_reuse
@@ -344,6 +346,9 @@ def run_meta(bench_cfg: KbitConfig, repeats: int) -> dict[str, Any]:
         "per_rank_batch": bench_cfg.train.global_batch_size,
         "broker": admin.describe_broker(bench_cfg.kafka),
         "broker_kind": "tansu" if bench_cfg.kafka.tansu else "apache-kafka",
+        "clients": {"confluent-kafka": version("confluent-kafka"), "librdkafka": confluent_kafka.libversion()[0]},
+        # a shared machine's load moves every wall-clock rate: read ratios, and this, beside them
+        "load_average_1m_at_start": round(os.getloadavg()[0], 2),
     }
 
 
@@ -394,6 +399,7 @@ def run_data_plane(
     bench_cfg = runs[0]
     clients = list(clients or cfg.bench.clients)
     admin.require_embedded_listening(bench_cfg.kafka)
+    meta = run_meta(bench_cfg, repeats)
     rows: list[DataPlaneRow] = []
     peers = dict(peers or {})
     compared: dict[str, list[dict[str, Any]]] = {name: [] for name in peers}
@@ -417,7 +423,11 @@ def run_data_plane(
                         drop_topic(payload, manifest)
     rss = measure_stream_rss(cfg, rss_sizes, keep_topics, progress) if rss_sizes else None
     return {
-        "meta": {**run_meta(bench_cfg, repeats), "datasets": [run.dataset.name for run in runs]},
+        "meta": {
+            **meta,
+            "datasets": [run.dataset.name for run in runs],
+            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        },
         "rows": [asdict(r) for r in rows],
         "left_out": [entry for _, left_out in measured for entry in left_out],
         "rss": rss,
