@@ -330,6 +330,11 @@ def evaluate_targets(rows: Sequence[DataPlaneRow], rss: dict[str, Any] | None) -
     return out
 
 
+def load_average() -> float:
+    """The machine's 1-minute load average, rounded for reading."""
+    return round(os.getloadavg()[0], 2)
+
+
 def run_meta(bench_cfg: KbitConfig, repeats: int) -> dict[str, Any]:
     """Where and on what the run measured: host, dataset, reader settings and the broker behind every figure."""
     return {
@@ -348,7 +353,7 @@ def run_meta(bench_cfg: KbitConfig, repeats: int) -> dict[str, Any]:
         "broker_kind": "tansu" if bench_cfg.kafka.tansu else "apache-kafka",
         "clients": {"confluent-kafka": version("confluent-kafka"), "librdkafka": confluent_kafka.libversion()[0]},
         # a shared machine's load moves every wall-clock rate: read ratios, and this, beside them
-        "load_average_1m_at_start": round(os.getloadavg()[0], 2),
+        "load_average_1m_at_start": load_average(),
     }
 
 
@@ -423,11 +428,7 @@ def run_data_plane(
                         drop_topic(payload, manifest)
     rss = measure_stream_rss(cfg, rss_sizes, keep_topics, progress) if rss_sizes else None
     return {
-        "meta": {
-            **meta,
-            "datasets": [run.dataset.name for run in runs],
-            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
-        },
+        "meta": {**meta, "datasets": [run.dataset.name for run in runs], "load_average_1m_at_end": load_average()},
         "rows": [asdict(r) for r in rows],
         "left_out": [entry for _, left_out in measured for entry in left_out],
         "rss": rss,
