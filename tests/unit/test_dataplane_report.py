@@ -1,4 +1,4 @@
-"""kafka_tools' parsing of ConsumerPerformance's summary, the targets it builds, and the data-plane report's run line (no broker)."""
+"""ConsumerPerformance's summary as kafka_tools reads it, the targets built from it, the data-plane report's run line."""
 
 from __future__ import annotations
 
