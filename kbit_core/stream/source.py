@@ -24,8 +24,9 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kbit_core.config import KbitConfig
 from kbit_core.data.batching import Batch, to_batch
-from kbit_core.errors import BrokerError, ConfigError, CorruptRecordError, TopicError
+from kbit_core.errors import BrokerError, ConfigError, CorruptRecordError, SchemaRegistryError, TopicError
 from kbit_core.formats import Codec
+from kbit_core.formats.confluent.source import at_record
 from kbit_core.kafka import offsets
 from kbit_core.kafka.clients import ConsumerUse, open_consumer
 from kbit_core.kafka.consumers import FETCH_WAIT_MS
@@ -343,6 +344,8 @@ class StreamSource:
         values = [rec.value for _, rec in chosen]
         try:
             decoded = self.codec.decode(values)
+        except SchemaRegistryError as exc:  # the registry failed, no record: never skipped, named where it stopped
+            raise at_record(exc, self.topic, [(p, rec.offset, rec.value) for p, rec in chosen]) from None
         except CorruptRecordError:
             failed = dict(self.codec.failing_values(values))
             for position, reason in failed.items():
