@@ -4,7 +4,6 @@ held-out records), launch, restart, stop."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,14 +42,8 @@ def check_continuous(cfg: KbitConfig) -> None:
 def wait_for_stream(cfg: KbitConfig) -> str:
     """The stream topic, once it exists (a producer may still be starting); TopicError after stream.idle_timeout_s."""
     topic = cfg.stream.topic_for(cfg.dataset, cfg.produce)
-    deadline = time.monotonic() + cfg.stream.idle_timeout_s
-    while not admin.topic_exists(cfg.kafka, topic):
-        if time.monotonic() > deadline:
-            raise TopicError(
-                f"stream topic {topic!r} does not exist on the {admin.describe_broker(cfg.kafka)} after "
-                f"{cfg.stream.idle_timeout_s:.0f}s; start `kbit produce --stream` with the same config"
-            )
-        time.sleep(0.5)
+    advice = "start `kbit produce --stream` with the same config"
+    admin.wait_for_topic(cfg.kafka, topic, cfg.stream.idle_timeout_s, "stream topic", advice)
     if ownership.kbit_evidence(cfg.kafka, cfg.workdir, topic, [stream_log_path(cfg.workdir, topic)]) is None:
         raise TopicError(
             f"stream topic {topic!r} was not written by kbit's live producer (no stream log at "

@@ -25,14 +25,7 @@ def user_stream_config(cfg: KbitConfig) -> KbitConfig:
     partitions as it has; TopicError after ``stream.idle_timeout_s``."""
     topic = cfg.source.topic
     assert topic is not None
-    deadline = time.monotonic() + cfg.stream.idle_timeout_s
-    while not admin.topic_exists(cfg.kafka, topic):
-        if time.monotonic() > deadline:
-            raise TopicError(
-                f"source.topic {topic!r} does not exist on the {admin.describe_broker(cfg.kafka)} after "
-                f"{cfg.stream.idle_timeout_s:.0f}s (stream.idle_timeout_s); start its producer first"
-            )
-        time.sleep(WAIT_PAUSE_S)
+    admin.wait_for_topic(cfg.kafka, topic, cfg.stream.idle_timeout_s, "source.topic", "start its producer first")
     partitions = len(admin.topic_partitions(cfg.kafka, topic))
     return cfg.override({"stream.topic": topic, "produce.partitions": partitions})
 

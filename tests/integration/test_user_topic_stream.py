@@ -25,6 +25,10 @@ from tests.integration.user_topics import bootstrap
 pytestmark = pytest.mark.kafka
 
 HELD_OUT = 10  # the first 5 records of each of 2 partitions
+# The example producer's photo (example.wardrobe.ProductPhoto) as a 1x28x28 image of one of its categories.
+PHOTO_MAPPING = dict(
+    features=["photo.grey"], encoding="bytes", shape=[1, 28, 28], dtype="uint8", label="category", vocabulary=CATEGORIES
+)
 
 
 def photos(count: int) -> list[Photo]:
@@ -33,20 +37,8 @@ def photos(count: int) -> list[Photo]:
 
 
 def stream_cfg(make_config: Any, registry: Service, topic: str, **dotted: Any) -> KbitConfig:
-    source = {
-        "topic": topic,
-        "value_format": "confluent-avro",
-        "mapping": {
-            "features": ["photo.grey"],
-            "encoding": "bytes",
-            "shape": [1, 28, 28],
-            "dtype": "uint8",
-            "label": "category",
-            "vocabulary": CATEGORIES,
-        },
-    }
     overrides = {
-        "source": source,
+        "source": {"topic": topic, "value_format": "confluent-avro", "mapping": PHOTO_MAPPING},
         "registry": {"url": registry.url},
         "train": {"mode": "continuous", "global_batch_size": 8},
         "kafka": {"client": "confluent"},
