@@ -20,7 +20,7 @@ from kbit_core.service import Service
 from kbit_core.stream.ledger import expand_runs
 from kbit_core.stream.source import StreamSource
 from tests.conftest import Background
-from tests.integration.user_topics import bootstrap
+from tests.integration.user_topics import USER_MAPPING, bootstrap, create_user_topic, fill_user_topic
 
 pytestmark = pytest.mark.kafka
 
@@ -123,6 +123,26 @@ def test_bad_records_in_a_users_stream_are_named_by_their_coordinates_or_skipped
     assert [grey for _, grey, _ in got] == [10, 12, 14, 16, 18, 0, 2]
     assert skipping.skipped == 2
     skipping.close()
+
+
+def test_a_plain_json_users_topic_streams_by_offset_though_its_keys_are_numbers(
+    broker: Any, make_config: Any, topic_name: str
+) -> None:
+    create_user_topic(broker, topic_name)
+    fill_user_topic(broker, topic_name, 40)  # keys: large random numbers, which kbit's own stream would take as indices
+    mapping = {**USER_MAPPING, "vocabulary": ["cold", "hot"]}
+    cfg = make_config(
+        {"source": {"topic": topic_name, "mapping": mapping}, "train": {"mode": "continuous"}},
+        stream__eval_records=HELD_OUT,
+        tracking__enabled=False,
+    )
+    cfg = user_stream_config(cfg)
+    heldout = heldout_snapshot(cfg)
+    source = StreamSource(cfg, manifest_codec(heldout, "fast"), topic_name, (0, 1), 2, first_offsets={0: 5, 1: 5})
+    source.start_fresh()
+    taken = [index for index, _, _ in read_stream(source, 30)]
+    assert taken == list(range(HELD_OUT, 40))  # record i went to partition i % 2 at offset i // 2
+    source.close()
 
 
 @pytest.mark.slow
