@@ -127,8 +127,9 @@ def produce_photos(
         )
         sent += 1
         producer.poll(0)
-        if rate and sent / rate > time.monotonic() - began:
-            time.sleep(sent / rate - (time.monotonic() - began))
+        ahead_s = sent / rate - (time.monotonic() - began) if rate else 0.0
+        if ahead_s > 0:
+            time.sleep(ahead_s)
     left = producer.flush(60)
     if left:
         raise SystemExit(f"{left} records were not delivered")

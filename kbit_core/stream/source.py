@@ -6,8 +6,9 @@ world size reads a backlog in a reproducible order. Each record is checked again
 must hold next: a gap, a repeat or a topic that was reset raises :class:`StreamGapError` naming the
 coordinates. kbit's live producer keys each record with its stream index; a topic kbit did not write (a codec that
 indexes from offsets: ``source.topic`` with a mapping) has no such keys, so a record's index is its place in the
-stream, ``offset * partitions + partition``, and offsets may skip (transaction markers, compaction). A broker that lost the topic (offsets past its log end) is reported and waited for, since the live
-producer produces the lost records again at the same offsets. Lag is measured against the high watermark of
+stream, ``offset * partitions + partition``, and offsets may skip (transaction markers, compaction). A broker that
+lost the topic (offsets past its log end) is reported and waited for, since the live producer produces the lost
+records again at the same offsets. Lag is measured against the high watermark of
 the fetch responses (the embedded broker's ListOffsets(LATEST) is wrong).
 """
 
