@@ -111,7 +111,7 @@ def produce_photos(
     admin = AdminClient({"bootstrap.servers": bootstrap})
     if topic not in admin.list_topics(timeout=10).topics:
         admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
-    serializer = AvroSerializer(SchemaRegistryClient({"url": registry}), json.dumps(SCHEMA))
+    serializer = AvroSerializer(SchemaRegistryClient({"url": registry, "timeout": 30}), json.dumps(SCHEMA))
     context = SerializationContext(topic, MessageField.VALUE)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"})
     began, sent = time.monotonic(), 0
