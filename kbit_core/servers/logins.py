@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 from pathlib import Path
 
 # The user names kbit gives its logins; the passwords are generated once per workdir and kept.
@@ -71,6 +72,20 @@ def client_env(run_dir: Path) -> dict[str, str]:
         "MLFLOW_TRACKING_USERNAME": LOGIN_USER,
         "MLFLOW_TRACKING_PASSWORD": secret,
         "PREFECT_API_AUTH_STRING": f"{LOGIN_USER}:{secret}",
+    }
+
+
+def shell_exports(run_dir: Path) -> dict[str, str]:
+    """:func:`client_env` as shell words that read the password from its file when evaluated (`kbit stack env`):
+    the password itself is never printed."""
+    path = credentials_dir(run_dir) / "login.password"
+    if stored_password(run_dir, "login") is None:
+        return {}
+    read = f'"$(cat {shlex.quote(str(path))})"'
+    return {
+        "MLFLOW_TRACKING_USERNAME": LOGIN_USER,
+        "MLFLOW_TRACKING_PASSWORD": read,
+        "PREFECT_API_AUTH_STRING": f"{LOGIN_USER}:{read}",
     }
 
 
