@@ -17,22 +17,11 @@ SHA256=f3ff95bd78a7afbbcd5da56f8f6180ef71ad00601392f7e2f5a220c97ad69eef
 
 die() { echo "kbit: $*" >&2; exit 2; }
 
-digest=$(sha256sum "$POM" "$0" | sha256sum | cut -d' ' -f1)
-if [ -f "$DEST/.pom-digest" ] && [ "$(cat "$DEST/.pom-digest")" = "$digest" ] && [ -f "$DEST/s3proxy.jar" ]; then
-  exit 0
-fi
-command -v mvn >/dev/null 2>&1 || die "installing s3proxy needs Maven 3.6+ (apt-get install maven)"
-echo "kbit: resolving s3proxy $VERSION into $DEST" >&2
-mkdir -p "$DEST"
-rm -rf "$DEST/download"
-log=$DEST/install.log
-if ! mvn -B -q -C -f "$POM" -Dmaven.repo.local="$DEST/m2" \
-      dependency:copy-dependencies -DoutputDirectory="$DEST/download" >"$log" 2>&1; then
-  tail -n 20 "$log" >&2
-  die "resolving ${POM#"$ROOT"/} from Maven Central failed (full log: $log)"
-fi
-echo "$SHA256  $DEST/download/$JAR" | sha256sum -c --quiet - >>"$log" 2>&1 \
-  || die "$JAR does not have the pinned SHA-256 $SHA256 (log: $log)"
+# shellcheck source=scripts/maven_artifact.sh
+. "$ROOT/scripts/maven_artifact.sh"
+digest=$(sha256sum "$POM" "$0" "$ROOT/scripts/maven_artifact.sh" | sha256sum | cut -d' ' -f1)
+current "$DEST" "$digest" s3proxy.jar && exit 0
+fetch_pinned "s3proxy $VERSION" "$POM" "$DEST" "$JAR" "$SHA256"
 mv "$DEST/download/$JAR" "$DEST/s3proxy.jar"
 rm -rf "$DEST/download"
 echo "$digest" > "$DEST/.pom-digest"
