@@ -108,7 +108,7 @@ def check_benchmark(cfg: KbitConfig) -> Preflight:
     started = time.perf_counter()
     source = open_source(cfg.dataset)
     report = Preflight()
-    for variant in cfg.bench.variants:
+    for variant in cfg.bench.matrix_variants():
         check_produce(cfg, cfg.produce.topic_for(cfg.dataset, variant), variant, source.num_records, report)
     check_writable(cfg.run_dir, "workdir")
     check_writable(cfg.bench.output_dir.resolve(), "bench.output_dir")
@@ -116,7 +116,7 @@ def check_benchmark(cfg: KbitConfig) -> Preflight:
         setting = "bench.world_sizes" if cfg.bench.world_sizes else "launch.num_processes"
         check_ranks_fit_cores(cfg, world_size, setting, report)
         for batch_size in cfg.bench.batch_sizes or [cfg.train.global_batch_size]:
-            for variant in {v.records_per_message: v for v in cfg.bench.variants}.values():
+            for variant in {v.records_per_message: v for v in cfg.bench.matrix_variants()}.values():
                 check_shards(cfg, source.num_records, variant, world_size, batch_size)
     if cfg.bench.train_epoch:
         _check_model(cfg, source)
