@@ -78,3 +78,7 @@ class TrainingDivergedError(KbitError):
 
 class StatisticsError(KbitError):
     """Benchmark statistics were asked of empty or non-finite data."""
+
+
+class TrackingError(KbitError):
+    """The MLflow tracking server refuses kbit's login or cannot be reached."""

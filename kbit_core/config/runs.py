@@ -110,3 +110,20 @@ class StackConfig(Section):
     work_pool: str = "kbit-process"
     host: str = "127.0.0.1"
     prefect_api_url: str | None = Field(None, description="Remote Prefect API; unset means the local server.")
+    database: Literal["sqlite", "postgresql"] = Field(
+        "sqlite",
+        description="Where the local Prefect and MLflow servers keep their data: SQLite files in the workdir, or "
+        "kbit's own PostgreSQL server (data in <workdir>/state/postgres, users and passwords of its own).",
+    )
+    postgres_port: int = 5432
+    artifacts: Literal["local", "s3"] = Field(
+        "local",
+        description="Where the local MLflow server puts artifacts: <workdir>/mlartifacts, or s3proxy's "
+        "S3-compatible bucket (filesystem backend in <workdir>/state/s3proxy), served through MLflow.",
+    )
+    s3_port: int = 8333
+    auth: bool = Field(
+        False,
+        description="Put the local MLflow server (its basic-auth app) and Prefect server (an auth string) behind "
+        "a login kbit generates (<workdir>/state/credentials, mode 0600); kbit's own clients log in.",
+    )
