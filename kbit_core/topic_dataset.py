@@ -12,9 +12,11 @@ import logging
 from datetime import UTC, datetime
 
 from kbit_core.config import DataVariant, KbitConfig, MappingConfig
+from kbit_core.config.topics import KEY_FIELD, TIMESTAMP_FIELD, is_message_field
 from kbit_core.data.reader import RangeReader
 from kbit_core.errors import ConfigError, KbitError, ManifestMismatchError
 from kbit_core.formats.decoders import make_record_decoder
+from kbit_core.formats.message_fields import message_columns, message_field_kind
 from kbit_core.formats.records import RecordDecoder, WriterSchema
 from kbit_core.kafka import manifest_registry
 from kbit_core.kafka.manifest import DatasetInfo, Manifest, PartitionManifest, TopicSnapshot, manifest_codec
@@ -66,6 +68,7 @@ def take_snapshot(cfg: KbitConfig) -> Manifest:
     ``source.ranges``, with the split-by-time offsets and the discovered label vocabulary."""
     src, topic = cfg.source, cfg.source.topic
     assert topic is not None and src.mapping is not None
+    check_message_fields(src.mapping)
     offsets = topic_offsets(cfg.kafka, topic)
     ranges = snapshot_ranges(cfg.kafka, offsets, src.at, src.ranges)
     parts = [
@@ -189,10 +192,15 @@ def _classes(
     if mapping.num_classes is not None:
         return None, mapping.num_classes
     labels = set()
-    with RangeReader(cfg.kafka, cfg.reader, str(cfg.source.topic), None) as reader:
+    from_message = is_message_field(mapping.label)  # @key or @header.NAME: the consumer carries them
+    with RangeReader(cfg.kafka, cfg.reader, str(cfg.source.topic), None, metadata=from_message) as reader:
         blocks = [OffsetRange(p, start, stop) for p, (start, stop) in ranges.items() if stop > start]
         for _, records in reader.read_raw(blocks):
-            labels.update(decoder.decode_columns([r.value for r in records], [mapping.label])[mapping.label])
+            if from_message:
+                labels.update(message_columns(records, [mapping.label], mapping)[mapping.label])
+            else:
+                labels.update(decoder.decode_columns([r.value for r in records], [mapping.label])[mapping.label])
+    labels.discard(None)  # a record without a label is a bad record when read, not a class
     if all(type(label) is int for label in labels) and labels:
         return None, max(2, max(labels) + 1)
     if all(isinstance(label, str) for label in labels) and labels:
@@ -222,7 +230,9 @@ def check_mapping(cfg: KbitConfig, manifest: Manifest) -> None:
     )
     with RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec) as reader:
         _, records = next(reader.read_raw([sample]))
-    failing = [(p, reason) for p, reason in codec.failing_values([r.value for r in records]) if not codec.skips(reason)]
+    failing = [
+        (p, reason) for p, reason in codec.failing_values(codec.decode_inputs(records)) if not codec.skips(reason)
+    ]
     skipped = cfg.reader.bad_records == "skip" and len(failing) < len(records)
     if failing and not skipped:
         position, reason = failing[0]
@@ -239,12 +249,34 @@ def check_mapping(cfg: KbitConfig, manifest: Manifest) -> None:
         )
 
 
-def check_against_schema(mapping: MappingConfig, schema: WriterSchema) -> None:
-    """ConfigError naming the field, subject and schema id when a mapped field is missing or of the wrong kind."""
-    where = f"(subject {schema.subject}, schema id {schema.schema_id}; {schema.source})"
+def _wanted_kinds(mapping: MappingConfig) -> list[tuple[str, tuple[str, ...]]]:
+    """Each mapped path with the kinds of field its use takes."""
     feature_kinds = _FEATURE_KINDS[mapping.encoding] if len(mapping.features) == 1 else _SCALAR_KINDS
-    wanted = [(path, feature_kinds) for path in mapping.features] + [(mapping.label, _LABEL_KINDS)]
-    for path, kinds in wanted:
+    return [(path, feature_kinds) for path in mapping.features] + [(mapping.label, _LABEL_KINDS)]
+
+
+def check_message_fields(mapping: MappingConfig) -> None:
+    """ConfigError naming the field when a message's key, header or timestamp, as its format reads it, does not
+    fit its use (e.g. a label from @key read as bytes)."""
+    for path, kinds in _wanted_kinds(mapping):
+        if not is_message_field(path):
+            continue
+        kind = message_field_kind(path, mapping)
+        if kind not in kinds:
+            which = "key_format" if path == KEY_FIELD else "header_format"
+            read_as = "" if path == TIMESTAMP_FIELD else f" (source.mapping.{which}: {getattr(mapping, which)})"
+            raise ConfigError(
+                f"source.mapping: field {path!r} is {kind}{read_as}, the mapping needs {' or '.join(kinds)}"
+            )
+
+
+def check_against_schema(mapping: MappingConfig, schema: WriterSchema) -> None:
+    """ConfigError naming the field, subject and schema id when a mapped field of the value is missing or of the wrong
+    kind (the message's key, headers and timestamp are not in it: see check_message_fields)."""
+    where = f"(subject {schema.subject}, schema id {schema.schema_id}; {schema.source})"
+    for path, kinds in _wanted_kinds(mapping):
+        if is_message_field(path):
+            continue
         field = schema.fields.get(path)
         if field is None:
             raise ConfigError(f"source.mapping: field {path!r} is not in the writer schema {where}")

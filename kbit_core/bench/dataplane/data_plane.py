@@ -154,7 +154,7 @@ def measure_variant(
         # first block also shows that every timed decoder returns the stock library's batch
         for i, (_, records) in enumerate(reader.read_raw(ranges)):
             if i == 0:
-                _require_same_batches(codecs, [r.value for r in records], manifest.topic)
+                _require_same_batches(codecs, stock.decode_inputs(records), manifest.topic)
         for each in loader.values():
             sum(1 for _ in each)
         for _ in range(repeats):
@@ -243,7 +243,7 @@ def timed_pass(
     for _, records in reader.read_raw(ranges):
         fetch_t += time.perf_counter() - t0
         fetched += len(records)
-        values = [r.value for r in records]
+        values = reader.codec.decode_inputs(records)
         for name, codec in codecs.items():
             t1 = time.perf_counter()
             decoded[name] += len(codec.decode(values).labels)
@@ -252,7 +252,7 @@ def timed_pass(
     return fetched, decoded, fetch_t, decode_t
 
 
-def _require_same_batches(codecs: dict[str, Any], values: list[bytes], topic: str) -> None:
+def _require_same_batches(codecs: dict[str, Any], values: Sequence[Any], topic: str) -> None:
     """KbitError unless every decoder in ``codecs`` returns the stock decoder's batch of ``values``, bit for bit."""
     batches = {name: codec.decode(values) for name, codec in codecs.items()}
     expected = batches["stock"]
