@@ -119,7 +119,14 @@ def bench_data(
     wanted = [name for name, on in zip(PEER_NAMES, (kafka_tools, ray_peer, spark_peer), strict=True) if on]
     peers = _peers() if wanted else {}
     if cfg.source.topic is not None:  # a user's topic: its snapshot is measured, nothing produced
-        results = run_guarded(run_user_topic_bench, cfg, clients or None, repeats, loader_workers or (), wanted)
+        results = run_guarded(
+            run_user_topic_bench,
+            cfg,
+            clients or None,
+            repeats,
+            loader_workers or (),
+            {name: peers[name][0] for name in wanted},
+        )
     else:
         results = run_guarded(
             data_plane.run_data_plane,
