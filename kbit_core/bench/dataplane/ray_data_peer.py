@@ -21,14 +21,8 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from kbit_core.bench.dataplane.peer_harness import (
-    FramedAvro,
-    PeerReader,
-    framed_avro,
-    peer_codec,
-    peer_row,
-    timed_reads,
-)
+from kbit_core.bench.dataplane import peer_harness
+from kbit_core.bench.dataplane.peer_harness import PeerReader, peer_codec, peer_row, timed_reads
 from kbit_core.config import KbitConfig
 from kbit_core.formats.records import columns_of
 from kbit_core.kafka.manifest import Manifest
@@ -38,7 +32,7 @@ from kbit_core.launch.ray_train import ensure_ray
 def measure_read_kafka(cfg: KbitConfig, manifest: Manifest, repeats: int = 3) -> list[dict[str, Any]]:
     """One row per Ray setting (see ``peer_row``): median records/s over ``repeats`` reads after one untimed warm-up
     (it warms Ray's workers and their imports); Ray caps each end offset at the broker's reported high watermark."""
-    framed = framed_avro(cfg, manifest)
+    framed = peer_harness.framed_avro(cfg, manifest)
     started = time.perf_counter()
     ensure_ray(cfg)  # first: Ray reads its environment at import
     init_s = time.perf_counter() - started
@@ -53,7 +47,9 @@ def measure_read_kafka(cfg: KbitConfig, manifest: Manifest, repeats: int = 3) ->
     return rows
 
 
-def _read(data: Any, cfg: KbitConfig, manifest: Manifest, blocks: int | None, framed: FramedAvro | None) -> int:
+def _read(
+    data: Any, cfg: KbitConfig, manifest: Manifest, blocks: int | None, framed: peer_harness.FramedAvro | None
+) -> int:
     ranges = manifest.ranges()
     dataset = data.read_kafka(
         manifest.topic,
@@ -79,7 +75,7 @@ def _deserializer(registry_json: str) -> AvroDeserializer:
     return AvroDeserializer(SchemaRegistryClient(json.loads(registry_json)))
 
 
-def _deserialize(batch: dict[str, np.ndarray], framed: FramedAvro) -> dict[str, np.ndarray]:
+def _deserialize(batch: dict[str, np.ndarray], framed: peer_harness.FramedAvro) -> dict[str, np.ndarray]:
     """Confluent-framed Avro values -> the mapped fields (columns of Python values), by confluent-kafka's own
     deserializer; the last column is named ``label``, by which ``_read`` counts records as it does kbit's arrays."""
     deserialize = _deserializer(json.dumps(framed.registry, sort_keys=True, default=str))
