@@ -134,7 +134,9 @@ def measure_variant(
     # without a fast decoder (and no pool) both columns are the stock library, timed once
     pool = DecodePool(fast, processes) if processes else None
     codecs: dict[str, Any] = {"stock": stock}
-    if isinstance(fast, FastPath) or pool:
+    # a user's topic: its value decoder's fast path (kbit's Avro walker on a registry schema) sits inside the mapping
+    has_fast = isinstance(fast, FastPath) or manifest.source is not None
+    if has_fast or pool:
         codecs["fast"] = pool or fast
     batches = loader_configs(cfg, workers)
     fetch_s, decode_s, loader_s = [], {d: [] for d in codecs}, {b: [] for b in batches}
@@ -171,7 +173,7 @@ def measure_variant(
             f"{manifest.topic}: read {fetched} messages / {decoded} records, the manifest has "
             f"{manifest.num_messages} / {manifest.num_records}"
         )
-    return _row(cfg, manifest, client, fetch_s, decode_s, loader_s, loaded, isinstance(fast, FastPath))
+    return _row(cfg, manifest, client, fetch_s, decode_s, loader_s, loaded, has_fast)
 
 
 def _row(
