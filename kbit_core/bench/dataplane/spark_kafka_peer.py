@@ -38,6 +38,7 @@ from kbit_core.launch.spark import get_spark, stop_spark
 
 READER = "spark_kafka_source"
 SOURCE_JAR = "spark-sql-kafka-0-10_2.13-*.jar"
+AVRO_JAR = "spark-avro_2.13-*.jar"  # from_avro, for a user's topic in the Confluent Avro framing
 # The driver's side of the probe: the config (with any secret) and the manifest come through stdin.
 SPARK_PROBE = """
 import json, sys
@@ -46,14 +47,16 @@ print(json.dumps(read_here(json.load(sys.stdin))))
 """
 
 
-def source_jars() -> list[Path]:
-    """The Spark Kafka source's jars: ``$KBIT_SPARK_KAFKA_LIBS`` or ``<venv>/kafka/spark-source/libs``."""
+def source_jars(needed: tuple[str, ...] = (SOURCE_JAR,)) -> list[Path]:
+    """The Spark Kafka source's jars: ``$KBIT_SPARK_KAFKA_LIBS`` or ``<venv>/kafka/spark-source/libs``, holding each
+    of ``needed``."""
     libs = Path(os.environ.get("KBIT_SPARK_KAFKA_LIBS") or Path(sys.prefix) / "kafka" / "spark-source" / "libs")
     jars = sorted(libs.glob("*.jar"))
-    if not any(j.match(SOURCE_JAR) for j in jars):
+    missing = [glob for glob in needed if not any(j.match(glob) for j in jars)]
+    if missing:
         raise KbitError(
-            f"Spark's Kafka source is not installed ({libs} holds no {SOURCE_JAR}): run `bash scripts/run.sh install` "
-            "(needs Maven), or set KBIT_SPARK_KAFKA_LIBS to a directory holding it and its dependencies"
+            f"Spark's Kafka source is not installed ({libs} holds no {', '.join(missing)}): run `bash scripts/run.sh "
+            "install` (needs Maven), or set KBIT_SPARK_KAFKA_LIBS to a directory holding it and its dependencies"
         )
     return jars
 
@@ -61,7 +64,7 @@ def source_jars() -> list[Path]:
 def measure_spark_source(cfg: KbitConfig, manifest: Manifest, repeats: int = 3) -> dict[str, Any]:
     """Spark's reader on the manifest's offsets in a fresh process: median records/s over ``repeats`` reads after
     one untimed warm-up, and the records it returned."""
-    jars = ",".join(str(j) for j in source_jars())
+    jars = ",".join(str(j) for j in source_jars((SOURCE_JAR, AVRO_JAR) if manifest.source else (SOURCE_JAR,)))
     spark_cfg = cfg.override({"launch.spark_conf": {**cfg.launch.spark_conf, "spark.jars": jars}})
     request = {"config": spark_cfg.to_secret_dict(), "manifest": manifest.model_dump_json(), "repeats": repeats}
     out = subprocess.run(
