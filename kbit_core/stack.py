@@ -296,6 +296,7 @@ class LocalStack:
                 prefect_api_url=self.prefect_api_url if prefect_up else None,
                 mlflow_url=self.mlflow_url if mlflow_up else None,
                 ray_head=head,
+                registry_url=self.registry.url if self.registry is not None and self.registry.pid() else None,
             )
         )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ import numpy as np
 from kbit_core.errors import ConfigError, CorruptRecordError, SchemaRegistryError
 
 LAYOUTS = ("list", "bytes")
+_VALUE = operator.attrgetter("value")
 RECORD_DTYPES = ("uint8", "uint16")
 
 
@@ -73,6 +75,10 @@ class Codec(ABC):
     # Records carry no index of their own: the reader sets each sample's index from its (partition, offset) with
     # ``indexed(batch, records)`` (a user's topic, see formats/mapping.py).
     index_from_offsets: ClassVar[bool] = False
+    # decode takes whole records (with key, headers and timestamp: kafka.consumers.MessageRecord) instead of their
+    # values: a mapping that reads a message's key, a header or its timestamp (formats/mapping.py). The reader's
+    # consumer carries them only then.
+    reads_metadata: bool = False
 
     def __init__(
         self,
@@ -199,6 +205,11 @@ class Codec(ABC):
             raise ValueError(f"{self.name} {where}: label {labels[bad[0]]} of record {bad[0]} is not {allowed}")
 
     # ---- decode -------------------------------------------------------------------------------
+
+    def decode_inputs(self, records: Sequence[Any]) -> Sequence[Any]:
+        """What :meth:`decode` takes of polled ``records``: their values, or the records themselves when the codec
+        reads message metadata."""
+        return records if self.reads_metadata else list(map(_VALUE, records))
 
     def decode(self, values: Sequence[bytes]) -> DecodedBatch:
         """Decode message values into one batch, or raise CorruptRecordError; never returns partial data."""

@@ -17,6 +17,7 @@ from kbit_core.config.registry import RegistryConfig
 from kbit_core.errors import SchemaRegistryError
 from kbit_core.formats.confluent.framing import FramingError
 from kbit_core.formats.confluent.framing import schema_id as framed_schema_id
+from kbit_core.stack_record import running_registry_url
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,18 @@ NOT_FOUND_CODES = (40401, 40402, 40403)
 RETRY_PAUSE_S = 0.5
 # What a registry call raises when the registry, not the request, failed (unreachable, slow, 5xx).
 REGISTRY_FAILURES = (httpx.HTTPError, ClientError)
+
+
+def configured_or_stack_registry(settings: RegistryConfig) -> RegistryConfig:
+    """``settings``, or where they name no registry, the local one a running `kbit stack up` recorded (found like its
+    broker and Ray head, from any workdir); unchanged when there is none."""
+    if settings.enabled:
+        return settings
+    url = running_registry_url()
+    if url is None:
+        return settings
+    log.info("using the Schema Registry of the running local stack: %s", url)
+    return settings.model_copy(update={"url": url})
 
 
 class UnknownSchemaError(SchemaRegistryError):
