@@ -14,10 +14,14 @@ the last split with unseeded random duplicates. This planner instead:
 :func:`block_order` turns one rank's shard into the per-epoch read order: blocks of at most ``block_size``
 messages in a permuted order, each carrying the seed for permuting the samples decoded from it (the
 block shuffle of mosaicml/streaming, trading shuffle quality for sequential Kafka reads).
+
+:func:`key_hash_splits` assigns records to splits by a stable hash of their message keys instead (a split by key
+hash: one key's records always land in one split, in any process, host or run).
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -104,6 +108,30 @@ def _exact_rates(rates: Sequence[float]) -> list[Fraction]:
     if abs(float(total) - 1.0) > 1e-6:
         raise ValueError(f"rates must sum to 1, got {float(total):.6f}")
     return [r / total for r in exact]
+
+
+def key_hash_splits(keys: Iterable[bytes | None], rates: Sequence[float], seed: int = 0) -> np.ndarray:
+    """The split of each message key (an index into ``rates``: 0 train, 1 val, 2 test), -1 for a null key.
+
+    A key's 8-byte BLAKE2b hash (keyed by ``seed``), read as a fraction of 2**64, falls into the rates' cumulative
+    intervals (exact rationals, as :func:`plan` uses): stable across processes, hosts, Python versions and runs,
+    independent of partitioning and of the other keys, and each split takes its rate's share of distinct keys.
+    Records without a key have no key to keep together: the caller decides where they go (-1).
+    """
+    bounds, total = [], Fraction(0)
+    for rate in _exact_rates(rates)[:-1]:
+        total += rate
+        bounds.append(int(total * 2**64))
+    salt = seed.to_bytes(8, "little", signed=True)
+    return np.fromiter(
+        (
+            -1
+            if key is None
+            else bisect.bisect_right(bounds, int.from_bytes(hashlib.blake2b(key, digest_size=8, key=salt).digest()))
+            for key in keys
+        ),
+        np.int64,
+    )
 
 
 @dataclass(frozen=True, slots=True)

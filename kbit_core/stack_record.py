@@ -1,5 +1,5 @@
-"""The machine-local record of the services a running local stack serves (broker, Prefect, MLflow, Ray head with its
-token file), so that a profile with any workdir finds them without naming the stack's workdir.
+"""The machine-local record of the services a running local stack serves (broker, Prefect, MLflow, Schema Registry, Ray
+head with its token file), so that a profile with any workdir finds them without naming the stack's workdir.
 
 `kbit stack up` writes its entry, `kbit stack down` removes it. The file lives in ``$KBIT_STATE_DIR`` (default
 ``$XDG_STATE_HOME/kbit``, else ``~/.local/state/kbit``; never ``~/.ray``) and holds addresses and paths only: the
@@ -13,6 +13,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
@@ -34,6 +35,7 @@ class StackRecord(BaseModel):
     prefect_api_url: str | None = None
     mlflow_url: str | None = None
     ray_head: RayHeadRecord | None = None
+    registry_url: str | None = None  # the local Schema Registry's Confluent-compatible API, when the stack runs one
 
 
 def state_dir() -> Path:
@@ -90,4 +92,15 @@ def running_ray_head() -> RayHeadRecord | None:
             host, port = head.address.rsplit(":", 1)
             if port_open(host, int(port)):
                 return head
+    return None
+
+
+def running_registry_url() -> str | None:
+    """The Schema Registry URL a running local stack recorded (its port accepting connections): what a profile that
+    names no registry uses for registry-framed topics."""
+    for stack in recorded_stacks():
+        if stack.registry_url is not None:
+            where = urlsplit(stack.registry_url)
+            if where.hostname is not None and where.port is not None and port_open(where.hostname, where.port):
+                return stack.registry_url
     return None

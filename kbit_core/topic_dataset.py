@@ -9,14 +9,19 @@ recreates or writes the topic.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from kbit_core.config import DataVariant, KbitConfig, MappingConfig
+from kbit_core.config.topics import KEY_FIELD, TIMESTAMP_FIELD, is_message_field
 from kbit_core.data.reader import RangeReader
-from kbit_core.errors import ConfigError, KbitError, ManifestMismatchError
+from kbit_core.errors import ConfigError, CorruptRecordError, KbitError, ManifestMismatchError
 from kbit_core.formats.decoders import make_record_decoder
+from kbit_core.formats.message_fields import message_columns, message_field_kind
 from kbit_core.formats.records import RecordDecoder, WriterSchema
 from kbit_core.kafka import manifest_registry
+from kbit_core.kafka.consumers import RawRecord
 from kbit_core.kafka.manifest import DatasetInfo, Manifest, PartitionManifest, TopicSnapshot, manifest_codec
 from kbit_core.kafka.manifest import manifest_path as manifest_file
 from kbit_core.kafka.snapshot import moved_on, offsets_at, snapshot_ranges, topic_offsets
@@ -66,6 +71,7 @@ def take_snapshot(cfg: KbitConfig) -> Manifest:
     ``source.ranges``, with the split-by-time offsets and the discovered label vocabulary."""
     src, topic = cfg.source, cfg.source.topic
     assert topic is not None and src.mapping is not None
+    check_message_fields(src.mapping)
     offsets = topic_offsets(cfg.kafka, topic)
     ranges = snapshot_ranges(cfg.kafka, offsets, src.at, src.ranges)
     parts = [
@@ -189,10 +195,18 @@ def _classes(
     if mapping.num_classes is not None:
         return None, mapping.num_classes
     labels = set()
-    with RangeReader(cfg.kafka, cfg.reader, str(cfg.source.topic), None) as reader:
+    from_message = is_message_field(mapping.label)  # @key or @header.NAME: the consumer carries them
+
+    def label_column(records: Sequence[RawRecord]) -> list[Any]:
+        if from_message:
+            return message_columns(records, [mapping.label], mapping)[mapping.label]
+        return decoder.decode_columns([r.value for r in records], [mapping.label])[mapping.label]
+
+    with RangeReader(cfg.kafka, cfg.reader, str(cfg.source.topic), None, metadata=from_message) as reader:
         blocks = [OffsetRange(p, start, stop) for p, (start, stop) in ranges.items() if stop > start]
         for _, records in reader.read_raw(blocks):
-            labels.update(decoder.decode_columns([r.value for r in records], [mapping.label])[mapping.label])
+            labels.update(_labels(cfg, label_column, records))
+    labels.discard(None)  # a record without a label is a bad record when read, not a class
     if all(type(label) is int for label in labels) and labels:
         return None, max(2, max(labels) + 1)
     if all(isinstance(label, str) for label in labels) and labels:
@@ -203,6 +217,29 @@ def _classes(
         f"source.mapping.label {mapping.label!r} of topic {cfg.source.topic!r} holds neither only integers nor only "
         f"strings ({sorted(map(repr, labels))[:5]}); set source.mapping.vocabulary or num_classes"
     )
+
+
+def _labels(
+    cfg: KbitConfig, label_column: Callable[[Sequence[RawRecord]], list[Any]], records: Sequence[RawRecord]
+) -> list[Any]:
+    """The labels of ``records``; a record whose label does not decode fails naming it, or under
+    ``reader.bad_records: skip`` is left out (the reader counts it when the run reads it)."""
+    try:
+        return list(label_column(records))
+    except (CorruptRecordError, ValueError):  # ValueError: a key or header that does not read as its format
+        pass  # one by one below, to name or skip the culprits
+    labels = []
+    for record in records:
+        try:
+            labels += label_column([record])
+        except (CorruptRecordError, ValueError) as exc:
+            if cfg.reader.bad_records == "fail":
+                raise CorruptRecordError(
+                    f"reading the labels of topic {cfg.source.topic!r} for its vocabulary: {exc}",
+                    partition=record.partition,
+                    offset=record.offset,
+                ) from None
+    return labels
 
 
 def check_mapping(cfg: KbitConfig, manifest: Manifest) -> None:
@@ -222,7 +259,9 @@ def check_mapping(cfg: KbitConfig, manifest: Manifest) -> None:
     )
     with RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec) as reader:
         _, records = next(reader.read_raw([sample]))
-    failing = [(p, reason) for p, reason in codec.failing_values([r.value for r in records]) if not codec.skips(reason)]
+    failing = [
+        (p, reason) for p, reason in codec.failing_values(codec.decode_inputs(records)) if not codec.skips(reason)
+    ]
     skipped = cfg.reader.bad_records == "skip" and len(failing) < len(records)
     if failing and not skipped:
         position, reason = failing[0]
@@ -239,12 +278,34 @@ def check_mapping(cfg: KbitConfig, manifest: Manifest) -> None:
         )
 
 
-def check_against_schema(mapping: MappingConfig, schema: WriterSchema) -> None:
-    """ConfigError naming the field, subject and schema id when a mapped field is missing or of the wrong kind."""
-    where = f"(subject {schema.subject}, schema id {schema.schema_id}; {schema.source})"
+def _wanted_kinds(mapping: MappingConfig) -> list[tuple[str, tuple[str, ...]]]:
+    """Each mapped path with the kinds of field its use takes."""
     feature_kinds = _FEATURE_KINDS[mapping.encoding] if len(mapping.features) == 1 else _SCALAR_KINDS
-    wanted = [(path, feature_kinds) for path in mapping.features] + [(mapping.label, _LABEL_KINDS)]
-    for path, kinds in wanted:
+    return [(path, feature_kinds) for path in mapping.features] + [(mapping.label, _LABEL_KINDS)]
+
+
+def check_message_fields(mapping: MappingConfig) -> None:
+    """ConfigError naming the field when a message's key, header or timestamp, as its format reads it, does not
+    fit its use (e.g. a label from @key read as bytes)."""
+    for path, kinds in _wanted_kinds(mapping):
+        if not is_message_field(path):
+            continue
+        kind = message_field_kind(path, mapping)
+        if kind not in kinds:
+            which = "key_format" if path == KEY_FIELD else "header_format"
+            read_as = "" if path == TIMESTAMP_FIELD else f" (source.mapping.{which}: {getattr(mapping, which)})"
+            raise ConfigError(
+                f"source.mapping: field {path!r} is {kind}{read_as}, the mapping needs {' or '.join(kinds)}"
+            )
+
+
+def check_against_schema(mapping: MappingConfig, schema: WriterSchema) -> None:
+    """ConfigError naming the field, subject and schema id when a mapped field of the value is missing or of the wrong
+    kind (the message's key, headers and timestamp are not in it: see check_message_fields)."""
+    where = f"(subject {schema.subject}, schema id {schema.schema_id}; {schema.source})"
+    for path, kinds in _wanted_kinds(mapping):
+        if is_message_field(path):
+            continue
         field = schema.fields.get(path)
         if field is None:
             raise ConfigError(f"source.mapping: field {path!r} is not in the writer schema {where}")

@@ -118,8 +118,9 @@ def bench_data(
     _check_choices(clients or [], loader_workers or [])
     wanted = [name for name, on in zip(PEER_NAMES, (kafka_tools, ray_peer, spark_peer), strict=True) if on]
     peers = _peers() if wanted else {}
+    comparisons = {name: peers[name][0] for name in wanted}
     if cfg.source.topic is not None:  # a user's topic: its snapshot is measured, nothing produced
-        results = run_guarded(run_user_topic_bench, cfg, clients or None, repeats, loader_workers or (), wanted)
+        results = run_guarded(run_user_topic_bench, cfg, clients or None, repeats, loader_workers or (), comparisons)
     else:
         results = run_guarded(
             data_plane.run_data_plane,
@@ -132,7 +133,7 @@ def bench_data(
             rss_sizes=_sizes(rss_records) if rss else None,
             keep_topics=keep_topics,
             progress=not as_json,
-            peers={name: peers[name][0] for name in wanted},
+            peers=comparisons,
             loader_workers=loader_workers or (),
         )
     if output:

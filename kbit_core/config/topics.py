@@ -12,6 +12,23 @@ from kbit_core.config.base import Section
 
 # What a mapped feature becomes on a rank: uint8 pixels (scaled to [0, 1] there), uint16 token ids, or floats.
 FeatureDtype = Literal["uint8", "uint16", "float32"]
+# How a message key's or header's bytes are read: raw bytes, UTF-8 text, a decimal integer in UTF-8 text, or a
+# big-endian two's complement integer of 4 or 8 bytes (Kafka's IntegerSerializer, LongSerializer).
+KeyFormat = Literal["bytes", "string", "int", "int32", "int64"]
+
+# Mapped paths that name a message's metadata instead of a field of its value (formats/message_fields.py).
+KEY_FIELD, TIMESTAMP_FIELD, HEADER_FIELD = "@key", "@timestamp", "@header."
+
+
+def is_message_field(path: str) -> bool:
+    """Whether ``path`` names the message's key, a header or its timestamp rather than a field of its value."""
+    return path.startswith("@")
+
+
+def _check_message_field(path: str) -> None:
+    if path in (KEY_FIELD, TIMESTAMP_FIELD) or (path.startswith(HEADER_FIELD) and len(path) > len(HEADER_FIELD)):
+        return
+    raise ValueError(f"source.mapping: field {path!r} names no part of a message; use @key, @timestamp or @header.NAME")
 
 
 class MappingConfig(Section):
@@ -22,7 +39,8 @@ class MappingConfig(Section):
         min_length=1,
         description="Dotted paths of the feature fields. One path: a bytes field (raw or base64 text, per "
         "source.mapping.encoding) or an array of numbers, reshaped to source.mapping.shape; several paths: scalar "
-        "fields stacked in this order (shape [n]).",
+        "fields stacked in this order (shape [n]). @key, @timestamp (ms since the epoch) and @header.NAME name the "
+        "message's key, timestamp and a header instead of a field of its value.",
     )
     encoding: Literal["array", "bytes", "base64"] = Field(
         "array",
@@ -38,7 +56,10 @@ class MappingConfig(Section):
     dtype: FeatureDtype = Field(
         "float32", description="uint8 (pixels, scaled to [0, 1] on the rank), uint16 (token ids) or float32."
     )
-    label: str = Field(description="Dotted path of the label: an integer field, or a string field (see vocabulary).")
+    label: str = Field(
+        description="Dotted path of the label: an integer field, or a string field (see vocabulary); or @key, "
+        "@header.NAME."
+    )
     vocabulary: list[str] | None = Field(
         None,
         description="String labels: class i is vocabulary[i]. None with string labels: discovered when the "
@@ -54,9 +75,18 @@ class MappingConfig(Section):
         "take source.mapping.fill; a null label is still an error).",
     )
     fill: float = Field(0.0, description="nulls: fill: the value a null feature takes.")
+    key_format: KeyFormat = Field(
+        "string",
+        description="How @key's bytes are read: bytes, string (UTF-8), int (a decimal integer as UTF-8 text), int32 "
+        "or int64 (big-endian, as Kafka's IntegerSerializer and LongSerializer write them).",
+    )
+    header_format: KeyFormat = Field("string", description="How @header.NAME's bytes are read (as key_format).")
 
     @model_validator(mode="after")
     def _shape_of_one_field(self) -> MappingConfig:
+        for path in (*self.features, self.label):
+            if is_message_field(path):
+                _check_message_field(path)
         if len(self.features) == 1 and self.shape is None and self.encoding != "array":
             raise ValueError(f"source.mapping.shape is needed for the {self.encoding} field {self.features[0]!r}")
         if len(self.features) > 1 and self.encoding != "array":
@@ -68,6 +98,16 @@ class MappingConfig(Section):
     @property
     def record_shape(self) -> tuple[int, ...]:
         return self.shape if self.shape is not None else (len(self.features),)
+
+    @property
+    def reads_metadata(self) -> bool:
+        """Whether a mapped field is a message's key, header or timestamp: the consumer must carry them."""
+        return any(map(is_message_field, (*self.features, self.label)))
+
+    @property
+    def value_fields(self) -> list[str]:
+        """The mapped paths into the message's value, in order (features, then the label)."""
+        return [path for path in (*self.features, self.label) if not is_message_field(path)]
 
 
 class SourceConfig(Section):

@@ -21,7 +21,8 @@ import numpy as np
 
 from kbit_core.config import ClientName, KafkaConfig, ReaderConfig
 from kbit_core.data.decode_pool import DecodePool
-from kbit_core.errors import BrokerError, CorruptRecordError, OffsetRangeError, ReadTimeoutError
+from kbit_core.errors import BrokerError, CorruptRecordError, OffsetRangeError, ReadTimeoutError, SchemaRegistryError
+from kbit_core.formats.confluent.source import at_record
 from kbit_core.kafka.consumers import ConsumerBackend, RawRecord, make_consumer
 from kbit_core.sharding import OffsetRange
 
@@ -96,7 +97,14 @@ class RangeReader:
     """
 
     def __init__(
-        self, kafka_cfg: KafkaConfig, reader_cfg: ReaderConfig, topic: str, codec: Any, client: ClientName | None = None
+        self,
+        kafka_cfg: KafkaConfig,
+        reader_cfg: ReaderConfig,
+        topic: str,
+        codec: Any,
+        client: ClientName | None = None,
+        *,
+        metadata: bool | None = None,
     ) -> None:
         self.kafka_cfg, self.reader_cfg, self.topic, self.codec = kafka_cfg, reader_cfg, topic, codec
         self.client: ClientName = client or kafka_cfg.client
@@ -109,6 +117,8 @@ class RangeReader:
         self._skipped_at: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._decoder: Any = DecodePool(codec, reader_cfg.decode_processes) if reader_cfg.decode_processes else codec
+        # key, headers and timestamps are polled only for a codec that reads them (a mapping naming @key...)
+        self.metadata = bool(getattr(codec, "reads_metadata", False)) if metadata is None else metadata
 
     def connect(self, ranges: Sequence[OffsetRange] = ()) -> None:
         """Check ``ranges`` through the consumer and have it connected, so the reads that follow make no set-up
@@ -120,7 +130,7 @@ class RangeReader:
 
     def _open(self) -> ConsumerBackend:
         if self._consumer is None:
-            self._consumer = make_consumer(self.kafka_cfg, self.reader_cfg, self.client)
+            self._consumer = make_consumer(self.kafka_cfg, self.reader_cfg, self.client, metadata=self.metadata)
             self.stats.kafka_clients += 1
         return self._consumer
 
@@ -286,11 +296,14 @@ class RangeReader:
         """Decode ``records`` together; if that fails, one by one to find the culprits (fail or skip them)."""
         t0 = time.perf_counter()
         good = records
+        inputs = self.codec.decode_inputs
         try:
-            batch = self._decoder.decode(list(map(_VALUE, records)))
+            batch = self._decoder.decode(inputs(records))
+        except SchemaRegistryError as exc:  # the registry failed, no record: never skipped, named where it stopped
+            raise at_record(exc, self.topic, [(r.partition, r.offset, r.value) for r in records]) from None
         except Exception:  # any codec failure means a bad value somewhere; localise it below
             good = self._good_records(records)
-            batch = self.codec.decode(list(map(_VALUE, good))) if good else None
+            batch = self.codec.decode(inputs(good)) if good else None
         if batch is not None and self.codec.index_from_offsets:
             batch = self.codec.indexed(batch, good)
         self.stats.decode_seconds += time.perf_counter() - t0
@@ -299,7 +312,7 @@ class RangeReader:
         return batch
 
     def _good_records(self, records: Sequence[RawRecord]) -> list[RawRecord]:
-        failed = dict(self.codec.failing_values(list(map(_VALUE, records))))
+        failed = dict(self.codec.failing_values(self.codec.decode_inputs(records)))
         good = []
         for position, rec in enumerate(records):
             if position not in failed:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,9 +24,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from kbit_core.errors import ConfigError, CorruptRecordError
+from kbit_core.errors import ConfigError, CorruptRecordError, SchemaRegistryError
 
 LAYOUTS = ("list", "bytes")
+_VALUE = operator.attrgetter("value")
 RECORD_DTYPES = ("uint8", "uint16")
 
 
@@ -73,6 +75,10 @@ class Codec(ABC):
     # Records carry no index of their own: the reader sets each sample's index from its (partition, offset) with
     # ``indexed(batch, records)`` (a user's topic, see formats/mapping.py).
     index_from_offsets: ClassVar[bool] = False
+    # decode takes whole records (with key, headers and timestamp: kafka.consumers.MessageRecord) instead of their
+    # values: a mapping that reads a message's key, a header or its timestamp (formats/mapping.py). The reader's
+    # consumer carries them only then.
+    reads_metadata: bool = False
 
     def __init__(
         self,
@@ -200,10 +206,17 @@ class Codec(ABC):
 
     # ---- decode -------------------------------------------------------------------------------
 
+    def decode_inputs(self, records: Sequence[Any]) -> Sequence[Any]:
+        """What :meth:`decode` takes of polled ``records``: their values, or the records themselves when the codec
+        reads message metadata."""
+        return records if self.reads_metadata else list(map(_VALUE, records))
+
     def decode(self, values: Sequence[bytes]) -> DecodedBatch:
         """Decode message values into one batch, or raise CorruptRecordError; never returns partial data."""
         try:
             return self._decode(values)
+        except SchemaRegistryError:
+            raise  # the registry's fault, never a value's: nothing to localise
         except Exception as exc:  # noqa: BLE001 - each library raises its own types for malformed input
             raise self._localise(values, exc) from exc
 
@@ -217,6 +230,8 @@ class Codec(ABC):
         for position, value in enumerate(values):
             try:
                 self._decode([value])
+            except SchemaRegistryError:
+                raise  # as in decode: no value is to blame
             except Exception as exc:  # noqa: BLE001 - as in decode
                 yield position, exc
 

@@ -2,8 +2,9 @@
 
 The records carry no kbit index: a sample's index is its position in the snapshot (partition by partition,
 offset by offset), set by the reader from each record's partition and offset (:meth:`MappedCodec.indexed`), so
-gap checks, resume and the exactly-once audit see the same indices as on kbit's own topics. kbit never writes
-such a topic, so this codec does not encode.
+gap checks, resume and the exactly-once audit see the same indices as on kbit's own topics. A mapping that names a
+message's key, a header or its timestamp (@key, @header.NAME, @timestamp) has the codec decode whole records instead
+of values (``reads_metadata``). kbit never writes such a topic, so this codec does not encode.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from kbit_core.config import MappingConfig
 from kbit_core.errors import CorruptRecordError
 from kbit_core.formats.base import Codec, DecodedBatch, canonical_json
+from kbit_core.formats.message_fields import message_columns, message_fields
 from kbit_core.formats.records import Column, RecordDecoder
 
 _INTEGER_LIMITS = {"uint8": (0, 255), "uint16": (0, 65535)}
@@ -56,7 +58,9 @@ class MappedCodec(Codec):
         self.record_size = int(np.prod(self.image_shape))
         self.dtype = np.dtype(mapping.dtype).newbyteorder("<")
         self.record_bytes = self.record_size * self.dtype.itemsize
-        self._fields = [*mapping.features, mapping.label]
+        self.reads_metadata = mapping.reads_metadata
+        self._value_fields = mapping.value_fields
+        self._message_fields = message_fields(mapping)
         partitions = max(self.partition_starts, default=-1) + 1
         self._first = np.zeros(partitions, np.int64)
         self._base = np.zeros(partitions, np.int64)
@@ -79,10 +83,16 @@ class MappedCodec(Codec):
 
     # ---- decode -------------------------------------------------------------------------------
 
-    def _decode(self, values: Sequence[bytes]) -> DecodedBatch:
-        if any(v is None for v in values):
-            raise ValueError("the message has no value (null)")
-        columns = self.decoder.decode_columns(values, self._fields)
+    def _decode(self, values: Sequence[Any]) -> DecodedBatch:
+        """``values``: message values, or records with key, headers and timestamp when ``reads_metadata``."""
+        records, values = (values, [r.value for r in values]) if self.reads_metadata else ((), values)
+        columns: dict[str, Column] = {}
+        if self._value_fields:
+            if any(v is None for v in values):
+                raise ValueError("the message has no value (null)")
+            columns = self.decoder.decode_columns(values, self._value_fields)
+        if self.reads_metadata:
+            columns.update(message_columns(records, self._message_fields, self.mapping))
         labels = self._labels(columns[self.mapping.label])
         pixels = self._features([columns[path] for path in self.mapping.features], len(values))
         self._check_labels(labels, "decode")
@@ -171,7 +181,8 @@ class MappedCodec(Codec):
             raise ValueError(f"field {path!r} holds {size} bytes, source.mapping.shape needs {self.record_bytes}")
         return np.frombuffer(b"".join(column), self.dtype)
 
-    def corrupt_value_error(self, position: int, total: int, value: bytes | None, reason: object) -> CorruptRecordError:
+    def corrupt_value_error(self, position: int, total: int, value: Any, reason: object) -> CorruptRecordError:
+        value = value.value if isinstance(value, tuple) else value  # a record with key, headers and timestamp
         size = "null" if value is None else f"{len(value)} bytes"
         return CorruptRecordError(f"value {position} of {total} ({size}) does not fit source.mapping: {reason}")
 
@@ -179,7 +190,10 @@ class MappedCodec(Codec):
         return canonical_json(
             {
                 "decoder": type(self.decoder).__name__,
-                "mapping": self.mapping.model_dump(mode="json"),
+                # the formats of key and headers count only where read, so older snapshots keep their fingerprints
+                "mapping": self.mapping.model_dump(
+                    mode="json", exclude=set() if self.reads_metadata else {"key_format", "header_format"}
+                ),
                 "vocabulary": self.vocabulary,
                 "num_classes": self.num_classes,
             }

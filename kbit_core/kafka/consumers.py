@@ -42,9 +42,26 @@ class RawRecord(NamedTuple):
     value: bytes | None
 
 
+class MessageRecord(NamedTuple):
+    """A record with its key, headers and timestamp (ms; -1 when unavailable), polled only for a mapping that reads
+    them (``source.mapping``'s @key, @header.NAME, @timestamp): the first three fields are a RawRecord's."""
+
+    partition: int
+    offset: int
+    value: bytes | None
+    key: bytes | None
+    headers: list[tuple[str, bytes | None]] | None
+    timestamp: int
+
+
 # RawRecord from a (partition, offset, value) tuple without a Python frame per record (NamedTuple's own __new__ is
-# Python code)
+# Python code); MessageRecord likewise
 _AS_RAW_RECORD = functools.partial(tuple.__new__, RawRecord)
+_AS_MESSAGE_RECORD = functools.partial(tuple.__new__, MessageRecord)
+
+
+def _timestamp_ms(msg: confluent_kafka.Message) -> int:
+    return msg.timestamp()[1]
 
 
 class ConsumerBackend(ABC):
@@ -56,6 +73,7 @@ class ConsumerBackend(ABC):
 
     client: ClientName
     topic: str | None = None
+    metadata: bool = False  # poll MessageRecords (with key, headers and timestamp) instead of RawRecords
     bounds_opens_client: bool = False  # offset_bounds opens a Kafka client of its own (callers count clients)
 
     @abstractmethod
@@ -121,8 +139,8 @@ def _reader_use(reader_cfg: ReaderConfig, fetch_wait_ms: int, tuning: dict[str, 
 class ConfluentConsumer(ConsumerBackend):
     client: ClientName = "confluent"
 
-    def __init__(self, kafka_cfg: KafkaConfig, reader_cfg: ReaderConfig) -> None:
-        self.kafka_cfg = kafka_cfg
+    def __init__(self, kafka_cfg: KafkaConfig, reader_cfg: ReaderConfig, metadata: bool = False) -> None:
+        self.kafka_cfg, self.metadata = kafka_cfg, metadata
         self._last_error: str | None = None
         self._starts: dict[int, int] = {}  # the current assignment's start offsets
         # The reader knows where its ranges end; a long poll at the log end would only delay the next assign by up
@@ -163,13 +181,27 @@ class ConfluentConsumer(ConsumerBackend):
         if all(map(operator.is_, errors, itertools.repeat(None))):
             # The usual poll, built without a Python loop per message: that per-message work was the largest
             # share of the fetch on the rank's interpreter lock (docs/data_plane_benchmark.md, issue 23).
-            columns = zip(
+            columns = (
                 map(confluent_kafka.Message.partition, messages),
                 map(confluent_kafka.Message.offset, messages),
                 map(confluent_kafka.Message.value, messages),
             )
-            return list(map(_AS_RAW_RECORD, columns))
+            if not self.metadata:
+                return list(map(_AS_RAW_RECORD, zip(*columns)))
+            metadata = (
+                map(confluent_kafka.Message.key, messages),
+                map(confluent_kafka.Message.headers, messages),
+                map(_timestamp_ms, messages),
+            )
+            return list(map(_AS_MESSAGE_RECORD, zip(*columns, *metadata)))
         return self._with_errors(messages, errors)
+
+    def _record(self, msg: confluent_kafka.Message) -> RawRecord | MessageRecord:
+        if self.metadata:
+            return MessageRecord(
+                msg.partition(), msg.offset(), msg.value(), msg.key(), msg.headers(), msg.timestamp()[1]
+            )
+        return RawRecord(msg.partition(), msg.offset(), msg.value())
 
     def _with_errors(
         self, messages: list[confluent_kafka.Message], errors: list[confluent_kafka.KafkaError | None]
@@ -177,7 +209,7 @@ class ConfluentConsumer(ConsumerBackend):
         out: list[RawRecord] = []
         for msg, err in zip(messages, errors):
             if err is None:
-                out.append(RawRecord(msg.partition(), msg.offset(), msg.value()))
+                out.append(self._record(msg))
                 continue
             code, where = err.code(), {"topic": msg.topic() or self.topic, "partition": msg.partition()}
             if code == confluent_kafka.KafkaError._PARTITION_EOF:
@@ -227,8 +259,8 @@ class KafkaPythonConsumer(ConsumerBackend):
     client: ClientName = "kafka-python"
     bounds_opens_client = True
 
-    def __init__(self, kafka_cfg: KafkaConfig, reader_cfg: ReaderConfig) -> None:
-        self.kafka_cfg, self.reader_cfg = kafka_cfg, reader_cfg
+    def __init__(self, kafka_cfg: KafkaConfig, reader_cfg: ReaderConfig, metadata: bool = False) -> None:
+        self.kafka_cfg, self.reader_cfg, self.metadata = kafka_cfg, reader_cfg, metadata
         try:
             import crc32c  # noqa: F401  (kafka-python checks CRCs in pure Python without it: 10x slower)
         except ImportError:
@@ -268,6 +300,12 @@ class KafkaPythonConsumer(ConsumerBackend):
             raise OffsetRangeError(f"unknown topic or partition: {exc}", topic=self.topic) from None
         except kafka.errors.KafkaError as exc:  # transport and leadership trouble: the reader retries until its end
             raise BrokerError(f"consumer error on topic {self.topic!r}: {exc}") from None
+        if self.metadata:
+            return [
+                MessageRecord(r.partition, r.offset, r.value, r.key, r.headers, r.timestamp)
+                for recs in batches.values()
+                for r in recs
+            ]
         return [RawRecord(r.partition, r.offset, r.value) for recs in batches.values() for r in recs]
 
     def position(self, partition: int) -> int | None:
@@ -289,10 +327,11 @@ _BACKENDS: dict[str, type[ConsumerBackend]] = {"confluent": ConfluentConsumer, "
 
 
 def make_consumer(
-    kafka_cfg: KafkaConfig, reader_cfg: ReaderConfig, client: ClientName | None = None
+    kafka_cfg: KafkaConfig, reader_cfg: ReaderConfig, client: ClientName | None = None, *, metadata: bool = False
 ) -> ConsumerBackend:
-    """A consumer for ``client`` (default ``kafka_cfg.client``) configured from the typed config."""
+    """A consumer for ``client`` (default ``kafka_cfg.client``) configured from the typed config; with ``metadata``
+    it polls MessageRecords (key, headers, timestamp too)."""
     name = client or kafka_cfg.client
     if name not in _BACKENDS:
         raise ConfigError(f"unknown Kafka client {name!r}; choose one of {sorted(_BACKENDS)}")
-    return _BACKENDS[name](kafka_cfg, reader_cfg)
+    return _BACKENDS[name](kafka_cfg, reader_cfg, metadata)

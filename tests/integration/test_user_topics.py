@@ -12,6 +12,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from typer.testing import CliRunner
 
+from kbit_core.bench.dataplane import kafka_tools, ray_data_peer
 from kbit_core.bench.dataplane.user_topic_bench import run_user_topic_bench
 from kbit_core.cli import app
 from kbit_core.data.split_loaders import make_split_loader
@@ -179,8 +180,10 @@ def test_bench_data_measures_a_users_topic_without_producing(broker, make_config
     assert row["records"] == 400 and row["client"] == "confluent" and row["fetch_records_per_s"] > 0
     assert results["meta"]["topic"] == topic_name
     assert end_offsets(broker, topic_name) == {0: (0, 200), 1: (0, 200)}
-    with pytest.raises(ConfigError, match="peers"):
-        run_user_topic_bench(cfg, repeats=1, peers=["ray_read_kafka"])
+    with pytest.raises(ConfigError, match="peers read a user's topic in the Confluent Avro framing only"):
+        run_user_topic_bench(cfg, repeats=1, peers={"ray_read_kafka": ray_data_peer.compare})
+    with pytest.raises(ConfigError, match="Kafka's performance tools measure kbit's own topics only"):
+        run_user_topic_bench(cfg, repeats=1, peers={"kafka_tools": kafka_tools.compare})
 
 
 def test_records_that_do_not_fit_are_named_or_skipped_and_counted(broker, make_config, topic_name):

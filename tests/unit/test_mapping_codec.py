@@ -15,8 +15,8 @@ from kbit_core.formats.decoders import RECORD_DECODERS, make_record_decoder
 from kbit_core.formats.json_records import JsonRecordDecoder
 from kbit_core.formats.mapping import MappedCodec, NullFieldSkipped
 from kbit_core.formats.records import FieldType, WriterSchema, field_at
-from kbit_core.kafka.consumers import RawRecord
-from kbit_core.topic_dataset import check_against_schema
+from kbit_core.kafka.consumers import MessageRecord, RawRecord
+from kbit_core.topic_dataset import check_against_schema, check_message_fields
 
 
 def codec(vocabulary=None, num_classes=None, **mapping) -> MappedCodec:
@@ -137,3 +137,83 @@ def test_a_mapping_is_checked_against_the_writer_schema_naming_field_subject_and
         ConfigError, match="field 'x.pixels' is not in the writer schema \\(subject t-value, schema id 3"
     ):
         check_against_schema(spec.model_copy(update={"features": ["x.pixels"]}), schema)
+
+
+def _message(value, key=None, headers=None, timestamp=-1, offset=0) -> MessageRecord:
+    return MessageRecord(0, offset, orjson.dumps(value) if value is not None else None, key, headers, timestamp)
+
+
+def test_key_headers_and_timestamp_become_features_and_labels():
+    spec = MappingConfig(
+        features=["a", "@timestamp", "@header.region"], label="@key", header_format="int32", key_format="string"
+    )
+    c = MappedCodec(JsonRecordDecoder(), spec, {0: (0, 0)}, vocabulary=["cat", "dog"])
+    assert c.reads_metadata and spec.value_fields == ["a"]
+    records = [
+        _message({"a": 1.5}, b"dog", [("region", b"\x00\x00\x00\x07"), ("other", b"x")], 1000),
+        _message({"a": 2}, b"cat", [("region", b"\x00\x00\x00\x01"), ("region", b"\xff\xff\xff\xfe")], 2000),
+    ]
+    batch = c.decode(c.decode_inputs(records))
+    assert batch.labels.tolist() == [1, 0]
+    assert batch.pixels.tolist() == [[1.5, 1000, 7], [2, 2000, -2]]  # a repeated header gives its last value
+    assert c.indexed(batch, records).indices.tolist() == [0, 0]
+
+
+def test_a_mapping_of_key_bytes_alone_needs_no_value():
+    spec = MappingConfig(
+        key_format="bytes",
+        features=["@key"],
+        encoding="bytes",
+        shape=[2],
+        dtype="uint8",
+        label="@header.y",
+        header_format="int",
+    )
+    c = MappedCodec(JsonRecordDecoder(), spec, {0: (0, 0)}, num_classes=10)
+    batch = c.decode([_message(None, b"\x01\x02", [("y", b"7")])])  # a tombstone's key and headers still map
+    assert batch.pixels.tolist() == [[1, 2]] and batch.labels.tolist() == [7]
+
+
+@pytest.mark.parametrize(
+    ("record", "match"),
+    [
+        (_message({"a": 1}, None, [("region", b"\x00\x00\x00\x07")]), "the label field '@key' is null or missing"),
+        (_message({"a": 1}, b"dog"), "the feature field '@header.region' is null or missing"),
+        (_message({"a": 1}, b"\xff", [("region", b"\x00\x00\x00\x07")]), "field '@key' is not UTF-8 text"),
+        (_message({"a": 1}, b"dog", [("region", b"\x07")]), "field '@header.region' holds 1 bytes, int32 needs 4"),
+    ],
+)
+def test_a_null_or_unreadable_key_or_header_is_a_bad_record_naming_the_field(record, match):
+    spec = MappingConfig(features=["a", "@header.region"], label="@key", header_format="int32")
+    c = MappedCodec(JsonRecordDecoder(), spec, {0: (0, 0)}, vocabulary=["cat", "dog"])
+    with pytest.raises(CorruptRecordError, match=match) as exc:
+        c.decode([_message({"a": 1}, b"cat", [("region", b"\x00\x00\x00\x01")]), record])
+    assert "\n" not in str(exc.value) and "value 1 of 2" in str(exc.value)
+    filled = MappedCodec(
+        JsonRecordDecoder(), spec.model_copy(update={"nulls": "fill"}), {0: (0, 0)}, vocabulary=["cat", "dog"]
+    )
+    assert filled.decode([_message({"a": 1}, b"dog", timestamp=5)]).pixels.tolist() == [[1, 0]]
+
+
+def test_message_fields_are_named_and_their_kinds_checked_before_reading():
+    with pytest.raises(ValueError, match="field '@offset' names no part of a message; use @key, @timestamp"):
+        MappingConfig(features=["a"], label="@offset")
+    with pytest.raises(ValueError, match="names no part of a message"):
+        MappingConfig(features=["@header."], label="y")
+    with pytest.raises(
+        ConfigError,
+        match="field '@key' is bytes \\(source.mapping.key_format: bytes\\), the mapping needs int or string",
+    ):
+        check_message_fields(MappingConfig(features=["a"], label="@key", key_format="bytes"))
+    with pytest.raises(ConfigError, match="field '@timestamp' is int, the mapping needs bytes"):
+        check_message_fields(MappingConfig(features=["@timestamp"], encoding="bytes", shape=[8], label="y"))
+    check_message_fields(MappingConfig(features=["@key"], encoding="base64", shape=[8], label="@header.h"))
+    # a schema check leaves the message's fields to check_message_fields
+    schema = WriterSchema(source="s", fields={"a": FieldType("a", "float")}, subject="t-value", schema_id=1)
+    check_against_schema(MappingConfig(features=["a", "@timestamp"], label="@key"), schema)
+
+
+def test_a_mapping_without_message_fields_keeps_its_fingerprint_and_reads_values():
+    plain = codec(["cat", "dog"])
+    assert not plain.reads_metadata and plain.decode_inputs([RawRecord(0, 1, b"v")]) == [b"v"]
+    assert "key_format" not in plain._definition()

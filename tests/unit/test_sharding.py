@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from fractions import Fraction
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ from kbit_core.sharding import (
     OffsetRange,
     RankShard,
     block_order,
+    key_hash_splits,
     parse_offset_strings,
     plan,
     remainder_pieces,
@@ -349,3 +351,24 @@ def test_two_split_times_give_train_val_and_test_their_own_periods():
         (OffsetRange(0, 55, 60),),
         (OffsetRange(0, 60, 100),),
     ]
+
+
+def test_a_split_by_key_hash_is_stable_and_keeps_each_key_in_one_split():
+    keys = [b"user-0", b"user-16", b"user-1", b"", b"user-0", None]
+    splits = key_hash_splits(keys, [0.8, 0.1, 0.1])
+    # fixed values: a key's split never changes between runs, processes, hosts or kbit versions
+    assert splits.tolist() == [1, 2, 0, 0, 1, -1]
+    assert splits[0] == splits[4] and splits[-1] == -1  # the same key, the same split; a null key none
+    again = key_hash_splits(reversed(keys), [0.8, 0.1, 0.1])
+    assert again.tolist() == splits.tolist()[::-1]  # independent of the other keys and their order
+    assert key_hash_splits([b"user-1"], [1.0]).tolist() == [0]
+
+
+def test_a_split_by_key_hash_gives_each_split_its_share_of_keys():
+    keys = [f"device-{i}".encode() for i in range(60_000)]
+    counts = np.bincount(key_hash_splits(keys, [6 / 7, 1 / 14, 1 / 14]), minlength=3) / len(keys)
+    assert np.allclose(counts, [6 / 7, 1 / 14, 1 / 14], atol=0.006)  # binomial sd ~0.001: 5 sd
+    other_seed = key_hash_splits(keys[:1000], [0.5, 0.5], seed=1)
+    assert (other_seed != key_hash_splits(keys[:1000], [0.5, 0.5])).any()  # the seed reshuffles keys
+    with pytest.raises(ValueError, match="rates must sum to 1"):
+        key_hash_splits(keys[:1], [0.5, 0.4])

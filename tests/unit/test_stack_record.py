@@ -107,3 +107,20 @@ def test_the_suite_never_finds_a_users_stack(listening, tmp_path, monkeypatch):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"127.0.0.1:{port}"
+
+
+def test_a_profile_naming_no_registry_finds_the_running_stacks_own(state_dir, listening, tmp_path):
+    from kbit_core.config import RegistryConfig
+    from kbit_core.formats.confluent.source import configured_or_stack_registry
+    from kbit_core.formats.decoders import make_record_decoder
+
+    url = f"http://127.0.0.1:{listening.getsockname()[1]}/apis/ccompat/v7"
+    stack_record.save(stack_record.StackRecord(workdir=tmp_path / "stack", registry_url=url))
+    assert stack_record.running_registry_url() == url
+    decoder = make_record_decoder("confluent-avro", {}, topic="t")  # no registry.* set: the stack's
+    assert decoder.source.url == url
+    own = RegistryConfig(url="http://10.0.0.1:8081")
+    assert configured_or_stack_registry(own) == own  # a registry the profile names wins
+    listening.close()
+    assert stack_record.running_registry_url() is None  # nothing answers there any more
+    assert not configured_or_stack_registry(RegistryConfig()).enabled

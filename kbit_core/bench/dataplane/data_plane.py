@@ -20,8 +20,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from importlib.metadata import version
 from typing import Any
 
+import confluent_kafka
 from rich.progress import Progress
 
 from kbit_core.bench.dataplane.bench_topics import bench_config, drop_topic, produce_or_reuse
@@ -134,7 +136,9 @@ def measure_variant(
     # without a fast decoder (and no pool) both columns are the stock library, timed once
     pool = DecodePool(fast, processes) if processes else None
     codecs: dict[str, Any] = {"stock": stock}
-    if isinstance(fast, FastPath) or pool:
+    # a user's topic: its value decoder's fast path (kbit's Avro walker on a registry schema) sits inside the mapping
+    has_fast = isinstance(fast, FastPath) or manifest.source is not None
+    if has_fast or pool:
         codecs["fast"] = pool or fast
     batches = loader_configs(cfg, workers)
     fetch_s, decode_s, loader_s = [], {d: [] for d in codecs}, {b: [] for b in batches}
@@ -154,7 +158,7 @@ def measure_variant(
         # first block also shows that every timed decoder returns the stock library's batch
         for i, (_, records) in enumerate(reader.read_raw(ranges)):
             if i == 0:
-                _require_same_batches(codecs, [r.value for r in records], manifest.topic)
+                _require_same_batches(codecs, stock.decode_inputs(records), manifest.topic)
         for each in loader.values():
             sum(1 for _ in each)
         for _ in range(repeats):
@@ -171,7 +175,7 @@ def measure_variant(
             f"{manifest.topic}: read {fetched} messages / {decoded} records, the manifest has "
             f"{manifest.num_messages} / {manifest.num_records}"
         )
-    return _row(cfg, manifest, client, fetch_s, decode_s, loader_s, loaded, isinstance(fast, FastPath))
+    return _row(cfg, manifest, client, fetch_s, decode_s, loader_s, loaded, has_fast)
 
 
 def _row(
@@ -243,7 +247,7 @@ def timed_pass(
     for _, records in reader.read_raw(ranges):
         fetch_t += time.perf_counter() - t0
         fetched += len(records)
-        values = [r.value for r in records]
+        values = reader.codec.decode_inputs(records)
         for name, codec in codecs.items():
             t1 = time.perf_counter()
             decoded[name] += len(codec.decode(values).labels)
@@ -252,7 +256,7 @@ def timed_pass(
     return fetched, decoded, fetch_t, decode_t
 
 
-def _require_same_batches(codecs: dict[str, Any], values: list[bytes], topic: str) -> None:
+def _require_same_batches(codecs: dict[str, Any], values: Sequence[Any], topic: str) -> None:
     """KbitError unless every decoder in ``codecs`` returns the stock decoder's batch of ``values``, bit for bit."""
     batches = {name: codec.decode(values) for name, codec in codecs.items()}
     expected = batches["stock"]
@@ -328,6 +332,11 @@ def evaluate_targets(rows: Sequence[DataPlaneRow], rss: dict[str, Any] | None) -
     return out
 
 
+def load_average() -> float:
+    """The machine's 1-minute load average, rounded for reading."""
+    return round(os.getloadavg()[0], 2)
+
+
 def run_meta(bench_cfg: KbitConfig, repeats: int) -> dict[str, Any]:
     """Where and on what the run measured: host, dataset, reader settings and the broker behind every figure."""
     return {
@@ -344,6 +353,9 @@ def run_meta(bench_cfg: KbitConfig, repeats: int) -> dict[str, Any]:
         "per_rank_batch": bench_cfg.train.global_batch_size,
         "broker": admin.describe_broker(bench_cfg.kafka),
         "broker_kind": "tansu" if bench_cfg.kafka.tansu else "apache-kafka",
+        "clients": {"confluent-kafka": version("confluent-kafka"), "librdkafka": confluent_kafka.libversion()[0]},
+        # a shared machine's load moves every wall-clock rate: read ratios, and this, beside them
+        "load_average_1m_at_start": load_average(),
     }
 
 
@@ -394,6 +406,7 @@ def run_data_plane(
     bench_cfg = runs[0]
     clients = list(clients or cfg.bench.clients)
     admin.require_embedded_listening(bench_cfg.kafka)
+    meta = run_meta(bench_cfg, repeats)
     rows: list[DataPlaneRow] = []
     peers = dict(peers or {})
     compared: dict[str, list[dict[str, Any]]] = {name: [] for name in peers}
@@ -417,7 +430,7 @@ def run_data_plane(
                         drop_topic(payload, manifest)
     rss = measure_stream_rss(cfg, rss_sizes, keep_topics, progress) if rss_sizes else None
     return {
-        "meta": {**run_meta(bench_cfg, repeats), "datasets": [run.dataset.name for run in runs]},
+        "meta": {**meta, "datasets": [run.dataset.name for run in runs], "load_average_1m_at_end": load_average()},
         "rows": [asdict(r) for r in rows],
         "left_out": [entry for _, left_out in measured for entry in left_out],
         "rss": rss,

@@ -6,6 +6,10 @@ A peer module keeps only what is its own: how the peer reads the manifest's offs
 repeats), :func:`peer_row` makes one reader's row, and a :class:`PeerReader` compares its rows with kbit's
 read+decode rate per client and shows them as a table. Apache Kafka's tools (``kafka_tools``) alternate with kbit's
 reader repeat by repeat instead, and share the codec and the comparison's head.
+
+On a snapshot of a user's topic in the Confluent Avro framing (``source.value_format: confluent-avro``) a peer reads
+it the way its own users do instead, without kbit's codec: :func:`framed_avro` gives it the writer schema and the
+mapped fields (Spark's ``from_avro`` past the 5-byte header, confluent-kafka's ``AvroDeserializer`` in Ray).
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from rich.table import Table
 
 from kbit_core.bench.dataplane.peer_table import peer_table, ratios_text
 from kbit_core.config import KbitConfig
+from kbit_core.errors import ConfigError
 from kbit_core.formats import Codec
+from kbit_core.formats.confluent.source import SchemaSource, configured_or_stack_registry
 from kbit_core.kafka.manifest import Manifest, manifest_codec
 
 # A peer's measurement: (config, manifest, repeats) -> one row per reader setting (see peer_row)
@@ -33,6 +39,40 @@ def peer_codec(manifest_json: str) -> Codec:
     """The manifest's codec with kbit's fast decoder, built once per process (Ray's and Spark's workers keep theirs
     between reads, so the timed reads find it warm as kbit's reader finds its own)."""
     return manifest_codec(Manifest.model_validate_json(manifest_json), "fast")
+
+
+@dataclass(frozen=True)
+class FramedAvro:
+    """A user's topic in the Confluent Avro framing as a peer's users read it: ``writer_schema`` (JSON, the subject's
+    latest: what one passes to from_avro), the mapping's value ``fields`` (dotted paths) and confluent-kafka's
+    registry client settings (``registry``, secrets revealed: only for the peer's own client)."""
+
+    topic: str
+    writer_schema: str
+    fields: tuple[str, ...]
+    registry: dict[str, Any]
+
+
+def framed_avro(cfg: KbitConfig, manifest: Manifest) -> FramedAvro | None:
+    """How a peer reads ``manifest``'s topic when it is a user's in the Confluent Avro framing; None for kbit's own
+    topics (the peer decodes with :func:`peer_codec`). ConfigError for a user's topic in another value format."""
+    snapshot = manifest.source
+    if snapshot is None:
+        return None
+    if snapshot.value_format != "confluent-avro":
+        raise ConfigError(
+            f"bench-data's peers read a user's topic in the Confluent Avro framing only (source.value_format "
+            f"confluent-avro); topic {manifest.topic!r} is {snapshot.value_format}: run it without them"
+        )
+    assert snapshot.mapping is not None
+    if not snapshot.mapping.value_fields:
+        raise ConfigError(
+            f"source.mapping of topic {manifest.topic!r} reads no field of the values: no peer to compare"
+        )
+    registry = configured_or_stack_registry(cfg.registry)
+    subject = snapshot.value_options.get("subject", f"{manifest.topic}-value")
+    _, schema = SchemaSource(registry).latest(subject)
+    return FramedAvro(manifest.topic, schema.schema_str, tuple(snapshot.mapping.value_fields), registry.client_conf())
 
 
 def timed_reads(read: Callable[[], int], repeats: int) -> tuple[int, list[float]]:

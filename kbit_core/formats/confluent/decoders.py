@@ -24,7 +24,12 @@ from kbit_core.formats.confluent.columns import in_order, message_value
 from kbit_core.formats.confluent.fields import avro_fields, json_schema_fields, protobuf_fields
 from kbit_core.formats.confluent.framing import HEADER_BYTES, FramingError, message_indexes, schema_id
 from kbit_core.formats.confluent.protobuf_decoder import indexed_message, registry_file
-from kbit_core.formats.confluent.source import REGISTRY_FAILURES, SchemaSource, UnknownSchemaError
+from kbit_core.formats.confluent.source import (
+    REGISTRY_FAILURES,
+    SchemaSource,
+    UnknownSchemaError,
+    configured_or_stack_registry,
+)
 from kbit_core.formats.records import Column, WriterSchema, columns_of
 
 ValueFormat = Literal["avro", "json", "protobuf"]
@@ -112,12 +117,15 @@ class ConfluentDecoder:
             decode = self._group_decoder(sid)
         except UnknownSchemaError:
             raise self._corrupt(int(positions[0]), total, sid, "the Schema Registry does not hold it") from None
+        except SchemaRegistryError as exc:  # the registry's fault, never the record's: not skippable as a bad record
+            raise SchemaRegistryError(str(exc), schema_id=sid) from None
         try:
             return decode(values, fields)
-        except REGISTRY_FAILURES as exc:  # the registry's fault, never the record's: not skippable as a bad record
+        except REGISTRY_FAILURES as exc:
             raise SchemaRegistryError(
                 f"the Schema Registry at {self.source.url} failed while topic {self.topic}'s values of schema id "
-                f"{sid} were decoded: {type(exc).__name__}: {exc}"
+                f"{sid} were decoded: {type(exc).__name__}: {exc}",
+                schema_id=sid,
             ) from None
         except Exception as exc:  # noqa: BLE001 - each library raises its own types for malformed input
             for position, value in zip(positions.tolist(), values):
@@ -185,7 +193,8 @@ def confluent_decoder(
 ) -> ConfluentDecoder:
     """The RecordDecoder of ``topic``'s values in the Confluent framing (``value_format``: avro, json or protobuf),
     writer schemas from the registry ``registry`` names; ``options`` are :class:`ConfluentDecoder`'s keywords
-    (``reader``, ``subject``, ``decoder``)."""
+    (``reader``, ``subject``, ``decoder``); with no registry named, a running local stack's."""
+    registry = configured_or_stack_registry(registry)
     if not registry.enabled:
         raise ConfigError(
             f"topic {topic}'s values are in the Confluent framing: set registry.url (or registry.local.enabled)"

@@ -21,7 +21,7 @@ from kbit_core.config.registry import RegistryConfig
 from kbit_core.errors import ConfigError
 from kbit_core.formats.base import Codec, DecodedBatch
 from kbit_core.formats.confluent.framing import HEADER_BYTES, FramingError, message_indexes, schema_id
-from kbit_core.formats.confluent.source import SchemaSource
+from kbit_core.formats.confluent.source import SchemaSource, configured_or_stack_registry
 from kbit_core.formats.schemas import kbit_pb2
 
 FRAMINGS = ("kbit", "confluent")
@@ -64,7 +64,9 @@ class ConfluentFramedCodec:
         return hashlib.sha256(f"{self.inner.schema_fingerprint()}:confluent-framing".encode()).hexdigest()
 
     def bind(self, registry: RegistryConfig, topic: str) -> ConfluentFramedCodec:
-        """Make the serializer for ``topic`` (its client on ``registry``, retried as every registry call is)."""
+        """Make the serializer for ``topic`` (its client on ``registry``, or with none named a running local stack's;
+        retried as every registry call is)."""
+        registry = configured_or_stack_registry(registry)
         if not registry.enabled:
             raise ConfigError(
                 "produce.variant.framing: confluent registers kbit's schema in a Schema Registry: set registry.url "

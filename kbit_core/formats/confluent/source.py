@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
@@ -14,6 +15,9 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientE
 from kbit_core.config.credentials import mask_credentials
 from kbit_core.config.registry import RegistryConfig
 from kbit_core.errors import SchemaRegistryError
+from kbit_core.formats.confluent.framing import FramingError
+from kbit_core.formats.confluent.framing import schema_id as framed_schema_id
+from kbit_core.stack_record import running_registry_url
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +29,38 @@ RETRY_PAUSE_S = 0.5
 REGISTRY_FAILURES = (httpx.HTTPError, ClientError)
 
 
+def configured_or_stack_registry(settings: RegistryConfig) -> RegistryConfig:
+    """``settings``, or where they name no registry, the local one a running `kbit stack up` recorded (found like its
+    broker and Ray head, from any workdir); unchanged when there is none."""
+    if settings.enabled:
+        return settings
+    url = running_registry_url()
+    if url is None:
+        return settings
+    log.info("using the Schema Registry of the running local stack: %s", url)
+    return settings.model_copy(update={"url": url})
+
+
 class UnknownSchemaError(SchemaRegistryError):
     """The registry holds no schema with this id (or no such subject)."""
+
+
+def at_record(
+    exc: SchemaRegistryError, topic: str, records: Sequence[tuple[int, int, bytes | None]]
+) -> SchemaRegistryError:
+    """``exc`` naming where reading stopped: the first of ``records`` ((partition, offset, value) each) whose value
+    asks for the schema id that failed (the first record when the failure named none)."""
+    partition, offset, _ = next(
+        (r for r in records if exc.schema_id is not None and _asks_for(r[2], exc.schema_id)), records[0]
+    )
+    return type(exc)(f"{exc} (topic={topic}, partition={partition}, offset={offset})", schema_id=exc.schema_id)
+
+
+def _asks_for(value: bytes | None, wanted: int) -> bool:
+    try:
+        return framed_schema_id(value) == wanted
+    except FramingError:
+        return False
 
 
 class SchemaSource:
