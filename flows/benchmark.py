@@ -27,7 +27,7 @@ def benchmark(
 
     Steps:
       1. Load and validate the profile with the overrides.
-      2. Ensure the topics of every ``bench.variants`` entry (matching manifests are reused).
+      2. Ensure the topics of every ``bench.variants`` entry (at each ``bench.records_per_message``) (matching manifests are reused).
       3. Run the warm-up and measured iterations; statistics, reports and the MLflow parent run come out.
       4. Record the overrides that change what is measured on the MLflow run (a run with any is no baseline).
       5. With ``compare_with_previous`` (the nightly deployment): draw the history of this profile's nights
@@ -40,7 +40,7 @@ def benchmark(
       8. With ``compare_with_previous``: fail on a significant regression.
     """
     cfg = load_run_config(profile, overrides)
-    ensure_dataset_topics(cfg, cfg.bench.variants)
+    ensure_dataset_topics(cfg, cfg.bench.matrix_variants())
     result = run_benchmark_iterations(cfg)
     record_overrides(cfg, result["mlflow_run_id"], overrides)
     run_url = mlflow_run_url(cfg, result["mlflow_run_id"])

@@ -16,10 +16,10 @@ def produce(profile: str = "smoke", overrides: dict[str, Any] | None = None) -> 
 
     Steps:
       1. Load and validate the profile with the overrides (bad config fails here, without retries).
-      2. Ensure the topics of every ``bench.variants`` entry, reusing topics whose manifest matches.
+      2. Ensure the topics of every ``bench.variants`` entry (at each ``bench.records_per_message``), reusing topics whose manifest matches.
     """
     cfg = load_run_config(profile, overrides)
-    return ensure_dataset_topics(cfg, cfg.bench.variants)
+    return ensure_dataset_topics(cfg, cfg.bench.matrix_variants())
 
 
 if __name__ == "__main__":

@@ -42,7 +42,18 @@ class RecordError(KbitError):
 
 class SchemaRegistryError(KbitError):
     """The Schema Registry cannot be reached within its deadline, or refuses a request (authentication, a subject it
-    does not know)."""
+    does not know). ``schema_id``: the writer schema a value asked for, when one did."""
+
+    def __init__(self, message: str, *, schema_id: int | None = None) -> None:
+        super().__init__(message)
+        self.schema_id = schema_id
+
+    def __reduce__(self) -> tuple[object, ...]:  # decode worker processes send it back whole
+        return _registry_error, (type(self), str(self), self.schema_id)
+
+
+def _registry_error(kind: type[SchemaRegistryError], message: str, schema_id: int | None) -> SchemaRegistryError:
+    return kind(message, schema_id=schema_id)
 
 
 class CorruptRecordError(RecordError):
@@ -67,3 +78,7 @@ class TrainingDivergedError(KbitError):
 
 class StatisticsError(KbitError):
     """Benchmark statistics were asked of empty or non-finite data."""
+
+
+class TrackingError(KbitError):
+    """The MLflow tracking server refuses kbit's login or cannot be reached."""

@@ -3,6 +3,7 @@ an optional Ray head, each with a PID and log."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -18,6 +19,8 @@ from kbit_core import ray_env, stack_record
 from kbit_core.brokers.local import local_broker
 from kbit_core.brokers.schema_registry import local_registry
 from kbit_core.config import KbitConfig
+from kbit_core.servers import logins
+from kbit_core.servers.team import TeamServers
 from kbit_core.service import Service, ServiceError, ServiceStatus, http_ok
 
 log = logging.getLogger(__name__)
@@ -51,12 +54,15 @@ class StackError(ServiceError):
     """A stack service cannot start, is unhealthy, its port is taken, or a deployment is wrong."""
 
 
-def _api(method: str, url: str, body: dict[str, Any] | None = None, timeout_s: float = 10.0) -> Any:
-    """One JSON call to a Prefect REST endpoint; None on 404."""
+def _api(method: str, url: str, body: dict[str, Any] | None = None, login: str | None = None) -> Any:
+    """One JSON call to a Prefect REST endpoint, as ``login`` (user:password) if given; None on 404."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if login:
+        headers["Authorization"] = "Basic " + base64.b64encode(login.encode()).decode()
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(req, timeout=10.0) as resp:
             return json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
@@ -66,8 +72,9 @@ def _api(method: str, url: str, body: dict[str, Any] | None = None, timeout_s: f
         raise StackError(f"{method} {url} failed: {exc}") from None
 
 
-def mlflow_server(cfg: KbitConfig) -> Service:
-    """The local MLflow server: a sqlite store and artifacts under the run directory, one worker."""
+def mlflow_server(cfg: KbitConfig, team: TeamServers) -> Service:
+    """The local MLflow server, one worker: a sqlite store and artifacts under the run directory, or the team
+    profile's PostgreSQL database, S3 bucket and login (``team``)."""
     st, run_dir = cfg.stack, cfg.run_dir
     url = f"http://{st.host}:{st.mlflow_port}"
     return Service(
@@ -82,15 +89,12 @@ def mlflow_server(cfg: KbitConfig) -> Service:
             st.host,
             "--port",
             str(st.mlflow_port),
-            "--backend-store-uri",
-            f"sqlite:///{run_dir / 'mlflow.db'}",
-            "--artifacts-destination",
-            str(run_dir / "mlartifacts"),
+            *team.mlflow_stores(f"sqlite:///{run_dir / 'mlflow.db'}", str(run_dir / "mlartifacts")),
             "--workers",
             "1",
         ],
         marker="mlflow",
-        env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **team.mlflow_server_env()},
         host=st.host,
         port=st.mlflow_port,
         health_url=f"{url}/health",
@@ -166,12 +170,13 @@ class LocalStack:
         self.remote_mlflow = remote_uri.startswith(("http://", "https://")) and remote_uri.rstrip("/") != local_mlflow
         self.mlflow_url = remote_uri.rstrip("/") if self.remote_mlflow else local_mlflow
         self.broker = local_broker(self.run_dir, cfg.kafka.embedded)
+        self.team = TeamServers(cfg, StackError)
         self.prefect_server = Service(
             "prefect-server",
             self.run_dir,
             [sys.executable, "-m", "prefect", "server", "start", "--host", st.host, "--port", str(st.prefect_port)],
             marker="prefect",
-            env=self.prefect_env(),
+            env={**self.prefect_env(), **self.team.prefect_server_env()},
             host=st.host,
             port=st.prefect_port,
             health_url=f"{self.prefect_api_url}/health",
@@ -179,7 +184,7 @@ class LocalStack:
             port_setting="stack.prefect_port",
             error_type=StackError,
         )
-        self.mlflow_server = mlflow_server(cfg)
+        self.mlflow_server = mlflow_server(cfg, self.team)
         self.registry = local_registry(self.run_dir, cfg.registry.local) if self.local_registry else None
         self.ray_head = ray_head(cfg)
         self.worker = Service(
@@ -213,16 +218,25 @@ class LocalStack:
         return self.cfg.registry.local.enabled and self.cfg.registry.url is None
 
     @property
+    def prefect_login(self) -> str | None:
+        """user:password for this stack's Prefect API (``stack.auth``), else the one this process was given."""
+        return logins.client_env(self.run_dir).get("PREFECT_API_AUTH_STRING") or os.environ.get(
+            "PREFECT_API_AUTH_STRING"
+        )
+
+    @property
     def remote_prefect(self) -> bool:
         return self.cfg.stack.prefect_api_url is not None
 
     def prefect_env(self) -> dict[str, str]:
-        """Environment for every Prefect process: isolated home, explicit API URL, no telemetry."""
+        """Environment for every Prefect process: isolated home, explicit API URL, no telemetry, and with
+        ``stack.auth`` the login for both servers (flow runs inherit it from the worker)."""
         return {
             "PREFECT_HOME": str(self.run_dir / "prefect"),
             "PREFECT_API_URL": self.prefect_api_url,
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_CLI_PROMPT": "false",
+            **logins.client_env(self.run_dir),
         }
 
     def deploy_env(self) -> dict[str, str]:
@@ -250,6 +264,7 @@ class LocalStack:
         if broker_only:
             self.record()
             return self.status()
+        self.team.start()
         if not self.remote_prefect:
             self.prefect_server.start()
         if not self.remote_mlflow:
@@ -287,7 +302,7 @@ class LocalStack:
     def down(self) -> list[str]:
         """Stop every service of ours by PID, worker first; returns the names that were running."""
         services = (self.worker, self.mlflow_server, self.prefect_server, self.ray_head, self.registry)
-        stopped = [svc.name for svc in services if svc is not None and svc.stop()]
+        stopped = [svc.name for svc in services if svc is not None and svc.stop()] + self.team.stop()
         if self.broker.stop():
             stopped.append("broker")
         stack_record.forget(self.run_dir)
@@ -323,6 +338,7 @@ class LocalStack:
             services.append(self.registry.status())
         if self.ray_head.pid() is not None:
             services.append(self.ray_head.status())
+        services += self.team.status()
         return services
 
     # -- Prefect objects -------------------------------------------------------------------------
@@ -347,7 +363,7 @@ class LocalStack:
 
     def ensure_work_pool(self) -> None:
         pool = self.cfg.stack.work_pool
-        if _api("GET", f"{self.prefect_api_url}/work_pools/{pool}") is None:
+        if _api("GET", f"{self.prefect_api_url}/work_pools/{pool}", login=self.prefect_login) is None:
             self.prefect_cli("work-pool", "create", pool, "--type", "process")
 
     def deploy(self) -> list[dict[str, Any]]:
@@ -356,7 +372,7 @@ class LocalStack:
         return self.verify_deployments()
 
     def deployments(self) -> list[dict[str, Any]]:
-        return _api("POST", f"{self.prefect_api_url}/deployments/filter", {"limit": 200}) or []
+        return _api("POST", f"{self.prefect_api_url}/deployments/filter", {"limit": 200}, self.prefect_login) or []
 
     def verify_deployments(self) -> list[dict[str, Any]]:
         """Fail unless every deployment runs from an existing absolute directory with resolved templates.
@@ -391,7 +407,7 @@ class LocalStack:
         while time.monotonic() < deadline:
             if self.worker.pid() is None:
                 raise StackError(f"prefect-worker exited; log {self.worker.log_path}:\n{self.worker.log_tail()}")
-            if any(w["name"] == self.worker_name for w in _api("POST", url, {}) or []):
+            if any(w["name"] == self.worker_name for w in _api("POST", url, {}, self.prefect_login) or []):
                 return
             time.sleep(0.5)
         raise StackError(

@@ -9,14 +9,17 @@ recreates or writes the topic.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from kbit_core.config import DataVariant, KbitConfig, MappingConfig
 from kbit_core.data.reader import RangeReader
-from kbit_core.errors import ConfigError, KbitError, ManifestMismatchError
+from kbit_core.errors import ConfigError, CorruptRecordError, KbitError, ManifestMismatchError
 from kbit_core.formats.decoders import make_record_decoder
 from kbit_core.formats.records import RecordDecoder, WriterSchema
 from kbit_core.kafka import manifest_registry
+from kbit_core.kafka.consumers import RawRecord
 from kbit_core.kafka.manifest import DatasetInfo, Manifest, PartitionManifest, TopicSnapshot, manifest_codec
 from kbit_core.kafka.manifest import manifest_path as manifest_file
 from kbit_core.kafka.snapshot import moved_on, offsets_at, snapshot_ranges, topic_offsets
@@ -192,7 +195,7 @@ def _classes(
     with RangeReader(cfg.kafka, cfg.reader, str(cfg.source.topic), None) as reader:
         blocks = [OffsetRange(p, start, stop) for p, (start, stop) in ranges.items() if stop > start]
         for _, records in reader.read_raw(blocks):
-            labels.update(decoder.decode_columns([r.value for r in records], [mapping.label])[mapping.label])
+            labels.update(_labels(cfg, decoder, mapping.label, records))
     if all(type(label) is int for label in labels) and labels:
         return None, max(2, max(labels) + 1)
     if all(isinstance(label, str) for label in labels) and labels:
@@ -203,6 +206,27 @@ def _classes(
         f"source.mapping.label {mapping.label!r} of topic {cfg.source.topic!r} holds neither only integers nor only "
         f"strings ({sorted(map(repr, labels))[:5]}); set source.mapping.vocabulary or num_classes"
     )
+
+
+def _labels(cfg: KbitConfig, decoder: RecordDecoder, path: str, records: Sequence[RawRecord]) -> list[Any]:
+    """The labels of ``records``; a record whose value does not decode fails naming it, or under
+    ``reader.bad_records: skip`` is left out (the reader counts it when the run reads it)."""
+    try:
+        return list(decoder.decode_columns([r.value for r in records], [path])[path])
+    except CorruptRecordError:
+        pass  # one by one below, to name or skip the culprits
+    labels = []
+    for record in records:
+        try:
+            labels += decoder.decode_columns([record.value], [path])[path]
+        except CorruptRecordError as exc:
+            if cfg.reader.bad_records == "fail":
+                raise CorruptRecordError(
+                    f"reading the labels of topic {cfg.source.topic!r} for its vocabulary: {exc}",
+                    partition=record.partition,
+                    offset=record.offset,
+                ) from None
+    return labels
 
 
 def check_mapping(cfg: KbitConfig, manifest: Manifest) -> None:

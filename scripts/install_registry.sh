@@ -17,22 +17,12 @@ SHA256=8bc6751c76d963734224b01d5e7f84ccb3cb61c87d3bd77c36c35f10a5cbed63
 
 die() { echo "kbit: $*" >&2; exit 2; }
 
-digest=$(sha256sum "$POM" "$0" | sha256sum | cut -d' ' -f1)
-if [ -f "$DEST/.pom-digest" ] && [ "$(cat "$DEST/.pom-digest")" = "$digest" ] && [ -f "$DEST/app/quarkus-run.jar" ]; then
-  exit 0
-fi
-command -v mvn >/dev/null 2>&1 || die "installing Apicurio Registry needs Maven 3.6+ (apt-get install maven)"
-echo "kbit: resolving Apicurio Registry $VERSION into $DEST/app" >&2
-mkdir -p "$DEST"
-rm -rf "$DEST/download" "$DEST/app.new"
-log=$DEST/install.log
-if ! mvn -B -q -C -f "$POM" -Dmaven.repo.local="$DEST/m2" \
-      dependency:copy-dependencies -DoutputDirectory="$DEST/download" >"$log" 2>&1; then
-  tail -n 20 "$log" >&2
-  die "resolving ${POM#"$ROOT"/} from Maven Central failed (full log: $log)"
-fi
-echo "$SHA256  $DEST/download/$ARCHIVE" | sha256sum -c --quiet - >>"$log" 2>&1 \
-  || die "$ARCHIVE does not have the pinned SHA-256 $SHA256 (log: $log)"
+# shellcheck source=scripts/maven_artifact.sh
+. "$ROOT/scripts/maven_artifact.sh"
+digest=$(sha256sum "$POM" "$0" "$ROOT/scripts/maven_artifact.sh" | sha256sum | cut -d' ' -f1)
+current "$DEST" "$digest" app/quarkus-run.jar && exit 0
+fetch_pinned "Apicurio Registry $VERSION" "$POM" "$DEST" "$ARCHIVE" "$SHA256"
+rm -rf "$DEST/app.new"
 mkdir -p "$DEST/app.new"
 tar -xzf "$DEST/download/$ARCHIVE" -C "$DEST/app.new"
 [ -f "$DEST/app.new/quarkus-run.jar" ] || die "$ARCHIVE holds no quarkus-run.jar"

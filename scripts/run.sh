@@ -43,6 +43,16 @@ install_registry() {
   echo "kbit: Apicurio Registry is not installed: registry.local.enabled cannot start, and the registry tests skip" >&2
 }
 
+# s3proxy (deployments/s3proxy/pom.xml) into $VENV/s3proxy; idempotent, see the script. The team profile's artifact
+# store (stack.artifacts: s3) and its test need it; like the registry, only CI fails when it cannot be installed.
+install_s3proxy() {
+  KBIT_VENV=$VENV bash scripts/install_s3proxy.sh && return 0
+  if [ -n "${CI:-}" ]; then
+    die "installing s3proxy failed (CI needs it: the team profile's test runs on it): see $VENV/s3proxy/install.log"
+  fi
+  echo "kbit: s3proxy is not installed: stack.artifacts=s3 cannot start, and the team profile's test skips" >&2
+}
+
 install_torch() {
   # torch 2.13.0 and no other version. The CPU build (+cpu) comes from whatever wheel source the machine offers
   # (a find-links folder, KBIT_TORCH_INDEX); otherwise PyPI's torch==2.13.0, which is the CUDA build: it runs on
@@ -103,6 +113,7 @@ case "${1:-}" in
     # Apache Kafka is the default local broker (kafka.embedded.broker): without its jars the stack cannot start.
     install_kafka || die "installing Apache Kafka (the default broker) failed: see $VENV/kafka/install.log"
     install_registry
+    install_s3proxy
     exec bash scripts/main_job.sh "${@:2}"
     ;;
   test)
@@ -119,6 +130,7 @@ case "${1:-}" in
       export KBIT_TEST_BROKER=tansu
     fi
     install_registry
+    install_s3proxy
     # Everything temporary (torchelastic, TorchDistributor, pytest) lands in one per-run dir.
     TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/kbit-test.XXXXXX"); export TMPDIR
     trap 'rm -rf "$TMPDIR"' EXIT
@@ -142,6 +154,7 @@ case "${1:-}" in
     install test,ray
     install_kafka
     install_registry
+    install_s3proxy
     ;;
   *)
     echo "usage: scripts/run.sh main|test|fast|install [args]" >&2; exit 2 ;;

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from kbit_core.config.base import ClientName, Section
 from kbit_core.config.data import DatasetConfig, DataVariant
@@ -18,6 +18,11 @@ class BenchConfig(Section):
     iterations: int = Field(30, ge=1)
     warmup_iterations: int = Field(1, ge=0)
     variants: list[DataVariant] = Field(default_factory=lambda: default_bench_variants())
+    records_per_message: list[int] | None = Field(
+        None,
+        description="Records per Kafka message to measure every variant at (e.g. [1, 8, 64]), a matrix dimension "
+        "crossed with bench.variants; unset = each variant's own records_per_message.",
+    )
     datasets: list[DatasetConfig] | None = Field(
         None,
         description="kbit bench-data: the payloads to measure every variant on, e.g. synthetic_digits and "
@@ -47,6 +52,22 @@ class BenchConfig(Section):
         "between networks): 'loopback' (unshaped) or RATE[-DELAY[-LOSS]], e.g. 10gbit-0.2ms, 1gbit-0.5ms, "
         "100mbit-2ms; unset = the links as they are.",
     )
+
+    @field_validator("records_per_message")
+    @classmethod
+    def _positive_counts(cls, counts: list[int] | None) -> list[int] | None:
+        if counts is not None and (not counts or min(counts) < 1):
+            raise ValueError(f"bench.records_per_message must list counts >= 1, got {counts}")
+        return counts
+
+    def matrix_variants(self) -> list[DataVariant]:
+        """bench.variants, each at every bench.records_per_message (when set), in that order, without repeats."""
+        if not self.records_per_message:
+            return list(self.variants)
+        crossed = (
+            v.model_copy(update={"records_per_message": n}) for v in self.variants for n in self.records_per_message
+        )
+        return list({v.name: v for v in crossed}.values())
 
 
 def default_bench_variants() -> list[DataVariant]:
@@ -89,3 +110,20 @@ class StackConfig(Section):
     work_pool: str = "kbit-process"
     host: str = "127.0.0.1"
     prefect_api_url: str | None = Field(None, description="Remote Prefect API; unset means the local server.")
+    database: Literal["sqlite", "postgresql"] = Field(
+        "sqlite",
+        description="Where the local Prefect and MLflow servers keep their data: SQLite files in the workdir, or "
+        "kbit's own PostgreSQL server (data in <workdir>/state/postgres, users and passwords of its own).",
+    )
+    postgres_port: int = 5432
+    artifacts: Literal["local", "s3"] = Field(
+        "local",
+        description="Where the local MLflow server puts artifacts: <workdir>/mlartifacts, or s3proxy's "
+        "S3-compatible bucket (filesystem backend in <workdir>/state/s3proxy), served through MLflow.",
+    )
+    s3_port: int = 8333
+    auth: bool = Field(
+        False,
+        description="Put the local MLflow server (its basic-auth app) and Prefect server (an auth string) behind "
+        "a login kbit generates (<workdir>/state/credentials, mode 0600); kbit's own clients log in.",
+    )

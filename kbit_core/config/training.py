@@ -202,7 +202,12 @@ class StreamConfig(Section):
         "the records it has (a starved partition waits this long).",
     )
     eval_every_steps: int = Field(200, ge=1, description="Evaluate on the held-out topic every this many steps.")
-    eval_records: int = Field(2000, ge=2, description="Records in the held-out topic (half validation, half test).")
+    eval_records: int = Field(
+        2000,
+        ge=2,
+        description="Held-out records (half validation, half test): a topic of their own beside kbit's stream, or "
+        "the first records of a user's topic (source.topic).",
+    )
     report_every_steps: int = Field(20, ge=1, description="Lag, freshness and throughput window, in steps.")
     lag_growth_windows: int = Field(
         5, ge=1, description="Warn when the least lag of a block of this many windows rose over three blocks in a row."

@@ -21,7 +21,8 @@ import numpy as np
 
 from kbit_core.config import ClientName, KafkaConfig, ReaderConfig
 from kbit_core.data.decode_pool import DecodePool
-from kbit_core.errors import BrokerError, CorruptRecordError, OffsetRangeError, ReadTimeoutError
+from kbit_core.errors import BrokerError, CorruptRecordError, OffsetRangeError, ReadTimeoutError, SchemaRegistryError
+from kbit_core.formats.confluent.source import at_record
 from kbit_core.kafka.consumers import ConsumerBackend, RawRecord, make_consumer
 from kbit_core.sharding import OffsetRange
 
@@ -288,6 +289,8 @@ class RangeReader:
         good = records
         try:
             batch = self._decoder.decode(list(map(_VALUE, records)))
+        except SchemaRegistryError as exc:  # the registry failed, no record: never skipped, named where it stopped
+            raise at_record(exc, self.topic, [(r.partition, r.offset, r.value) for r in records]) from None
         except Exception:  # any codec failure means a bad value somewhere; localise it below
             good = self._good_records(records)
             batch = self.codec.decode(list(map(_VALUE, good))) if good else None

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from kbit_core.errors import ConfigError, CorruptRecordError
+from kbit_core.errors import ConfigError, CorruptRecordError, SchemaRegistryError
 
 LAYOUTS = ("list", "bytes")
 RECORD_DTYPES = ("uint8", "uint16")
@@ -204,6 +204,8 @@ class Codec(ABC):
         """Decode message values into one batch, or raise CorruptRecordError; never returns partial data."""
         try:
             return self._decode(values)
+        except SchemaRegistryError:
+            raise  # the registry's fault, never a value's: nothing to localise
         except Exception as exc:  # noqa: BLE001 - each library raises its own types for malformed input
             raise self._localise(values, exc) from exc
 
@@ -217,6 +219,8 @@ class Codec(ABC):
         for position, value in enumerate(values):
             try:
                 self._decode([value])
+            except SchemaRegistryError:
+                raise  # as in decode: no value is to blame
             except Exception as exc:  # noqa: BLE001 - as in decode
                 yield position, exc
 

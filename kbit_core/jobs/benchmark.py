@@ -74,7 +74,9 @@ def matrix(cfg: KbitConfig) -> list[Cell]:
         for bs in batch_sizes:
             if bs < ws:
                 raise ConfigError(f"bench.batch_sizes has {bs}, smaller than world size {ws}")
-            for network, variant, client, decoder in itertools.product(networks, b.variants, b.clients, decoders):
+            for network, variant, client, decoder in itertools.product(
+                networks, b.matrix_variants(), b.clients, decoders
+            ):
                 name = f"{variant.name}.{client}"
                 name += f".{decoder}" if b.decoders else ""
                 name += f".b{bs}" if b.batch_sizes else ""
@@ -215,7 +217,7 @@ def run_benchmark(cfg: KbitConfig, *, progress: bool = True) -> BenchResult:
     Reports go to ``bench.output_dir/<UTC timestamp>/``.
     """
     if cfg.source.topic is not None:  # a user's topic: its snapshot is the one "variant" measured
-        cfg = cfg.override({"bench.variants": [snapshot_variant(cfg).model_dump()]})
+        cfg = cfg.override({"bench.variants": [snapshot_variant(cfg).model_dump()], "bench.records_per_message": None})
     cells = matrix(cfg)
     for warning in check_benchmark(cfg).warnings if cfg.source.topic is None else ():
         log.warning("%s", warning)

@@ -27,6 +27,7 @@ from kbit_core.config import KbitConfig
 from kbit_core.data.dataset_reader import check_direct
 from kbit_core.datasets import DatasetSource, open_source
 from kbit_core.datasets.map_style import MapStyleSource
+from kbit_core.errors import ConfigError
 from kbit_core.jobs.split_check import split_label_mismatch
 from kbit_core.kafka.manifest import DatasetInfo
 from kbit_core.topic_dataset import snapshot_dataset
@@ -52,9 +53,13 @@ def check_training(cfg: KbitConfig) -> Preflight:
     """
     started = time.perf_counter()
     check_writable(cfg.run_dir, "workdir")
-    if cfg.source.topic is not None:  # a user's topic: its snapshot, mapping checked, is the dataset
+    if cfg.source.topic is not None and cfg.train.mode == "continuous":
+        # a user's stream: nothing to snapshot yet (its held-out records are, when they exist), no shards to plan
+        source: DatasetSource | DatasetInfo = user_stream_records(cfg)
+        report, planned, layout = Preflight(), cfg, None
+    elif cfg.source.topic is not None:  # a user's topic: its snapshot, mapping checked, is the dataset
         snapshot = snapshot_dataset(cfg)
-        source: DatasetSource | DatasetInfo = snapshot.dataset
+        source = snapshot.dataset
         report, planned, layout = Preflight(), cfg, snapshot
     else:
         with _worker_import_path():  # a dataset factory imports as on the ranks
@@ -65,18 +70,20 @@ def check_training(cfg: KbitConfig) -> Preflight:
     if cfg.train.data == "direct":  # no topic: the dataset is planned as one partition of its records
         check_direct(cfg)
         report, planned = Preflight(), cfg.override({"produce.partitions": 1, "produce.variant.records_per_message": 1})
-    elif layout is None:
+    elif layout is None and cfg.source.topic is None:
         report = check_produce(cfg, cfg.produce.topic_for(cfg.dataset), cfg.produce.variant, source.num_records)
         planned = cfg
-    # Under a pipeline or tensor parallelism one process per data-parallel rank reads: the shards are planned for those.
-    check_shards(
-        planned,
-        source.num_records,
-        planned.produce.variant,
-        cfg.data_parallel_size,
-        cfg.train.global_batch_size,
-        layout,
-    )
+    if cfg.source.topic is None or cfg.train.mode == "batch":
+        # Under a pipeline or tensor parallelism one process per data-parallel rank reads: the shards are planned
+        # for those.
+        check_shards(
+            planned,
+            source.num_records,
+            planned.produce.variant,
+            cfg.data_parallel_size,
+            cfg.train.global_batch_size,
+            layout,
+        )
     if isinstance(source, MapStyleSource) and (mismatch := split_label_mismatch(planned, source)):
         report.warn(mismatch)
     check_ranks_fit_cores(cfg, cfg.launch.num_processes, "launch.num_processes", report)
@@ -108,7 +115,7 @@ def check_benchmark(cfg: KbitConfig) -> Preflight:
     started = time.perf_counter()
     source = open_source(cfg.dataset)
     report = Preflight()
-    for variant in cfg.bench.variants:
+    for variant in cfg.bench.matrix_variants():
         check_produce(cfg, cfg.produce.topic_for(cfg.dataset, variant), variant, source.num_records, report)
     check_writable(cfg.run_dir, "workdir")
     check_writable(cfg.bench.output_dir.resolve(), "bench.output_dir")
@@ -116,12 +123,33 @@ def check_benchmark(cfg: KbitConfig) -> Preflight:
         setting = "bench.world_sizes" if cfg.bench.world_sizes else "launch.num_processes"
         check_ranks_fit_cores(cfg, world_size, setting, report)
         for batch_size in cfg.bench.batch_sizes or [cfg.train.global_batch_size]:
-            for variant in {v.records_per_message: v for v in cfg.bench.variants}.values():
+            for variant in {v.records_per_message: v for v in cfg.bench.matrix_variants()}.values():
                 check_shards(cfg, source.num_records, variant, world_size, batch_size)
     if cfg.bench.train_epoch:
         _check_model(cfg, source)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def user_stream_records(cfg: KbitConfig) -> DatasetInfo:
+    """What a stream of ``source.topic`` holds, from its mapping alone: its labels cannot be discovered in advance,
+    so the mapping names them (``vocabulary`` or ``num_classes``)."""
+    mapping = cfg.source.mapping
+    assert mapping is not None
+    classes = mapping.num_classes or (len(mapping.vocabulary) if mapping.vocabulary is not None else None)
+    if classes is None:
+        raise ConfigError(
+            f"train.mode=continuous on source.topic {cfg.source.topic!r} needs source.mapping.vocabulary (string "
+            "labels) or source.mapping.num_classes (integer labels): a stream's labels cannot be discovered in advance"
+        )
+    return DatasetInfo(
+        name=f"topic {cfg.source.topic}",
+        seed=0,
+        num_records=cfg.stream.eval_records,
+        image_shape=mapping.record_shape,
+        num_classes=classes,
+        record_dtype=mapping.dtype,
+    )
 
 
 @contextmanager

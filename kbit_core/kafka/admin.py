@@ -76,6 +76,18 @@ def topic_exists(kcfg: KafkaConfig, topic: str) -> bool:
     return topic in _metadata(_admin(kcfg), kcfg).topics
 
 
+def wait_for_topic(kcfg: KafkaConfig, topic: str, timeout_s: float, what: str, advice: str) -> None:
+    """Return once ``topic`` exists (its producer may still be starting); TopicError after ``timeout_s`` naming it as
+    ``what`` (``"stream topic"``) and what to do (``advice``)."""
+    deadline = time.monotonic() + timeout_s
+    while not topic_exists(kcfg, topic):
+        if time.monotonic() > deadline:
+            raise TopicError(
+                f"{what} {topic!r} does not exist on the {describe_broker(kcfg)} after {timeout_s:.0f}s; {advice}"
+            )
+        time.sleep(0.5)
+
+
 def topic_partitions(kcfg: KafkaConfig, topic: str) -> list[int]:
     """Sorted partition ids of ``topic``; TopicError naming it when it does not exist (or when this principal may
     not see it). Apache Kafka is asked for ``topic`` alone, so that it says which; Tansu's admin metadata request

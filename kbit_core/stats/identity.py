@@ -38,7 +38,7 @@ def run_identity(cfg: KbitConfig, hardware: Mapping[str, Any], broker: Mapping[s
     return {
         "profile": cfg.profile,
         "dataset": {"source": cfg.dataset.name, "num_records": cfg.dataset.num_records, "seed": cfg.dataset.seed},
-        "variants": sorted(v.name for v in b.variants),
+        "variants": sorted(v.name for v in b.matrix_variants()),
         "clients": sorted(b.clients),
         "decoders": sorted(b.decoders or [cfg.reader.decoder]),
         "iterations": b.iterations,

@@ -4,8 +4,11 @@ A :class:`StreamSource` is the continuous trainer's train "loader". It reads its
 offsets (``positions``), buffers what arrives, and gives out records merged in stream-index order, so a given
 world size reads a backlog in a reproducible order. Each record is checked against the index its partition
 must hold next: a gap, a repeat or a topic that was reset raises :class:`StreamGapError` naming the
-coordinates. A broker that lost the topic (offsets past its log end) is reported and waited for, since the live
-producer produces the lost records again at the same offsets. Lag is measured against the high watermark of
+coordinates. kbit's live producer keys each record with its stream index; a topic kbit did not write (a codec that
+indexes from offsets: ``source.topic`` with a mapping) has no such keys, so a record's index is its place in the
+stream, ``offset * partitions + partition``, and offsets may skip (transaction markers, compaction). A broker that
+lost the topic (offsets past its log end) is reported and waited for, since the live producer produces the lost
+records again at the same offsets. Lag is measured against the high watermark of
 the fetch responses (the embedded broker's ListOffsets(LATEST) is wrong).
 """
 
@@ -22,8 +25,9 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kbit_core.config import KbitConfig
 from kbit_core.data.batching import Batch, to_batch
-from kbit_core.errors import BrokerError, ConfigError, TopicError
+from kbit_core.errors import BrokerError, ConfigError, CorruptRecordError, SchemaRegistryError, TopicError
 from kbit_core.formats import Codec
+from kbit_core.formats.confluent.source import at_record
 from kbit_core.kafka import offsets
 from kbit_core.kafka.clients import ConsumerUse, open_consumer
 from kbit_core.kafka.consumers import FETCH_WAIT_MS
@@ -71,10 +75,20 @@ class StreamSource:
     module docstring. Not thread-safe: the training loop owns it."""
 
     def __init__(
-        self, cfg: KbitConfig, codec: Codec, topic: str, partitions: tuple[int, ...], num_partitions: int
+        self,
+        cfg: KbitConfig,
+        codec: Codec,
+        topic: str,
+        partitions: tuple[int, ...],
+        num_partitions: int,
+        *,
+        first_offsets: dict[int, int] | None = None,
     ) -> None:
         self.cfg, self.codec, self.topic = cfg, codec, topic
         self.partitions, self.num_partitions = partitions, num_partitions
+        # Offsets the stream never trains below (a user's topic: its held-out records come first).
+        self.first_offsets = first_offsets or {}
+        self.skipped = 0  # bad records left out under reader.bad_records=skip (a user's topic)
         self.positions: dict[int, PartitionPosition] = {}
         self.skip_before_ms = cfg.stream.start_timestamp_ms if cfg.stream.start == "timestamp" else None
         self._queues: dict[int, deque[_Pending]] = {p: deque() for p in partitions}
@@ -100,7 +114,9 @@ class StreamSource:
             # The embedded broker answers ListOffsets(timestamp) with 0, so a timestamp start reads from the
             # beginning and skips what was produced before it.
             starts.update(self._wait_for(lambda: offsets.earliest_offsets(self.cfg.kafka, self.topic, missing)))
-        self.positions = {p: PartitionPosition(offset=o, index=None) for p, o in starts.items()}
+        self.positions = {
+            p: PartitionPosition(offset=max(o, self.first_offsets.get(p, 0)), index=None) for p, o in starts.items()
+        }
 
     def load_positions(self, offsets: list[int], indices: list[int | None], trained: list[IndexRuns]) -> None:
         """Continue from a checkpoint's per-partition next offsets and indices (any world size wrote it)."""
@@ -172,13 +188,19 @@ class StreamSource:
             ):
                 self.positions[partition].offset = msg.offset() + 1  # before the start time: not part of this run
                 continue
-            self._queues[partition].append(_Pending(msg.offset(), int(msg.key() or b"-1"), produced_ms, msg.value()))
+            self._queues[partition].append(_Pending(msg.offset(), self._index(msg), produced_ms, msg.value()))
             received += 1
         for p in self.partitions:
             _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
             if high >= 0:
                 self._high[p] = high
         return received
+
+    def _index(self, msg: Any) -> int:
+        """A record's stream index: its key (kbit's live producer), else its place by offset (a user's topic)."""
+        if self.codec.index_from_offsets:
+            return msg.offset() * self.num_partitions + msg.partition()
+        return int(msg.key() or b"-1")
 
     def _reset(self, partition: int, detail: str) -> None:
         """The broker's log for ``partition`` does not reach our offset: say so, drop what is buffered, wait for
@@ -289,6 +311,8 @@ class StreamSource:
             chosen.append((p, self._queues[p].popleft()))
         for p, rec in chosen:
             pos = self.positions[p]
+            if self.codec.index_from_offsets and rec.offset >= pos.offset:
+                pos.offset, pos.index = rec.offset, rec.index  # a user's offsets may skip; the index follows them
             if rec.offset != pos.offset or (pos.index is not None and rec.index != pos.index):
                 raise StreamGapError(
                     f"stream {self.topic}[{p}] at offset {rec.offset} holds index {rec.index}; the "
@@ -302,6 +326,8 @@ class StreamSource:
                 )
             pos.offset, pos.index = rec.offset + 1, rec.index + self.num_partitions
             extend_runs(pos.trained, [rec.index], self.num_partitions)
+        if self.codec.index_from_offsets:
+            return self._user_batch(chosen)
         decoded = self.codec.decode([rec.value for _, rec in chosen])
         if not np.array_equal(decoded.indices, [rec.index for _, rec in chosen]):
             raise StreamGapError(
@@ -312,6 +338,39 @@ class StreamSource:
         # a fast decoder's float lists are a read-only view of its own buffer; the training step gets a tensor of its own
         pixels = decoded.pixels if decoded.pixels.flags.writeable else decoded.pixels.copy()
         return to_batch(pixels, decoded.labels, decoded.indices)._replace(produced_ms=produced_ms)
+
+    def _user_batch(self, chosen: list[tuple[int, _Pending]]) -> Batch:
+        """A user's records decoded by the mapping, indexed by their place in the stream; a record that does not
+        decode fails naming its coordinates, or under ``reader.bad_records=skip`` is left out and counted."""
+        values = [rec.value for _, rec in chosen]
+        try:
+            decoded = self.codec.decode(values)
+        except SchemaRegistryError as exc:  # the registry failed, no record: never skipped, named where it stopped
+            raise at_record(exc, self.topic, [(p, rec.offset, rec.value) for p, rec in chosen]) from None
+        except CorruptRecordError:
+            failed = dict(self.codec.failing_values(values))
+            for position, reason in failed.items():
+                p, rec = chosen[position]
+                error = CorruptRecordError(
+                    f"the record does not fit source.mapping: {reason}",
+                    topic=self.topic,
+                    partition=p,
+                    offset=rec.offset,
+                )
+                # every rank steps together, so a batch left empty cannot be skipped: it fails as a bad record does
+                if len(failed) == len(chosen) or (
+                    self.cfg.reader.bad_records == "fail" and not self.codec.skips(reason)
+                ):
+                    raise error from None
+                log.warning("skipping a bad record (%s)", error)
+            self.skipped += len(failed)
+            chosen = [pick for position, pick in enumerate(chosen) if position not in failed]
+            decoded = self.codec.decode([rec.value for _, rec in chosen])
+        indices = np.array([rec.index for _, rec in chosen], dtype=np.int64)
+        produced_ms = np.array([rec.produced_ms for _, rec in chosen], dtype=np.int64)
+        # bytes features are a read-only view of the values; the training step gets a tensor of its own
+        pixels = decoded.pixels if decoded.pixels.flags.writeable else decoded.pixels.copy()
+        return to_batch(pixels, decoded.labels, indices)._replace(produced_ms=produced_ms)
 
     # ---- lag -----------------------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from kbit_core.kafka.settings import mask
 from kbit_core.stats.history import Night
 from kbit_core.stats.identity import identity_differences, measurement_overrides
 from kbit_core.stats.metrics import stat_metric_name
+from kbit_core.tracking.client import mlflow_client
 from kbit_core.tracking.trackers import (
     BENCHMARK_ARTIFACT_DIR,
     HISTORY_ARTIFACT_DIR,
@@ -31,9 +32,7 @@ def run_url(cfg: KbitConfig, run_id: str | None) -> str | None:
     uri = cfg.tracking_uri()
     if run_id is None or not uri.startswith(("http://", "https://")):
         return None
-    from mlflow import MlflowClient  # mlflow takes seconds to import: only when a run is looked up
-
-    experiment_id = MlflowClient(tracking_uri=uri).get_run(run_id).info.experiment_id
+    experiment_id = mlflow_client(cfg).get_run(run_id).info.experiment_id
     return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING_VIEW}"
 
 
@@ -44,11 +43,7 @@ def record_overrides(cfg: KbitConfig, run_id: str | None, overrides: Mapping[str
     """
     recorded = mask(measurement_overrides(overrides))
     if run_id is not None and cfg.tracking.enabled:
-        from mlflow import MlflowClient  # mlflow takes seconds to import: only when a run is tagged
-
-        MlflowClient(tracking_uri=cfg.tracking_uri()).set_tag(
-            run_id, OVERRIDES_TAG, json.dumps(recorded, sort_keys=True)
-        )
+        mlflow_client(cfg).set_tag(run_id, OVERRIDES_TAG, json.dumps(recorded, sort_keys=True))
     return recorded
 
 
@@ -60,9 +55,7 @@ def previous_benchmark(
 
     None when there is none (the first night of an identity sets the baseline).
     """
-    from mlflow import MlflowClient  # mlflow takes seconds to import: only when a run is looked up
-
-    client = MlflowClient(tracking_uri=cfg.tracking_uri())
+    client = mlflow_client(cfg)
     experiment = client.get_experiment_by_name(cfg.experiment_name())
     if experiment is None:
         return None, []
@@ -91,9 +84,7 @@ def log_history(cfg: KbitConfig, run_id: str | None, files: Sequence[Path], verd
     top and the history table below the ranking."""
     if run_id is None or not cfg.tracking.enabled:
         return
-    from mlflow import MlflowClient  # mlflow takes seconds to import: only when a run is looked up
-
-    client = MlflowClient(tracking_uri=cfg.tracking_uri())
+    client = mlflow_client(cfg)
     for path in files:
         client.log_artifact(run_id, str(path), artifact_path=HISTORY_ARTIFACT_DIR)
     note = client.get_run(run_id).data.tags.get(NOTE_TAG, "")
@@ -103,9 +94,7 @@ def log_history(cfg: KbitConfig, run_id: str | None, files: Sequence[Path], verd
 def benchmark_nights(cfg: KbitConfig, last: int | None = None) -> tuple[list[Any], list[str]]:
     """The finished, override-free benchmark runs of this profile that share the newest such run's identity, as
     ``stats.history.Night``s (oldest first, at most ``last``), and what was left out and why."""
-    from mlflow import MlflowClient  # mlflow takes seconds to import: only when a run is looked up
-
-    client = MlflowClient(tracking_uri=cfg.tracking_uri())
+    client = mlflow_client(cfg)
     experiment = client.get_experiment_by_name(cfg.experiment_name())
     if experiment is None:
         return [], [f"no experiment {cfg.experiment_name()!r} at {cfg.tracking_uri()}"]

@@ -23,6 +23,7 @@ from kbit_core.config import KbitConfig
 from kbit_core.service import owner_token
 from kbit_core.stats.identity import identity_hash
 from kbit_core.stats.metrics import configuration_metrics, verdict_against_fastest
+from kbit_core.tracking.client import mlflow_client
 from kbit_core.tracking.environment import run_environment
 from kbit_core.tracking.params import config_params, run_settings
 from kbit_core.tracking.reconcile import DRIVER_TAG, end_abandoned_runs
@@ -126,7 +127,6 @@ class MlflowTracker:
     def __init__(self, cfg: KbitConfig) -> None:
         # mlflow takes seconds to import: loaded only when a run is tracked
         import mlflow
-        from mlflow import MlflowClient
 
         self.cfg = cfg
         self.uri = cfg.tracking_uri()
@@ -138,7 +138,7 @@ class MlflowTracker:
             artifacts = (store_dir.resolve() / "mlruns").as_uri()
         # log_model only knows the fluent API, which reads the process-wide URI.
         mlflow.set_tracking_uri(self.uri)
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = mlflow_client(cfg)
         exp = self.client.get_experiment_by_name(cfg.experiment_name())
         self.experiment_id = (
             exp.experiment_id if exp else self.client.create_experiment(cfg.experiment_name(), artifacts)

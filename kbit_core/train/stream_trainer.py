@@ -250,6 +250,7 @@ class StreamTrainer(Trainer):
             {
                 "fresh": window.freshness_s,
                 "resets": self.source.resets,
+                "skipped": self.source.skipped,
                 "lag": [[p, behind, seconds] for p, (behind, seconds) in lag.items()],
             },
             self.env,
@@ -273,6 +274,7 @@ class StreamTrainer(Trainer):
             **{f"lag_records_p{p}": b for p, b, _ in lags},
             **{f"lag_seconds_p{p}": s for p, _, s in lags},
             "resets": sum(rank["resets"] for rank in gathered),
+            "skipped_records": sum(rank["skipped"] for rank in gathered),
         }
         self.stream.history.append(entry)
         self._lag_totals.append(entry["lag_records"])
@@ -314,6 +316,7 @@ class StreamTrainer(Trainer):
             "lag_warnings": self.lag_warnings,
             "resets": last.get("resets", 0),
             "skipped_batches": st.skipped_batches,
+            "skipped_records": last.get("skipped_records", 0),  # bad records left out (reader.bad_records=skip)
             "val_accuracy": [e["accuracy"] for e in st.evals],
             "test_loss": test["loss"] if test else None,
             "test_accuracy": test["accuracy"] if test else None,

@@ -18,6 +18,7 @@ from kbit_core.config import (
     parse_overrides,
 )
 from kbit_core.errors import ConfigError
+from kbit_core.jobs.benchmark import matrix
 from kbit_core.kafka.settings import mask
 from kbit_core.tracking.params import config_params
 
@@ -359,3 +360,25 @@ def test_kbit_set_reaches_every_profile_and_set_still_wins(monkeypatch: pytest.M
     monkeypatch.setenv("KBIT_SET", "train.epochs")
     with pytest.raises(ConfigError, match=r"^KBIT_SET: override 'train.epochs' is not of the form section.key=value$"):
         load_config(None)
+
+
+def test_records_per_message_is_a_matrix_dimension_of_the_benchmark() -> None:
+    raw, avro = (DataVariant(format=f, layout="bytes", compression="none") for f in ("raw", "avro"))
+    cfg = KbitConfig().override({"bench.variants": [raw.model_dump(), avro.model_dump()]})
+    assert [c.name for c in matrix(cfg)] == ["raw_bytes_none.confluent", "avro_bytes_none.confluent"]
+    grouped = cfg.override({"bench.records_per_message": [1, 8, 64]})
+    cells = matrix(grouped)
+    assert [c.variant.records_per_message for c in cells] == [1, 8, 64, 1, 8, 64]
+    assert cells[2].name == "raw_bytes_none_x64.confluent"
+    # crossing again what is already crossed adds nothing (a config that went through a dump and back)
+    again = grouped.override({"bench.variants": [v.model_dump() for v in grouped.bench.matrix_variants()]})
+    assert [v.name for v in again.bench.matrix_variants()] == [v.name for v in grouped.bench.matrix_variants()]
+    assert config_params(grouped, "benchmark")["bench.records_per_message"] == "[1, 8, 64]"
+    with pytest.raises(ConfigError, match="records_per_message"):
+        cfg.override({"bench.records_per_message": [0]})
+
+
+def test_the_nightly_profile_measures_grouped_messages() -> None:
+    nightly = load_config(Path(__file__).parents[2] / "deployments/profiles/nightly.yaml")
+    assert nightly.bench.records_per_message == [1, 8, 64]
+    assert len(nightly.bench.matrix_variants()) == 3 * len(nightly.bench.variants)

@@ -20,8 +20,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from importlib.metadata import version
 from typing import Any
 
+import confluent_kafka
 from rich.progress import Progress
 
 from kbit_core.bench.dataplane.bench_topics import bench_config, drop_topic, produce_or_reuse
@@ -328,6 +330,11 @@ def evaluate_targets(rows: Sequence[DataPlaneRow], rss: dict[str, Any] | None) -
     return out
 
 
+def load_average() -> float:
+    """The machine's 1-minute load average, rounded for reading."""
+    return round(os.getloadavg()[0], 2)
+
+
 def run_meta(bench_cfg: KbitConfig, repeats: int) -> dict[str, Any]:
     """Where and on what the run measured: host, dataset, reader settings and the broker behind every figure."""
     return {
@@ -344,6 +351,9 @@ def run_meta(bench_cfg: KbitConfig, repeats: int) -> dict[str, Any]:
         "per_rank_batch": bench_cfg.train.global_batch_size,
         "broker": admin.describe_broker(bench_cfg.kafka),
         "broker_kind": "tansu" if bench_cfg.kafka.tansu else "apache-kafka",
+        "clients": {"confluent-kafka": version("confluent-kafka"), "librdkafka": confluent_kafka.libversion()[0]},
+        # a shared machine's load moves every wall-clock rate: read ratios, and this, beside them
+        "load_average_1m_at_start": load_average(),
     }
 
 
@@ -394,6 +404,7 @@ def run_data_plane(
     bench_cfg = runs[0]
     clients = list(clients or cfg.bench.clients)
     admin.require_embedded_listening(bench_cfg.kafka)
+    meta = run_meta(bench_cfg, repeats)
     rows: list[DataPlaneRow] = []
     peers = dict(peers or {})
     compared: dict[str, list[dict[str, Any]]] = {name: [] for name in peers}
@@ -417,7 +428,7 @@ def run_data_plane(
                         drop_topic(payload, manifest)
     rss = measure_stream_rss(cfg, rss_sizes, keep_topics, progress) if rss_sizes else None
     return {
-        "meta": {**run_meta(bench_cfg, repeats), "datasets": [run.dataset.name for run in runs]},
+        "meta": {**meta, "datasets": [run.dataset.name for run in runs], "load_average_1m_at_end": load_average()},
         "rows": [asdict(r) for r in rows],
         "left_out": [entry for _, left_out in measured for entry in left_out],
         "rss": rss,

@@ -91,9 +91,19 @@ def targets_table(results: dict[str, Any]) -> Table:
     return table
 
 
+def run_line(meta: dict[str, Any]) -> str:
+    """When, against which broker, with which client and at what load the run measured (older results: what they
+    recorded)."""
+    clients = " / ".join(f"{name} {v}" for name, v in meta.get("clients", {}).items()) or "client versions unrecorded"
+    start, end = meta.get("load_average_1m_at_start"), meta.get("load_average_1m_at_end")
+    load = f"1-minute load average {start} at the start, {end} at the end" if start is not None else "load unrecorded"
+    return f"{meta['created_at'][:16].replace('T', ' ')} UTC; {meta['broker']}; {clients}; {meta['cpus']} CPUs; {load}"
+
+
 def markdown(results: dict[str, Any]) -> str:
-    """The results as markdown tables (rows, RSS runs, targets)."""
-    lines = ["| " + " | ".join(h for _, h, _ in _COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    """The results as markdown tables (rows, RSS runs, targets), under the run's line (:func:`run_line`)."""
+    lines = [run_line(results["meta"]), ""]
+    lines += ["| " + " | ".join(h for _, h, _ in _COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
     lines += ["| " + " | ".join(fmt(row[key]) for key, _, fmt in _COLUMNS) + " |" for row in results["rows"]]
     if results.get("left_out"):
         lines += ["", "| payload | variant left out | why |", "|---|---|---|"]

@@ -112,12 +112,15 @@ class ConfluentDecoder:
             decode = self._group_decoder(sid)
         except UnknownSchemaError:
             raise self._corrupt(int(positions[0]), total, sid, "the Schema Registry does not hold it") from None
+        except SchemaRegistryError as exc:  # the registry's fault, never the record's: not skippable as a bad record
+            raise SchemaRegistryError(str(exc), schema_id=sid) from None
         try:
             return decode(values, fields)
-        except REGISTRY_FAILURES as exc:  # the registry's fault, never the record's: not skippable as a bad record
+        except REGISTRY_FAILURES as exc:
             raise SchemaRegistryError(
                 f"the Schema Registry at {self.source.url} failed while topic {self.topic}'s values of schema id "
-                f"{sid} were decoded: {type(exc).__name__}: {exc}"
+                f"{sid} were decoded: {type(exc).__name__}: {exc}",
+                schema_id=sid,
             ) from None
         except Exception as exc:  # noqa: BLE001 - each library raises its own types for malformed input
             for position, value in zip(positions.tolist(), values):

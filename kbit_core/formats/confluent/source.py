@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
@@ -14,6 +15,8 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientE
 from kbit_core.config.credentials import mask_credentials
 from kbit_core.config.registry import RegistryConfig
 from kbit_core.errors import SchemaRegistryError
+from kbit_core.formats.confluent.framing import FramingError
+from kbit_core.formats.confluent.framing import schema_id as framed_schema_id
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,24 @@ REGISTRY_FAILURES = (httpx.HTTPError, ClientError)
 
 class UnknownSchemaError(SchemaRegistryError):
     """The registry holds no schema with this id (or no such subject)."""
+
+
+def at_record(
+    exc: SchemaRegistryError, topic: str, records: Sequence[tuple[int, int, bytes | None]]
+) -> SchemaRegistryError:
+    """``exc`` naming where reading stopped: the first of ``records`` ((partition, offset, value) each) whose value
+    asks for the schema id that failed (the first record when the failure named none)."""
+    partition, offset, _ = next(
+        (r for r in records if exc.schema_id is not None and _asks_for(r[2], exc.schema_id)), records[0]
+    )
+    return type(exc)(f"{exc} (topic={topic}, partition={partition}, offset={offset})", schema_id=exc.schema_id)
+
+
+def _asks_for(value: bytes | None, wanted: int) -> bool:
+    try:
+        return framed_schema_id(value) == wanted
+    except FramingError:
+        return False
 
 
 class SchemaSource:
