@@ -258,20 +258,43 @@ def embedded_settings(broker: Any) -> dict[str, Any]:
     return {"port": broker.port, "broker": "tansu"}
 
 
+MLFLOW_TEMPLATE = TEST_HOME / "mlflow-template" / "mlflow.db"
+
+
+def new_mlflow_store(path: Path) -> str:
+    """The URI of a test's own MLflow sqlite store at ``path``, which starts as a copy of an empty store migrated once
+    per session (MLflow's migrations of a new store take seconds, paid by every tracked test before)."""
+    if not MLFLOW_TEMPLATE.exists():
+        # mlflow takes seconds to import: loaded only by sessions with a tracked test
+        from mlflow import MlflowClient
+
+        MLFLOW_TEMPLATE.parent.mkdir(parents=True, exist_ok=True)
+        building = MLFLOW_TEMPLATE.with_suffix(".building")
+        building.unlink(missing_ok=True)
+        MlflowClient(f"sqlite:///{building}").search_experiments()
+        building.rename(MLFLOW_TEMPLATE)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(MLFLOW_TEMPLATE, path)
+    return f"sqlite:///{path}"
+
+
 @pytest.fixture
 def make_config(broker: EmbeddedBroker, tmp_path: Path) -> Callable[..., KbitConfig]:
-    """Build a KbitConfig on the session broker with a per-test workdir and MLflow store.
+    """Build a KbitConfig on the session broker with a per-test workdir and MLflow store (a copy of an empty one,
+    :func:`new_mlflow_store`, when the config tracks).
 
     ``overrides`` is a nested dict; keyword arguments are dotted keys written with ``__``
     (``train__epochs=3``). Both win over the fixture's defaults.
     """
+    store = tmp_path / "mlflow.db"
 
     def _make(overrides: dict[str, Any] | None = None, **dotted: Any) -> KbitConfig:
         embedded = embedded_settings(broker)
         data: dict[str, Any] = {
             "workdir": str(tmp_path / "kbit"),
             "kafka": {"embedded": embedded},
-            "tracking": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+            "tracking": {"tracking_uri": f"sqlite:///{store}"},
         }
         # a copy: the dotted keys below write into nested dicts, which must not be a shared constant's (SMALL_TRAINING)
         data = deep_merge(data, copy.deepcopy(overrides or {}))
@@ -281,7 +304,10 @@ def make_config(broker: EmbeddedBroker, tmp_path: Path) -> Callable[..., KbitCon
             for part in parents:
                 node = node.setdefault(part, {})
             node[leaf] = value
-        return KbitConfig.from_dict(data)
+        cfg = KbitConfig.from_dict(data)
+        if cfg.tracking.enabled and cfg.tracking_uri() == f"sqlite:///{store}":
+            new_mlflow_store(store)
+        return cfg
 
     return _make
 

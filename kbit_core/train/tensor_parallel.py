@@ -21,15 +21,11 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError
@@ -41,15 +37,25 @@ from kbit_core.train.metrics import BatchStats, batch_sums, reduce_sums
 from kbit_core.train.transformer import EncoderBlock
 from kbit_core.train.user_code import LossFn
 
-# Within an EncoderBlock: what each linear layer's weight is split by.
-BLOCK_PLAN = {
-    "attn.q": ColwiseParallel(),
-    "attn.k": ColwiseParallel(),
-    "attn.v": ColwiseParallel(),
-    "attn.out": RowwiseParallel(),
-    "mlp.0": ColwiseParallel(),
-    "mlp.3": RowwiseParallel(),
-}
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+# torch's DTensor, tensor-parallel and distributed-checkpoint modules take about a second to import: this module
+# loads them where a tensor-parallel run uses them, not in every rank (and driver) that imports the engines.
+
+
+def block_plan() -> dict[str, Any]:
+    """Within an EncoderBlock: what each linear layer's weight is split by."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {
+        "attn.q": ColwiseParallel(),
+        "attn.k": ColwiseParallel(),
+        "attn.v": ColwiseParallel(),
+        "attn.out": RowwiseParallel(),
+        "mlp.0": ColwiseParallel(),
+        "mlp.3": RowwiseParallel(),
+    }
 
 
 def splittable_blocks(model: nn.Module, size: int) -> list[EncoderBlock]:
@@ -72,8 +78,10 @@ def splittable_blocks(model: nn.Module, size: int) -> list[EncoderBlock]:
 
 def parallelize_blocks(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     """Split every EncoderBlock of ``model`` over the 1-D ``mesh`` (in place)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
     for block in splittable_blocks(model, mesh.size()):
-        parallelize_module(block, mesh, BLOCK_PLAN)
+        parallelize_module(block, mesh, block_plan())
     return model
 
 
@@ -83,6 +91,8 @@ class TensorParallelEngine(DDPEngine):
     name = "tensor-parallel"
 
     def __init__(self, model: nn.Module, cfg: KbitConfig, env: DistEnv, steps_per_epoch: int, total_steps: int):
+        from torch.distributed.device_mesh import init_device_mesh
+
         self.layout = data_layout(cfg, env)
         self.mesh = init_device_mesh(
             env.device.type,
@@ -136,6 +146,8 @@ class TensorParallelEngine(DDPEngine):
         super().step()
 
     def _average_gradients_over_data_parallel(self) -> None:
+        from torch.distributed.tensor import DTensor
+
         group = self.mesh.get_group("dp")
         for parameter in self.module.parameters():
             if parameter.grad is not None:
@@ -144,6 +156,8 @@ class TensorParallelEngine(DDPEngine):
 
     def state_dict(self) -> dict[str, Any]:
         """Collective: the whole model and optimizer state on rank 0 (empty elsewhere), with the schedule's."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
         model_state, optimizer_state = get_state_dict(
             self.module, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )
@@ -156,6 +170,8 @@ class TensorParallelEngine(DDPEngine):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
         set_state_dict(
             self.module,
             self.optimizer,

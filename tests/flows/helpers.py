@@ -14,7 +14,7 @@ from prefect.states import State
 from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.config import KafkaConfig, deep_merge
 from kbit_core.kafka import admin
-from tests.conftest import embedded_settings
+from tests.conftest import embedded_settings, new_mlflow_store
 
 
 def flow_overrides(broker: EmbeddedBroker, tmp_path: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -24,7 +24,7 @@ def flow_overrides(broker: EmbeddedBroker, tmp_path: Path, extra: dict[str, Any]
         "workdir": str(tmp_path / "kbit"),
         "produce": {"topic_prefix": topic_prefix(tmp_path)},
         "kafka": {"embedded": embedded_settings(broker)},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        "tracking": {"tracking_uri": new_mlflow_store(tmp_path / "mlflow.db")},
         "dataset": {"num_records": 240},
         "bench": {"variants": [{"format": "avro", "layout": "list", "compression": "lz4"}]},
     }

@@ -96,7 +96,7 @@ def test_a_bad_config_fails_the_run_and_the_watch(stack: LocalStack) -> None:
 
 def test_smoke_benchmark_runs_through_the_worker_into_mlflow(stack: LocalStack) -> None:
     proc = run_deployment(
-        stack, "benchmark/smoke", {"dataset": {"num_records": 600}, "bench": {"iterations": 2, "warmup_iterations": 0}}
+        stack, "benchmark/smoke", {"dataset": {"num_records": 240}, "bench": {"iterations": 2, "warmup_iterations": 0}}
     )
 
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
