@@ -81,8 +81,12 @@ def test_a_dead_partition_worker_is_a_one_line_error_naming_it(produce_topic: Pr
     named = (
         rf"^loader worker process [01] of rank 0 split train \(partitions [01] of topic {re.escape(manifest.topic)}\)"
     )
-    # DataLoader's status check, or the dead worker's shared memory, whichever the rank meets first
-    died = r"(DataLoader worker \(pid\(s\) \d+\) exited unexpectedly|EOFError|\[Errno \d+\] Connection refused)"
+    # DataLoader's status check, or the dead worker's shared memory or its socket (refused, or reset mid-transfer),
+    # whichever the rank meets first
+    died = (
+        r"(DataLoader worker \(pid\(s\) \d+\) exited unexpectedly|EOFError"
+        r"|\[Errno \d+\] Connection (refused|reset by peer))"
+    )
     assert re.match(named + rf" failed: {died}$", message), message
     assert not loader_workers()
 
