@@ -54,11 +54,11 @@ def team_config(workdir: Path) -> KbitConfig:
 def team_stack(request: pytest.FixtureRequest) -> Iterator[LocalStack]:
     """PostgreSQL, s3proxy and the Prefect and MLflow servers of the team profile, started once for this module.
 
-    The workdir is not under pytest's tmp_path: as root PostgreSQL runs as the ``postgres`` user, who cannot enter
-    pytest-of-root (mode 0700)."""
+    The workdir is neither under pytest's tmp_path nor under $TMPDIR: as root PostgreSQL runs as the ``postgres``
+    user, who cannot enter pytest-of-root or the suite's own TMPDIR (scripts/run.sh's mktemp -d), both mode 0700."""
     installed_or_skip(find_bindir, PostgresError)
     installed_or_skip(s3proxy_jar, ObjectStoreError)
-    root = Path(tempfile.mkdtemp(prefix="kbit-team-"))
+    root = Path(tempfile.mkdtemp(prefix="kbit-team-", dir="/tmp"))
     os.chmod(root, 0o755)
     request.addfinalizer(lambda: shutil.rmtree(root, ignore_errors=True))
     stack = LocalStack(team_config(root / "kbit"))
