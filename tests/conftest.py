@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import faulthandler
+import importlib.util
 import os
 import shutil
 import socket
@@ -264,6 +265,8 @@ MLFLOW_TEMPLATE = TEST_HOME / "mlflow-template" / "mlflow.db"
 def new_mlflow_store(path: Path) -> str:
     """The URI of a test's own MLflow sqlite store at ``path``, which starts as a copy of an empty store migrated once
     per session (MLflow's migrations of a new store take seconds, paid by every tracked test before)."""
+    if importlib.util.find_spec("mlflow") is None:
+        return f"sqlite:///{path}"  # a host without MLflow (the GPU machine's carried wheels) tracks nothing
     if not MLFLOW_TEMPLATE.exists():
         # mlflow takes seconds to import: loaded only by sessions with a tracked test
         from mlflow import MlflowClient
