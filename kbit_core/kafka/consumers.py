@@ -199,7 +199,7 @@ class ConfluentConsumer(ConsumerBackend):
     def _record(self, msg: confluent_kafka.Message) -> RawRecord | MessageRecord:
         if self.metadata:
             return MessageRecord(
-                msg.partition(), msg.offset(), msg.value(), msg.key(), msg.headers(), msg.timestamp()[1]
+                msg.partition(), msg.offset(), msg.value(), msg.key(), msg.headers(), _timestamp_ms(msg)
             )
         return RawRecord(msg.partition(), msg.offset(), msg.value())
 
