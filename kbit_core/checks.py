@@ -138,9 +138,10 @@ def check_shards(
     # Message m goes to partition m % partitions (see kbit_core/produce.py), so this is the layout a manifest will have.
     layout = {p: (0, len(range(p, messages, partitions))) for p in range(partitions)}
     layout = {p: bounds for p, bounds in layout.items() if bounds[1]}
-    boundaries = None
+    boundaries = key_runs = None
     if snapshot is not None:
-        layout, rpm, boundaries = snapshot.ranges(), 1, snapshot.source.split_offsets
+        layout, rpm = snapshot.ranges(), 1
+        boundaries, key_runs = snapshot.source.split_offsets, snapshot.source.key_runs
     try:
         shards = plan(
             layout,
@@ -149,6 +150,7 @@ def check_shards(
             remainder=cfg.shard.remainder,
             records_per_message=rpm,
             boundaries=boundaries if cfg.shard.split_by == "time" else None,
+            key_runs=key_runs if cfg.shard.split_by == "key_hash" else None,
         ).shards
     except ValueError as exc:
         raise ConfigError(f"cannot plan the shards: {exc}") from None
@@ -157,7 +159,7 @@ def check_shards(
         f"{world_size} rank(s)"
     )
     more = (
-        f"snapshot more of topic {snapshot.topic!r} (source.at, source.ranges), move shard.split_times"
+        f"snapshot more of topic {snapshot.topic!r} (source.at, source.ranges), move shard.split_times, give more keys"
         if snapshot is not None
         else "produce more records (dataset.num_records), fewer records per message"
     )

@@ -15,13 +15,11 @@ the last split with unseeded random duplicates. This planner instead:
 messages in a permuted order, each carrying the seed for permuting the samples decoded from it (the
 block shuffle of mosaicml/streaming, trading shuffle quality for sequential Kafka reads).
 
-:func:`key_hash_splits` assigns records to splits by a stable hash of their message keys instead (a split by key
-hash: one key's records always land in one split, in any process, host or run).
+A split by key hash (:mod:`kbit_core.key_splits`) comes in as runs of consecutive offsets (``plan``'s ``key_runs``).
 """
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -97,7 +95,8 @@ def split_counts(num_messages: int, rates: Sequence[Fraction]) -> list[int]:
     return counts
 
 
-def _exact_rates(rates: Sequence[float]) -> list[Fraction]:
+def exact_rates(rates: Sequence[float]) -> list[Fraction]:
+    """``rates`` (shard.split_rates) as exact fractions summing to 1; ValueError naming them when they cannot be."""
     if not 1 <= len(rates) <= len(SPLIT_NAMES):
         raise ValueError(f"rates needs 1 to {len(SPLIT_NAMES)} entries (train, val, test), got {list(rates)}")
     if any(not r > 0 for r in rates):
@@ -108,30 +107,6 @@ def _exact_rates(rates: Sequence[float]) -> list[Fraction]:
     if abs(float(total) - 1.0) > 1e-6:
         raise ValueError(f"rates must sum to 1, got {float(total):.6f}")
     return [r / total for r in exact]
-
-
-def key_hash_splits(keys: Iterable[bytes | None], rates: Sequence[float], seed: int = 0) -> np.ndarray:
-    """The split of each message key (an index into ``rates``: 0 train, 1 val, 2 test), -1 for a null key.
-
-    A key's 8-byte BLAKE2b hash (keyed by ``seed``), read as a fraction of 2**64, falls into the rates' cumulative
-    intervals (exact rationals, as :func:`plan` uses): stable across processes, hosts, Python versions and runs,
-    independent of partitioning and of the other keys, and each split takes its rate's share of distinct keys.
-    Records without a key have no key to keep together: the caller decides where they go (-1).
-    """
-    bounds, total = [], Fraction(0)
-    for rate in _exact_rates(rates)[:-1]:
-        total += rate
-        bounds.append(int(total * 2**64))
-    salt = seed.to_bytes(8, "little", signed=True)
-    return np.fromiter(
-        (
-            -1
-            if key is None
-            else bisect.bisect_right(bounds, int.from_bytes(hashlib.blake2b(key, digest_size=8, key=salt).digest()))
-            for key in keys
-        ),
-        np.int64,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +183,7 @@ def plan(
     remainder: Remainder = "drop",
     records_per_message: int = 1,
     boundaries: Mapping[int, Sequence[int]] | None = None,
+    key_runs: Mapping[int, Sequence[tuple[int, int, int]]] | None = None,
 ) -> Plan:
     """Split ``partitions`` (``{partition: (start, stop)}``, half-open) by ``rates`` and shard each split.
 
@@ -224,6 +200,9 @@ def plan(
             split time, ascending): split i takes each partition's offsets from boundary i - 1 up to boundary i,
             the splits past the last boundary share the rest by their rates; None: every split takes its rate's
             share of each partition.
+        key_runs: a split by key hash (``{partition: [(split, start, stop), ...]}``, :func:`kbit_core.key_splits.split_runs`, covering
+            each partition's range in order): each run goes to its split, so a split's ranges are scattered over
+            the partition; ``rates`` then only name the splits.
 
     Raises:
         ValueError: on a world size below 1, no or negative partitions, inverted ranges, bad rates, or a
@@ -240,11 +219,15 @@ def plan(
     for p, (start, stop) in partitions.items():
         if p < 0 or start < 0 or stop < start:
             raise ValueError(f"partition {p} has an invalid range [{start}, {stop})")
-    exact = _exact_rates(rates)
+    exact = exact_rates(rates)
 
     per_split: list[list[OffsetRange]] = [[] for _ in exact]
     for p in sorted(partitions):
         start, stop = partitions[p]
+        if key_runs is not None:
+            for split, first, last in _checked_runs(p, start, stop, len(exact), key_runs):
+                per_split[split].append(OffsetRange(p, first, last))
+            continue
         cursor = start
         for i, count in enumerate(_partition_counts(p, start, stop, exact, boundaries)):
             if count:
@@ -257,6 +240,26 @@ def plan(
         for name, ranges in splits.items()
     }
     return Plan(splits, shards, world_size, epoch, seed, remainder, records_per_message)
+
+
+def _checked_runs(
+    partition: int, start: int, stop: int, num_splits: int, key_runs: Mapping[int, Sequence[tuple[int, int, int]]]
+) -> Sequence[tuple[int, int, int]]:
+    """A partition's key-hash runs, checked to cover its range ``[start, stop)`` in order with known splits."""
+    runs = key_runs.get(partition, () if start == stop else None)
+    if runs is None:
+        raise ValueError(f"partition {partition} has no key-hash split runs")
+    cursor = start
+    for split, first, last in runs:
+        if first != cursor or last <= first or not 0 <= split < num_splits:
+            raise ValueError(
+                f"partition {partition}: key-hash run ({split}, {first}, {last}) does not continue [{start}, {stop}) "
+                f"at {cursor} into one of {num_splits} splits"
+            )
+        cursor = last
+    if cursor != stop:
+        raise ValueError(f"partition {partition}: key-hash runs end at {cursor}, its range at {stop}")
+    return runs
 
 
 def _partition_counts(

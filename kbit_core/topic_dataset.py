@@ -25,6 +25,7 @@ from kbit_core.kafka.consumers import RawRecord
 from kbit_core.kafka.manifest import DatasetInfo, Manifest, PartitionManifest, TopicSnapshot, manifest_codec
 from kbit_core.kafka.manifest import manifest_path as manifest_file
 from kbit_core.kafka.snapshot import moved_on, offsets_at, snapshot_ranges, topic_offsets
+from kbit_core.key_splits import key_hash_splits, split_runs
 from kbit_core.produce import kbit_version, record_manifest
 from kbit_core.sharding import OffsetRange
 
@@ -36,6 +37,8 @@ SAMPLE_RECORDS = 64
 _FEATURE_KINDS = {"array": ("array<int>", "array<float>"), "bytes": ("bytes",), "base64": ("string",)}
 _SCALAR_KINDS = ("int", "float", "bool")
 _LABEL_KINDS = ("int", "string")
+# Offsets whose keys are read in one go for a split by key hash (their records are held only while hashed).
+KEY_READ_BLOCK = 65_536
 
 
 def snapshot_dataset(cfg: KbitConfig) -> Manifest:
@@ -90,6 +93,7 @@ def take_snapshot(cfg: KbitConfig) -> Manifest:
         taken_at=datetime.now(UTC),
         **_asked(cfg),
         split_offsets=_split_offsets(cfg, ranges),
+        key_runs=_key_runs(cfg, ranges) if cfg.shard.split_by == "key_hash" else None,
     )
     decoder = make_record_decoder(src.value_format, src.value_options, "stock", topic=topic, registry=cfg.registry)
     vocabulary, num_classes = _classes(cfg, src.mapping, decoder, ranges)
@@ -133,7 +137,7 @@ def snapshot_variant(cfg: KbitConfig) -> DataVariant:
 
 def _asked(cfg: KbitConfig) -> dict[str, object]:
     """The snapshot's settings from the config: what a saved snapshot must match to be reused."""
-    src = cfg.source
+    src, key_hash = cfg.source, cfg.shard.split_by == "key_hash"
     return {
         "at": src.at,
         "ranges": src.ranges,
@@ -141,6 +145,8 @@ def _asked(cfg: KbitConfig) -> dict[str, object]:
         "value_options": src.value_options,
         "mapping": src.mapping,
         "split_times": cfg.shard.split_times,
+        "key_hash_rates": cfg.shard.split_rates if key_hash else None,
+        "key_hash_seed": cfg.shard.seed if key_hash else None,
     }
 
 
@@ -184,6 +190,31 @@ def _split_offsets(cfg: KbitConfig, ranges: dict[int, tuple[int, int]]) -> dict[
         for p, (start, stop) in ranges.items():
             cuts[p].append(stop if found[p] is None else min(max(found[p], start), stop))
     return cuts
+
+
+def _key_runs(cfg: KbitConfig, ranges: dict[int, tuple[int, int]]) -> dict[int, list[tuple[int, int, int]]]:
+    """partition -> its records' runs by the split their message key hashes to (a split by key hash): the keys are
+    read once here, a block at a time, so training reads values only. A record without a key is refused in one
+    line."""
+    topic = str(cfg.source.topic)
+    runs = {}
+    with RangeReader(cfg.kafka, cfg.reader, topic, None, metadata=True) as reader:
+        for p, (start, stop) in sorted(ranges.items()):
+            offsets: list[int] = []
+            splits: list[int] = []
+            blocks = [OffsetRange(p, a, min(a + KEY_READ_BLOCK, stop)) for a in range(start, stop, KEY_READ_BLOCK)]
+            for _, records in reader.read_raw(blocks):
+                keys = [r.key for r in records]  # type: ignore[attr-defined]  # metadata=True: MessageRecords
+                if None in keys:
+                    raise ConfigError(
+                        f"shard.split_by=key_hash: topic {topic!r} partition {p} offset "
+                        f"{records[keys.index(None)].offset} has no message key, so no key to keep in one split; "
+                        "give every record a key, or split by ratio or time (shard.split_by)"
+                    )
+                offsets += [r.offset for r in records]
+                splits += key_hash_splits(keys, cfg.shard.split_rates, cfg.shard.seed).tolist()
+            runs[p] = split_runs(offsets, splits, start, stop)
+    return runs
 
 
 def _classes(

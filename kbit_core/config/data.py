@@ -145,12 +145,14 @@ class ProduceConfig(Section):
 
 class ShardConfig(Section):
     split_rates: list[float] = Field(default_factory=lambda: [6 / 7, 1 / 14, 1 / 14])
-    split_by: Literal["ratio", "time"] = Field(
+    split_by: Literal["ratio", "time", "key_hash"] = Field(
         "ratio",
         description="ratio: each split takes its rate's share of every partition; time (a snapshot of a user's "
         "topic, source.topic): train on the records before shard.split_times[0], val on those before "
         "split_times[1] (when given) and test on the later ones; splits past the last time share its records "
-        "by their rates.",
+        "by their rates; key_hash (a snapshot of a user's topic): each message key goes to one split, drawn by "
+        "its hash (seeded by shard.seed) with the split_rates as chances, so all records of a key land in one "
+        "split; a record without a key is refused.",
     )
     split_times: list[datetime] = Field(
         default_factory=list,

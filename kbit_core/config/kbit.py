@@ -140,12 +140,27 @@ class KbitConfig(Section):
             )
         self._check_pipeline_layout()
         self._check_tensor_parallel_layout()
+        self._check_key_hash_split()
         if self.train.global_batch_size < self.launch.num_processes:
             raise ValueError(
                 f"train.global_batch_size={self.train.global_batch_size} is smaller than "
                 f"launch.num_processes={self.launch.num_processes}"
             )
         return self
+
+    def _check_key_hash_split(self) -> None:
+        if self.shard.split_by != "key_hash":
+            return
+        if self.source.topic is None:
+            raise ValueError(
+                "shard.split_by=key_hash splits a snapshot of a user's topic (source.topic) by its message keys; "
+                "kbit's own topics split by ratio"
+            )
+        if self.train.mode == "continuous":
+            raise ValueError(
+                "shard.split_by=key_hash splits a snapshot; continuous training (train.mode=continuous) holds out "
+                "the topic's first stream.eval_records records instead"
+            )
 
     def _check_tensor_parallel_layout(self) -> None:
         size = self.train.tensor_parallel.size

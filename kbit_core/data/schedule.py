@@ -84,6 +84,7 @@ class ShardSchedule:
                 remainder=self.cfg.shard.remainder,
                 records_per_message=self.records_per_message,
                 boundaries=self._time_boundaries(),
+                key_runs=self._key_runs(),
             )
         except ValueError as exc:
             raise ConfigError(f"cannot plan shards of topic {self.manifest.topic!r}: {exc}") from None
@@ -100,6 +101,27 @@ class ShardSchedule:
                 f"shard.split_times={[t.isoformat() for t in self.cfg.shard.split_times]} (a user's topic, source.topic)"
             )
         return snapshot.split_offsets
+
+    def _key_runs(self) -> dict[int, list[tuple[int, int, int]]] | None:
+        """shard.split_by: key_hash: the runs of records whose keys hash to one split, found when the snapshot was
+        taken (for these split_rates and seed)."""
+        if self.cfg.shard.split_by != "key_hash":
+            return None
+        snapshot, shard = self.manifest.source, self.cfg.shard
+        if (
+            snapshot is None
+            or snapshot.key_runs is None
+            or (snapshot.key_hash_rates, snapshot.key_hash_seed)
+            != (
+                shard.split_rates,
+                shard.seed,
+            )
+        ):
+            raise ConfigError(
+                f"shard.split_by: key_hash needs a snapshot of topic {self.manifest.topic!r} taken for "
+                f"shard.split_rates={shard.split_rates} and shard.seed={shard.seed} (a user's topic, source.topic)"
+            )
+        return snapshot.key_runs
 
     def _plan_hash(self, p: Plan) -> str:
         return hashlib.sha256(f"{self.manifest.topic}|{p.fingerprint()}".encode()).hexdigest()[:16]

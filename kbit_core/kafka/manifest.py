@@ -133,6 +133,15 @@ class TopicSnapshot(_Frozen):
     split_offsets: dict[int, list[int]] | None = Field(
         None, description="partition -> its first offset at each of split_times (a split by time)."
     )
+    key_hash_rates: list[float] | None = Field(
+        None, description="shard.split_rates the key_runs were drawn for (a split by key hash)."
+    )
+    key_hash_seed: int | None = Field(None, description="shard.seed the key_runs were drawn with.")
+    key_runs: dict[int, list[tuple[int, int, int]]] | None = Field(
+        None,
+        description="partition -> (split, first offset, stop) runs of consecutive records whose keys hash to one "
+        "split (a split by key hash, key_splits.split_runs).",
+    )
 
     def partition_starts(self, partitions: list[PartitionManifest]) -> dict[int, tuple[int, int]]:
         """partition -> (first offset, snapshot index of its first record): indices run partition by partition."""

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kbit_core.key_splits import key_hash_splits, split_runs
 from kbit_core.sharding import (
     OffsetRange,
     RankShard,
     block_order,
-    key_hash_splits,
     parse_offset_strings,
     plan,
     remainder_pieces,
@@ -372,3 +372,37 @@ def test_a_split_by_key_hash_gives_each_split_its_share_of_keys():
     assert (other_seed != key_hash_splits(keys[:1000], [0.5, 0.5])).any()  # the seed reshuffles keys
     with pytest.raises(ValueError, match="rates must sum to 1"):
         key_hash_splits(keys[:1], [0.5, 0.4])
+
+
+def test_split_runs_cover_a_partition_and_give_gaps_to_the_run_before():
+    # offsets 13 and 16 hold no record (a transaction marker, a compacted record)
+    runs = split_runs([10, 11, 12, 14, 15, 17], [0, 0, 2, 2, 0, 1], start=10, stop=18)
+    assert runs == [(0, 10, 12), (2, 12, 15), (0, 15, 17), (1, 17, 18)]
+    assert split_runs([5, 6], [1, 1], start=3, stop=9) == [(1, 3, 9)]
+    assert split_runs([], [], start=4, stop=4) == []
+
+
+def test_a_plan_by_key_runs_gives_each_run_to_its_split_and_shards_them():
+    runs = {0: [(0, 0, 4), (1, 4, 5), (0, 5, 9), (2, 9, 10)], 1: [(2, 0, 2), (0, 2, 6)], 2: []}
+    result = plan({0: (0, 10), 1: (0, 6), 2: (3, 3)}, (0.8, 0.1, 0.1), world_size=2, key_runs=runs)
+    assert result.splits == {
+        "train": (OffsetRange(0, 0, 4), OffsetRange(0, 5, 9), OffsetRange(1, 2, 6)),
+        "val": (OffsetRange(0, 4, 5),),
+        "test": (OffsetRange(0, 9, 10), OffsetRange(1, 0, 2)),
+    }
+    assert [s.num_messages for s in result.shards["train"]] == [6, 6]
+    assert result.shard("train", 0).ranges == (OffsetRange(0, 0, 4), OffsetRange(0, 5, 7))
+
+
+@pytest.mark.parametrize(
+    "runs, match",
+    [
+        ({0: [(0, 0, 5)]}, "runs end at 5, its range at 10"),
+        ({0: [(0, 0, 5), (1, 6, 10)]}, r"does not continue \[0, 10\) at 5"),
+        ({0: [(3, 0, 10)]}, "into one of 3 splits"),
+        ({}, "partition 0 has no key-hash split runs"),
+    ],
+)
+def test_key_runs_that_do_not_cover_a_partition_are_refused(runs, match):
+    with pytest.raises(ValueError, match=match):
+        plan({0: (0, 10)}, (0.8, 0.1, 0.1), 1, key_runs=runs)
