@@ -304,19 +304,37 @@ class StreamSource:
 
     def take(self, count: int) -> Batch:
         """Remove ``count`` buffered records, lowest stream index first, check each against its partition's next
-        index, and decode them."""
+        index, and decode them. The positions and the ledger of trained indices advance only once the batch
+        decoded: a batch that fails (a record, the registry) leaves its records buffered and untrained."""
         chosen: list[tuple[int, _Pending]] = []
         for _ in range(count):
             p = min((q for q in self.partitions if self._queues[q]), key=lambda q: self._queues[q][0].index)
             chosen.append((p, self._queues[p].popleft()))
+        try:
+            advanced = self._checked_positions(chosen)
+            batch = self._user_batch(chosen) if self.codec.index_from_offsets else self._kbit_batch(chosen)
+        except BaseException:
+            for p, rec in reversed(chosen):
+                self._queues[p].appendleft(rec)
+            raise
+        for p, (offset, index) in advanced.items():
+            self.positions[p].offset, self.positions[p].index = offset, index
         for p, rec in chosen:
-            pos = self.positions[p]
-            if self.codec.index_from_offsets and rec.offset >= pos.offset:
-                pos.offset, pos.index = rec.offset, rec.index  # a user's offsets may skip; the index follows them
-            if rec.offset != pos.offset or (pos.index is not None and rec.index != pos.index):
+            extend_runs(self.positions[p].trained, [rec.index], self.num_partitions)
+        return batch
+
+    def _checked_positions(self, chosen: list[tuple[int, _Pending]]) -> dict[int, tuple[int, int | None]]:
+        """Each partition's next offset and index after ``chosen``; StreamGapError when a record is not the one its
+        partition must hold next."""
+        advanced = {p: (pos.offset, pos.index) for p, pos in self.positions.items()}
+        for p, rec in chosen:
+            offset, index = advanced[p]
+            if self.codec.index_from_offsets and rec.offset >= offset:
+                offset, index = rec.offset, rec.index  # a user's offsets may skip; the index follows them
+            if rec.offset != offset or (index is not None and rec.index != index):
                 raise StreamGapError(
                     f"stream {self.topic}[{p}] at offset {rec.offset} holds index {rec.index}; the "
-                    f"next to train is offset {pos.offset}, index {pos.index}: records were "
+                    f"next to train is offset {offset}, index {index}: records were "
                     "skipped, repeated or replaced (was the topic recreated by another producer?)"
                 )
             if rec.index % self.num_partitions != p:
@@ -324,10 +342,11 @@ class StreamSource:
                     f"stream {self.topic}[{p}] at offset {rec.offset} holds index {rec.index}, "
                     f"which belongs to partition {rec.index % self.num_partitions}"
                 )
-            pos.offset, pos.index = rec.offset + 1, rec.index + self.num_partitions
-            extend_runs(pos.trained, [rec.index], self.num_partitions)
-        if self.codec.index_from_offsets:
-            return self._user_batch(chosen)
+            advanced[p] = (rec.offset + 1, rec.index + self.num_partitions)
+        return advanced
+
+    def _kbit_batch(self, chosen: list[tuple[int, _Pending]]) -> Batch:
+        """kbit's own records decoded; their keys (the stream indices) must agree with the values'."""
         decoded = self.codec.decode([rec.value for _, rec in chosen])
         if not np.array_equal(decoded.indices, [rec.index for _, rec in chosen]):
             raise StreamGapError(

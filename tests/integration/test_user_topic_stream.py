@@ -4,22 +4,28 @@ out as a snapshot, nothing created beside the topic; bad records named by their 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 
-from examples.fashion_mnist_producer import CATEGORIES, Photo, produce_photos
-from kbit_core.config import KbitConfig
-from kbit_core.errors import CorruptRecordError
+from examples.fashion_mnist_producer import CATEGORIES, SCHEMA, Photo, produce_photos
+from kbit_core.brokers.schema_registry import local_registry
+from kbit_core.config import KbitConfig, LocalRegistryConfig
+from kbit_core.errors import CorruptRecordError, SchemaRegistryError
 from kbit_core.jobs.train import train
 from kbit_core.jobs.user_stream import heldout_snapshot, user_stream_config
 from kbit_core.kafka.manifest import manifest_codec
 from kbit_core.service import Service
 from kbit_core.stream.ledger import expand_runs
 from kbit_core.stream.source import StreamSource
-from tests.conftest import Background
+from tests.conftest import Background, free_port, require_schema_registry
 from tests.integration.user_topics import USER_MAPPING, bootstrap, create_user_topic, fill_user_topic
 
 pytestmark = pytest.mark.kafka
@@ -172,3 +178,47 @@ def test_continuous_training_on_a_users_topic_while_the_example_producer_writes_
     assert trained_indices(dict(enumerate(result["trained"]))) == list(range(held_out, held_out + 320))
     topics = AdminClient({"bootstrap.servers": bootstrap(broker)}).list_topics(timeout=10).topics
     assert not [t for t in topics if t.startswith(topic_name) and t != topic_name]
+
+
+def test_a_registry_that_goes_down_under_a_users_stream_is_one_line_and_nothing_is_trained_twice_or_skipped(
+    broker: Any, make_config: Any, topic_name: str, tmp_path: Path
+) -> None:
+    require_schema_registry()
+    own = local_registry(
+        tmp_path / "registry", LocalRegistryConfig(enabled=True, port=free_port(), management_port=free_port())
+    )
+    own.start(timeout_s=180.0)  # this test's own registry: the session's is never stopped
+    try:
+        assert produce_photos(bootstrap(broker), own.url, topic_name, photos(20), partitions=2) == 20
+        cfg = stream_cfg(make_config, own, topic_name, registry__deadline_s=2, registry__request_timeout_s=0.5)
+        cfg = user_stream_config(cfg.override({"reader.bad_records": "skip"}))  # the registry's fault is no record's
+        heldout = heldout_snapshot(cfg)
+        source = StreamSource(
+            cfg, manifest_codec(heldout, "fast", cfg.registry), topic_name, (0, 1), 2, first_offsets={0: 5, 1: 5}
+        )
+        source.start_fresh()
+        assert [index for index, _, _ in read_stream(source, 10)] == list(range(HELD_OUT, 20))
+        # the producer's schema evolves (a field with a default): a new schema id, registered while the registry is up
+        evolved = {**SCHEMA, "fields": [*SCHEMA["fields"], {"name": "season", "type": "string", "default": "all"}]}
+        serializer = AvroSerializer(SchemaRegistryClient({"url": own.url}), json.dumps(evolved))
+        value = {"photo": {"grey": bytes(784), "width": 28, "height": 28}, "category": "Bag", "subset": "train"}
+        framed = [serializer({**value, "season": "winter"}, SerializationContext(topic_name, MessageField.VALUE))] * 4
+        new_id = int.from_bytes(framed[0][1:5], "big")
+    finally:
+        own.stop()
+    late = Producer({"bootstrap.servers": bootstrap(broker)})
+    for n, data in enumerate(framed):
+        late.produce(topic_name, data, partition=n % 2)  # offsets 10 and 11 of each partition
+    assert late.flush(10) == 0
+    with pytest.raises(SchemaRegistryError) as failed:
+        read_stream(source, 4)
+    message = str(failed.value)
+    assert "\n" not in message and f"did not answer for schema id {new_id} (topic {topic_name})" in message
+    assert "registry.deadline_s=2s" in message and failed.value.schema_id == new_id
+    assert f"(topic={topic_name}, partition=0, offset=10)" in message or (
+        f"(topic={topic_name}, partition=1, offset=10)" in message
+    )  # the first record that asked for the schema, whichever partition the stream polled first
+    # nothing trained twice, nothing skipped: the ledger holds the 10 records before the new schema, once each
+    assert trained_indices({p: pos.trained for p, pos in source.positions.items()}) == list(range(HELD_OUT, 20))
+    assert source.skipped == 0
+    source.close()
