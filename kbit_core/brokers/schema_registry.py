@@ -91,9 +91,9 @@ def find_java(configured: Path | None = None) -> str:
     )
 
 
-def local_registry(run_dir: Path, local: LocalRegistryConfig) -> Service:
-    """The local Apicurio Registry as a :class:`Service` (PID file and log in ``run_dir``), healthy once its
-    Confluent-compatible API answers."""
+def local_registry(run_dir: Path, local: LocalRegistryConfig, env: dict[str, str] | None = None) -> Service:
+    """The local Apicurio Registry as a :class:`Service` (PID file and log in ``run_dir``, ``env`` added to its
+    environment), healthy once its Confluent-compatible API answers."""
     app = registry_app()
     management = local.management_port or local.port + 1
     if local.storage == "file":
@@ -122,6 +122,7 @@ def local_registry(run_dir: Path, local: LocalRegistryConfig) -> Service:
         run_dir,
         argv,
         marker="quarkus-run.jar",
+        env=env or {},
         host=local.host,
         port=local.port,
         ready_ports=(management,),

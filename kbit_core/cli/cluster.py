@@ -70,6 +70,7 @@ def _report(st: BedStatus, as_json: bool) -> None:
             if s.ray_address
             else "\nRay: not installed, not started"
         )
+        + (f"\nSchema Registry: {s.registry_url} (up in {s.registry_up_s} s)" if s.registry_url else "")
         + "".join(f"\nlink {name}: {shape}" for name, shape in st.links.items())
         + f"\nstate file: {s.bed_dir / 'state.json'}"
     )
@@ -94,13 +95,23 @@ def up(
             "(docs/network.md)."
         ),
     ] = None,
+    registry: Annotated[
+        bool,
+        typer.Option(
+            help="Also run a Schema Registry (Apicurio, in memory) on the driver host's bed address, for the node "
+            "hosts; on a bed that is up, start it there (docs/network.md)."
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Create the hosts, start Apache Kafka on every host (TLS, SCRAM users, ACLs), the Spark standalone master and
-    workers and (with the `ray` extra) a Ray node on each node host; wait until healthy."""
+    workers, (with the `ray` extra) a Ray node on each node host and (with --registry) a Schema Registry on the
+    driver host; wait until healthy."""
     bed_dir = _bed_dir(config, sets)
     was_up = run_guarded(bed_status, bed_dir).up
-    options = BedOptions(subnet=subnet, nodes=nodes, broker_port=broker_port, client_auth=client_auth, link=link)
+    options = BedOptions(
+        subnet=subnet, nodes=nodes, broker_port=broker_port, client_auth=client_auth, link=link, registry=registry
+    )
     with out.status("starting the test bed (three Kafka brokers, then Spark and Ray)..."):
         run_guarded(bed_up, bed_dir, options)
     if was_up and not as_json:

@@ -8,9 +8,7 @@ the Spark standalone cluster (and Ray) up and down as one unit.
 from __future__ import annotations
 
 import ipaddress
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -23,12 +21,15 @@ from confluent_kafka.admin import AdminClient
 
 from kbit_core import ray_env
 from kbit_core.brokers.apache_broker import kafka_libs
+from kbit_core.brokers.schema_registry import local_registry
+from kbit_core.config import LocalRegistryConfig
 from kbit_core.errors import BrokerError
 from kbit_core.kafka.settings import confluent_options
-from kbit_core.service import Service, pid_alive
+from kbit_core.service import Service
 from kbit_core.testbed import network, ray_cluster, shaping
 from kbit_core.testbed.certs import BedCertificates, certificate_paths, make_certificates
 from kbit_core.testbed.kafka_bed import TRAIN_USER, BedKafkaPorts, bed_kafka, create_users_and_acls, password_path
+from kbit_core.testbed.marked import MARKER_ENV, marked_pids, running_bed_dir, terminate
 from kbit_core.testbed.network import Host, TestbedError, Topology
 from kbit_core.testbed.spark_standalone import (
     alive_workers,
@@ -49,9 +50,6 @@ from kbit_core.testbed.state import (
     state_path,
 )
 
-# Every process the bed starts carries this variable, so `down` finds them after a crash even
-# without the state file (executors inherit it from their worker).
-MARKER_ENV = "KBIT_TESTBED"
 NOT_UP = "the multi-host test bed is not up; run `kbit cluster up`"
 
 
@@ -90,6 +88,12 @@ class _Processes:
         self.certs = certificate_paths(Path(bed_dir).resolve() / "certs")
         self.kafka = bed_kafka(run_dir, self.topology.hosts, ports, self.certs, options.client_auth, marker)
         self.master = master_service(run_dir, driver, options.master_port, options.master_webui_port, marker)
+        # on the driver host's bed address: the node hosts reach it over the bridge, nothing outside the machine does
+        self.registry = (
+            local_registry(run_dir, LocalRegistryConfig(host=driver.address, port=options.registry_port), marker)
+            if options.registry
+            else None
+        )
         self.workers = [
             worker_service(
                 run_dir,
@@ -145,10 +149,13 @@ class _Processes:
             *zip(self.workers, self.topology.nodes),
             *zip(self.ray_nodes, self.topology.nodes),
             *zip(self.delay_relays, self.topology.nodes),
+            *([(self.registry, driver)] if self.registry else []),
         ]
 
 
-def _bed_state(bed_dir: Path, procs: _Processes, certs: BedCertificates, kafka_up_s: float) -> BedState:
+def _bed_state(
+    bed_dir: Path, procs: _Processes, certs: BedCertificates, kafka_up_s: float, registry_up_s: float | None
+) -> BedState:
     """What a running bed's clients need: addresses, the brokers' bootstrap and credentials, Spark and Ray."""
     topo, options = procs.topology, procs.options
     return BedState(
@@ -166,6 +173,8 @@ def _bed_state(bed_dir: Path, procs: _Processes, certs: BedCertificates, kafka_u
         ssl_certfile=certs.client_cert if options.client_auth else None,
         ssl_keyfile=certs.client_key if options.client_auth else None,
         ray_address=procs.ray_nodes[0].url if procs.ray_nodes else None,
+        registry_url=procs.registry.url if procs.registry else None,
+        registry_up_s=registry_up_s,
         options=asdict(options),
     )
 
@@ -182,14 +191,14 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
     bed_dir = Path(bed_dir).resolve()
     current = status(bed_dir)
     if current.up and current.state is not None:
-        return current.state
+        return start_registry(bed_dir) if options.registry else current.state
     other = running_bed_dir()
     if other is not None and other != bed_dir and status(other).up:
         raise TestbedError(
             f"a test bed from {other} is already up (there is one per machine); use it, or stop it "
             "with `kbit cluster down` first"
         )
-    if current.state is not None or current.bridge or current.namespaces or _marked_pids():
+    if current.state is not None or current.bridge or current.namespaces or marked_pids():
         down(bed_dir)
     procs = _Processes(bed_dir, options)
     topo = procs.topology
@@ -202,15 +211,22 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
             bed_dir / "certs", [h.address for h in topo.hosts], [*(h.name for h in topo.hosts), socket.gethostname()]
         )
         kafka_up_s = _start_kafka(procs, bed_dir, timeout_s)
-        procs.master.start(timeout_s=timeout_s)
-        with ThreadPoolExecutor(len(procs.workers)) as pool:
-            list(pool.map(lambda w: w.start(timeout_s=timeout_s), procs.workers))
-        wait_for_workers(
-            topo.driver.address, options.master_webui_port, [n.address for n in topo.nodes], timeout_s, procs.workers
-        )
+        with ThreadPoolExecutor(1) as beside:  # the registry's JVM starts while Spark's do
+            registry = beside.submit(_start_registry, procs, timeout_s)
+            procs.master.start(timeout_s=timeout_s)
+            with ThreadPoolExecutor(len(procs.workers)) as pool:
+                list(pool.map(lambda w: w.start(timeout_s=timeout_s), procs.workers))
+            wait_for_workers(
+                topo.driver.address,
+                options.master_webui_port,
+                [n.address for n in topo.nodes],
+                timeout_s,
+                procs.workers,
+            )
+            registry_up_s = registry.result()
         if procs.ray_nodes:
             _start_ray(procs, timeout_s)
-        state = _bed_state(bed_dir, procs, certs, kafka_up_s)
+        state = _bed_state(bed_dir, procs, certs, kafka_up_s, registry_up_s)
         _probe_broker(state, procs)
     except BaseException:
         down(bed_dir)
@@ -255,6 +271,52 @@ def _start_kafka(procs: _Processes, bed_dir: Path, timeout_s: float) -> float:
     procs.kafka.start(timeout_s=max(timeout_s, 240.0))
     create_users_and_acls(procs.kafka, bed_dir)
     return time.monotonic() - started
+
+
+def _start_registry(procs: _Processes, timeout_s: float) -> float | None:
+    """The Schema Registry on the driver host, when the options ask for it; the seconds its start took."""
+    if procs.registry is None:
+        return None
+    started = time.monotonic()
+    procs.registry.start(timeout_s=max(timeout_s, 180.0))
+    return round(time.monotonic() - started, 1)
+
+
+def _running_registry(bed_dir: Path) -> tuple[BedState, Service]:
+    """A running bed's state and its Schema Registry's service (started or not)."""
+    state = load_state(bed_dir)
+    if state is None:
+        raise TestbedError(f"no test bed is up at {bed_dir}: `kbit cluster up` first")
+    registry = _Processes(bed_dir, replace(BedOptions(**state.options), registry=True)).registry
+    assert registry is not None
+    return state, registry
+
+
+def start_registry(bed_dir: Path, timeout_s: float = 180.0) -> BedState:
+    """The running bed with its Schema Registry started on the driver host (`kbit cluster up --registry` on a bed
+    that is up) and recorded in its state; unchanged when it runs already. `down` stops it with the rest."""
+    bed_dir = Path(bed_dir).resolve()
+    state, registry = _running_registry(bed_dir)
+    if state.registry_url is not None and registry.pid() is not None:
+        return state
+    started = time.monotonic()
+    registry.start(timeout_s=max(timeout_s, 180.0))
+    return _record_registry(bed_dir, state, registry.url, round(time.monotonic() - started, 1))
+
+
+def stop_registry(bed_dir: Path) -> BedState:
+    """The running bed without its Schema Registry (stopped, its schemas gone), as `up` without --registry makes it."""
+    bed_dir = Path(bed_dir).resolve()
+    state, registry = _running_registry(bed_dir)
+    registry.stop(timeout_s=10)
+    return _record_registry(bed_dir, state, None, None)
+
+
+def _record_registry(bed_dir: Path, state: BedState, url: str | None, up_s: float | None) -> BedState:
+    options = replace(BedOptions(**state.options), registry=url is not None)
+    state = state.model_copy(update={"options": asdict(options), "registry_url": url, "registry_up_s": up_s})
+    state_path(bed_dir).write_text(state.model_dump_json(indent=2))
+    return state
 
 
 def _start_ray(procs: _Processes, timeout_s: float) -> None:
@@ -333,54 +395,6 @@ def status(bed_dir: Path) -> BedStatus:
     return result
 
 
-def _marked_processes() -> dict[int, str]:
-    """PID -> bed directory of every process carrying the bed's marker variable, except this one."""
-    needle = f"{MARKER_ENV}=".encode()
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        for var in environ.split(b"\0"):
-            if var.startswith(needle):
-                found[int(entry.name)] = var[len(needle) :].decode(errors="replace")
-    return found
-
-
-def _marked_pids() -> list[int]:
-    return list(_marked_processes())
-
-
-def running_bed_dir() -> Path | None:
-    """The directory of the bed whose processes run on this machine (whoever started it), or None."""
-    dirs = set(_marked_processes().values())
-    return Path(dirs.pop()) if len(dirs) == 1 else None
-
-
-def _terminate(pids: Iterable[int], timeout_s: float = 10.0) -> None:
-    pids = [p for p in set(pids) if p != os.getpid()]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
-            time.sleep(0.1)
-        pids = [p for p in pids if pid_alive(p)]
-        if not pids:
-            return
-    for pid in pids:  # our own children (tests start the bed in-process) must not stay zombies
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-
-
 def down(bed_dir: Path | None = None) -> list[str]:
     """Stop every process and remove every namespace and link the bed made; also after a crash. Idempotent.
 
@@ -395,9 +409,9 @@ def down(bed_dir: Path | None = None) -> list[str]:
         for service, _host in procs.all()[len(procs.kafka.brokers) :]:
             if service.stop(timeout_s=10):
                 removed.append(f"process {service.name}")
-    leftovers = _marked_pids() + [pid for ns in network.bed_namespaces() for pid in network.namespace_pids(ns)]
+    leftovers = marked_pids() + [pid for ns in network.bed_namespaces() for pid in network.namespace_pids(ns)]
     if leftovers:
-        _terminate(leftovers)
+        terminate(leftovers)
         removed.append(f"{len(set(leftovers))} leftover process(es)")
     removed += network.destroy()
     removed += shaping.remove_loss_tables("kbit-")  # the root-side veth ends are kbit-<node> (Host.veth)

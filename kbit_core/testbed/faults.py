@@ -19,9 +19,9 @@ from confluent_kafka.admin import AdminClient
 from kbit_core.brokers.apache_broker import ApacheKafkaBroker
 from kbit_core.brokers.cluster import KafkaCluster
 from kbit_core.kafka.settings import confluent_options
-from kbit_core.testbed.bed import MARKER_ENV
 from kbit_core.testbed.certs import certificate_paths
 from kbit_core.testbed.kafka_bed import BedKafkaPorts, bed_kafka
+from kbit_core.testbed.marked import MARKER_ENV
 from kbit_core.testbed.network import Host, TestbedError, Topology
 from kbit_core.testbed.state import BedOptions, BedState, load_state
 

@@ -36,6 +36,8 @@ class BedOptions:
     ray_object_store_mb: int = 256
     link: str | None = None  # RATE[,DELAY[,LOSS]]: every bed link shaped in both directions (shaping.py)
     delay_relay_port: int = 19400  # in each node's namespace, with a delay in ``link``
+    registry: bool = False  # a Schema Registry (Apicurio, in memory) on the driver host's bed address
+    registry_port: int = 18181  # its Confluent-compatible API; its health port is the next one
 
 
 class BedHost(BaseModel):
@@ -62,6 +64,8 @@ class BedState(BaseModel):
     ssl_certfile: Path | None
     ssl_keyfile: Path | None
     ray_address: str | None = None  # Ray Client's address on the first node host; None: the bed runs no Ray
+    registry_url: str | None = None  # the Schema Registry's Confluent-compatible API on the driver host, if it runs
+    registry_up_s: float | None = None  # how long its start took
     options: dict[str, Any]
 
     def kafka_config(self) -> KafkaConfig:
@@ -83,6 +87,12 @@ class BedState(BaseModel):
         if self.ssl_certfile and self.ssl_keyfile:
             over |= {"kafka.ssl_certfile": str(self.ssl_certfile), "kafka.ssl_keyfile": str(self.ssl_keyfile)}
         return over
+
+    def registry_overrides(self) -> dict[str, str]:
+        """Dotted kbit config overrides that point kbit at the bed's Schema Registry."""
+        if self.registry_url is None:
+            raise TestbedError("this test bed runs no Schema Registry: `kbit cluster up --registry`")
+        return {"registry.url": self.registry_url}
 
     def ray_overrides(self) -> dict[str, str]:
         """Dotted kbit config overrides that run the ranks on the bed's Ray nodes, with the bed's Ray token."""
