@@ -221,25 +221,34 @@ def plan(
             raise ValueError(f"partition {p} has an invalid range [{start}, {stop})")
     exact = exact_rates(rates)
 
-    per_split: list[list[OffsetRange]] = [[] for _ in exact]
-    for p in sorted(partitions):
-        start, stop = partitions[p]
-        if key_runs is not None:
-            for split, first, last in _checked_runs(p, start, stop, len(exact), key_runs):
-                per_split[split].append(OffsetRange(p, first, last))
-            continue
-        cursor = start
-        for i, count in enumerate(_partition_counts(p, start, stop, exact, boundaries)):
-            if count:
-                per_split[i].append(OffsetRange(p, cursor, cursor + count))
-            cursor += count
-
-    splits = {SPLIT_NAMES[i]: tuple(r) for i, r in enumerate(per_split)}
+    splits = _split_ranges(partitions, exact, boundaries, key_runs)
     shards = {
         name: _shard_split(name, ranges, world_size, epoch, seed, remainder, records_per_message)
         for name, ranges in splits.items()
     }
     return Plan(splits, shards, world_size, epoch, seed, remainder, records_per_message)
+
+
+def _split_ranges(
+    partitions: Mapping[int, tuple[int, int]],
+    rates: Sequence[Fraction],
+    boundaries: Mapping[int, Sequence[int]] | None,
+    key_runs: Mapping[int, Sequence[tuple[int, int, int]]] | None,
+) -> dict[str, tuple[OffsetRange, ...]]:
+    """Each split's ranges, partition by partition: by rate, by time boundaries or by key-hash runs."""
+    per_split: list[list[OffsetRange]] = [[] for _ in rates]
+    for p in sorted(partitions):
+        start, stop = partitions[p]
+        if key_runs is not None:
+            for split, first, last in _checked_runs(p, start, stop, len(rates), key_runs):
+                per_split[split].append(OffsetRange(p, first, last))
+            continue
+        cursor = start
+        for i, count in enumerate(_partition_counts(p, start, stop, rates, boundaries)):
+            if count:
+                per_split[i].append(OffsetRange(p, cursor, cursor + count))
+            cursor += count
+    return {SPLIT_NAMES[i]: tuple(r) for i, r in enumerate(per_split)}
 
 
 def _checked_runs(

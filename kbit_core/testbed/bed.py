@@ -89,11 +89,8 @@ class _Processes:
         self.kafka = bed_kafka(run_dir, self.topology.hosts, ports, self.certs, options.client_auth, marker)
         self.master = master_service(run_dir, driver, options.master_port, options.master_webui_port, marker)
         # on the driver host's bed address: the node hosts reach it over the bridge, nothing outside the machine does
-        self.registry = (
-            local_registry(run_dir, LocalRegistryConfig(host=driver.address, port=options.registry_port), marker)
-            if options.registry
-            else None
-        )
+        local = LocalRegistryConfig(host=driver.address, port=options.registry_port)
+        self.registry = local_registry(run_dir, local, marker) if options.registry else None
         self.workers = [
             worker_service(
                 run_dir,
