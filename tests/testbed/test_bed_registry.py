@@ -30,11 +30,12 @@ RECORDS = 40
 def bed_registry(testbed: BedState) -> Iterator[BedState]:
     """The session's bed with its Schema Registry; stopped again afterwards when the bed came up without one."""
     require_schema_registry()
-    ran_before = bed.load_state(testbed.bed_dir).registry_url is not None
+    before = bed.state_path(testbed.bed_dir).read_text()
     state = bed.start_registry(testbed.bed_dir)
     yield state
-    if not ran_before:
+    if bed.load_state(testbed.bed_dir).registry_url != testbed.registry_url:
         bed.stop_registry(testbed.bed_dir)
+        bed.state_path(testbed.bed_dir).write_text(before)  # as the session's bed was, whoever brought it up
 
 
 def test_a_node_hosts_avro_producer_registers_at_the_beds_registry_and_kbit_reads_it_back(
