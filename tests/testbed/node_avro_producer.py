@@ -38,7 +38,8 @@ def main(state_file: str, topic: str, count: str) -> None:
         **({"ssl.certificate.location": state["ssl_certfile"]} if state["ssl_certfile"] else {}),
         **({"ssl.key.location": state["ssl_keyfile"]} if state["ssl_keyfile"] else {}),
     }
-    AdminClient(conf).create_topics([NewTopic(topic, 2, 3)])[topic].result(60)
+    admin = AdminClient(conf)  # held: a client collected while its future waits ends it
+    admin.create_topics([NewTopic(topic, 2, 3)])[topic].result(60)
     serializer = AvroSerializer(SchemaRegistryClient({"url": state["registry_url"]}), json.dumps(READING))
     producer = Producer(conf)
     for n in range(int(count)):
