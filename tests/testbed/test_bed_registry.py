@@ -47,7 +47,7 @@ def test_a_node_hosts_avro_producer_registers_at_the_beds_registry_and_kbit_read
     assert shown.up and shown.to_dict()["state"]["registry_url"] == state.registry_url
     assert [p.host for p in shown.processes if p.name == "schema-registry"] == [state.driver.name]
     print(f"the bed's Schema Registry started in {state.registry_up_s} s")
-    topic = f"bed-avro-{tmp_path.name}"[:100]
+    topic = f"kbit-user-avro-{tmp_path.name}"[:100]  # the training user may use topics named kbit* (its ACLs)
     node = state.nodes[0]
     proc = subprocess.run(
         in_host(
