@@ -1,8 +1,8 @@
 """A Prefect flow that logs an MLflow run through kbit's tracker in two steps, each a metric, a param and an artifact,
 and waits between them for a gate file: what the team stack's fault tests break a server under.
 
-Run as ``python team_fault_flow.py CONFIG_JSON GATE``: it writes ``GATE.ready`` (the MLflow run and the flow run
-ids, as JSON) once the first step is stored, and goes on when ``GATE`` exists."""
+Run as ``python team_fault_flow.py CONFIG_JSON GATE``: it writes ``GATE.ready`` (the MLflow run, flow run and
+experiment ids, as JSON) once the first step is stored, and goes on when ``GATE`` exists."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def two_steps(config_json: str, gate: str) -> str:
     gate_path = Path(gate)
     with tracker.run(cfg, name="team-fault", kind="train") as run_id:
         log_step(tracker, run_id, 0, gate_path.parent)
-        ids = {"run_id": run_id, "flow_run_id": str(runtime.flow_run.id)}
+        ids = {"run_id": run_id, "flow_run_id": str(runtime.flow_run.id), "experiment_id": tracker.experiment_id}
         gate_path.with_suffix(".ready").write_text(json.dumps(ids))
         wait_for(gate_path)
         log_step(tracker, run_id, 1, gate_path.parent)

@@ -1,6 +1,8 @@
 """The team profile's stack (deployments/profiles/team.yaml): Prefect and MLflow on kbit's PostgreSQL, MLflow's
 artifacts in s3proxy, both servers behind kbit's login; a training run logged through the login lands in the object
-store, a flow run in PostgreSQL, a wrong password is one line, and no password shows on a command line or in a log."""
+store, a flow run in PostgreSQL, a wrong password is one line, and no password shows on a command line or in a log;
+a PostgreSQL restart mid-flow is ridden out, an object store stopped mid-run fails both runs in one line, and an
+initdb that cannot write its data directory is one line."""
 
 from __future__ import annotations
 
@@ -161,7 +163,6 @@ def test_no_password_on_a_command_line_in_a_log_or_readable_by_others(team_stack
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
 
 
-
 def test_an_initdb_that_cannot_write_its_data_directory_is_one_line(tmp_path: Path) -> None:
     """PostgreSQL's first start where its data directory cannot be made: as root, initdb (run as the ``postgres``
     user) cannot enter a mode-0700 folder of root's; as anyone else, the folder above the data is read-only."""
@@ -240,9 +241,8 @@ def test_postgresql_restarted_mid_flow_is_ridden_out(team_stack: LocalStack, tmp
     ids = first_step_stored(proc, tmp_path)
     postgres.stop()
     (tmp_path / "gate").touch()
-    # the outage's length, not a wait for anything: whatever the flow asks of either server meanwhile fails there
-    # (500) and its client retries, backing off, until the database is back; a slow flow asks after, on pooled
-    # connections the restart broke
+    # the outage's length, not a wait for anything: what the flow asks meanwhile waits (Prefect) or is retried
+    # (MLflow's 500s) until the database is back; a slow flow asks after, on pooled connections the restart broke
     time.sleep(POSTGRES_OUTAGE_S)
     postgres.start()
     output, _ = proc.communicate(timeout=600)
@@ -257,7 +257,7 @@ def test_postgresql_restarted_mid_flow_is_ridden_out(team_stack: LocalStack, tmp
 
 
 def test_object_store_stopped_while_a_run_logs_fails_both_runs_in_one_line(
-    team_stack: LocalStack, tmp_path: Path
+    team_stack: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """s3proxy stops between the flow's two steps: the second artifact's upload fails (after MLflow's retries, cut
     short here) in one line naming the store, the flow run and the MLflow run end FAILED, the first step's artifact
@@ -271,8 +271,18 @@ def test_object_store_stopped_while_a_run_logs_fails_both_runs_in_one_line(
     try:
         (tmp_path / "broken" / "gate").touch()
         output, _ = proc.communicate(timeout=600)
+        # a run that cannot even store its settings (config.json) ends FAILED too, not RUNNING
+        for name, value in quick_retries.items():
+            monkeypatch.setenv(name, value)
+        with pytest.raises(TrackingError, match="storing artifact 'config.json'"):
+            with make_tracker(team_stack.cfg).run(team_stack.cfg, name="no-settings", kind="train"):
+                pass
     finally:
         s3proxy.start()
+    unstored = mlflow_client(team_stack.cfg).search_runs(
+        [ids["experiment_id"]], filter_string="attributes.run_name = 'no-settings'"
+    )
+    assert [run.info.status for run in unstored] == ["FAILED"]
     st = team_stack.cfg.stack
     line = (
         f"MLflow run {ids['run_id']}: storing artifact 'step1.txt' through {team_stack.mlflow_url} failed: "
