@@ -40,14 +40,20 @@ PROFILE = Path(__file__).resolve().parents[2] / "deployments" / "profiles" / "te
 FLOW = "from prefect import flow\n@flow(name='kbit-team-check')\ndef check():\n    return 1\ncheck()\n"
 
 
+# Not 127.0.0.1: like a bed's driver address, one that PostgreSQL's pg_hba.conf and MLflow's allowed hosts do not
+# name by default, so that what kbit adds for a non-default stack.host runs here too.
+STACK_HOST = "127.0.0.2"
+
+
 def team_config(workdir: Path) -> KbitConfig:
-    """The team profile as shipped, on free ports and in ``workdir``."""
+    """The team profile as shipped, on free ports of :data:`STACK_HOST` and in ``workdir``."""
     ports = {name: free_port() for name in ("prefect_port", "mlflow_port", "postgres_port", "s3_port")}
     return load_config(PROFILE).override(
         {
             "workdir": str(workdir),
+            "stack.host": STACK_HOST,
             "stack.work_pool": "kbit-team-test",
-            "tracking.tracking_uri": f"http://127.0.0.1:{ports['mlflow_port']}",
+            "tracking.tracking_uri": f"http://{STACK_HOST}:{ports['mlflow_port']}",
             "tracking.experiment": "kbit-team-test",
             "tracking.system_metrics": False,
             **{f"stack.{name}": port for name, port in ports.items()},
