@@ -83,6 +83,7 @@ def test_a_node_hosts_avro_producer_registers_at_the_beds_registry_and_kbit_read
             for i, x, y in zip(batch.indices, batch.x, batch.y)
         }
     finally:
-        AdminClient(confluent_options(cfg.kafka)).delete_topics([topic])[topic].result(60)  # the test's own topic
+        admin = AdminClient(confluent_options(cfg.kafka))  # held while its future waits
+        admin.delete_topics([topic])[topic].result(60)  # the test's own topic
     # record n went to partition n % 2 at offset n // 2: snapshot index (n % 2) * 20 + n // 2
     assert got == {(n % 2) * (RECORDS // 2) + n // 2: (pytest.approx(n / 10), n % 2) for n in range(RECORDS)}
