@@ -26,7 +26,7 @@ from kbit_core.brokers.apache_broker import kafka_libs
 from kbit_core.errors import BrokerError
 from kbit_core.kafka.settings import confluent_options
 from kbit_core.service import Service, pid_alive
-from kbit_core.testbed import network, ray_cluster, shaping
+from kbit_core.testbed import log_disks, network, ray_cluster, shaping
 from kbit_core.testbed.certs import BedCertificates, certificate_paths, make_certificates
 from kbit_core.testbed.kafka_bed import TRAIN_USER, BedKafkaPorts, bed_kafka, create_users_and_acls, password_path
 from kbit_core.testbed.network import Host, TestbedError, Topology
@@ -189,7 +189,13 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
             f"a test bed from {other} is already up (there is one per machine); use it, or stop it "
             "with `kbit cluster down` first"
         )
-    if current.state is not None or current.bridge or current.namespaces or _marked_pids():
+    if (
+        current.state is not None
+        or current.bridge
+        or current.namespaces
+        or _marked_pids()
+        or log_disks.log_disk_mounts()
+    ):
         down(bed_dir)
     procs = _Processes(bed_dir, options)
     topo = procs.topology
@@ -201,6 +207,8 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
         certs = make_certificates(
             bed_dir / "certs", [h.address for h in topo.hosts], [*(h.name for h in topo.hosts), socket.gethostname()]
         )
+        if options.log_disk_mb:
+            log_disks.mount_log_disks(procs.kafka.brokers, options.log_disk_mb)
         kafka_up_s = _start_kafka(procs, bed_dir, timeout_s)
         procs.master.start(timeout_s=timeout_s)
         with ThreadPoolExecutor(len(procs.workers)) as pool:
@@ -399,6 +407,7 @@ def down(bed_dir: Path | None = None) -> list[str]:
     if leftovers:
         _terminate(leftovers)
         removed.append(f"{len(set(leftovers))} leftover process(es)")
+    removed += log_disks.unmount_log_disks()  # once no broker holds one
     removed += network.destroy()
     removed += shaping.remove_loss_tables("kbit-")  # the root-side veth ends are kbit-<node> (Host.veth)
     if bed_dir is not None:
