@@ -6,6 +6,7 @@ again on its data, and the cluster waited for until it is whole again.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,8 @@ from kbit_core.testbed.network import TestbedError
 
 DISK_FAULTS = ("fill-disk",)
 _POLL_S = 0.25
+# Kafka's error when a log directory fails ("Error while appending records to t-0 in dir /x"); its exception follows
+_DIR_ERROR = re.compile(r"\] ERROR .* in dir ")
 
 
 def shutdown_cause(broker: ApacheKafkaBroker) -> str | None:
@@ -24,11 +27,14 @@ def shutdown_cause(broker: ApacheKafkaBroker) -> str | None:
     I/O error behind it, e.g. "Shutdown broker because all log dirs in /x have failed (java.io.IOException: No space
     left on device)"; None when its log says no such thing."""
     lines = broker.log_tail(400).splitlines()
-    failed = next((line for line in reversed(lines) if "log dirs in" in line and "have failed" in line), None)
-    if failed is None:
+    at = next(
+        (i for i in range(len(lines) - 1, -1, -1) if "log dirs in" in lines[i] and "have failed" in lines[i]), None
+    )
+    if at is None:
         return None
-    io_error = next((line.strip() for line in lines if "IOException" in line), None)
-    message = failed.split(" ERROR ", 1)[-1].rsplit(" (", 1)[0]
+    # the I/O error the log directory failed with: the exception line under the last "... in dir" error before it
+    io_error = next((lines[i + 1].strip() for i in range(at - 1, -1, -1) if _DIR_ERROR.search(lines[i])), None)
+    message = lines[at].split(" ERROR ", 1)[-1].rsplit(" (", 1)[0]
     return f"{message} ({io_error})" if io_error else message
 
 

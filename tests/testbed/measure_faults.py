@@ -156,8 +156,8 @@ def main() -> None:
         print(
             json.dumps({"run": "undisturbed", "rc": rc, "seconds": round(clean_s, 1), "stall_s": round(clean_wait, 2)})
         )
-        for name in args.faults:
-            workdir = Path(tmp, name)
+        for i, name in enumerate(args.faults):
+            workdir = Path(tmp, f"{name}-{i}")
             clock = workdir / "clock" / "rank-0"
             thread, fired = _fire_at_step(clock, args.at_step, name, brokers, topic, args.cut_off_s)
             result, seconds, wait, rc = train(state, workdir, topic, args.records, args.step_s)
