@@ -109,6 +109,7 @@ def measure_produce(state: bed.BedState, brokers: faults.BedBrokers, records: in
         for run, fill_at in (("undisturbed", None), ("fill-disk", records // 2)):
             topic = f"kbit-bed-produce-{Path(tmp).name[-8:]}-{run}"
             sets = (f"dataset.num_records={records}", "produce.partitions=3", f"produce.topic={topic}")
+            Path(tmp, run).mkdir()
             cfg = bed_config(state, Path(tmp, run), *sets)
             manifest, seconds, wait, report = produce_filling_a_disk(cfg, brokers, fill_at)
             indices = _read_indices(cfg, manifest)
