@@ -18,8 +18,9 @@ from kbit_core.testbed.network import TestbedError
 
 DISK_FAULTS = ("fill-disk",)
 _POLL_S = 0.25
-# Kafka's error when a log directory fails ("Error while appending records to t-0 in dir /x"); its exception follows
-_DIR_ERROR = re.compile(r"\] ERROR .* in dir ")
+# Kafka's error as a log directory fails ("Error while appending records to t-0 in dir /x", "Error while writing to
+# checkpoint file /x/replication-offset-checkpoint"), logged by this class; its exception is on the next line
+_DIR_ERROR = re.compile(r"\] ERROR .*\(org\.apache\.kafka\.storage\.internals\.log\.LogDirFailureChannel\)$")
 
 
 def shutdown_cause(broker: ApacheKafkaBroker) -> str | None:

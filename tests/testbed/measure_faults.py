@@ -131,7 +131,8 @@ def measure_produce(state: bed.BedState, brokers: faults.BedBrokers, records: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("faults", nargs="*", default=list(ALL_FAULTS), choices=ALL_FAULTS)
+    # no default list: argparse checks a list default against the choices as one value, and refuses it
+    parser.add_argument("faults", nargs="*", choices=ALL_FAULTS, help="default: all")
     parser.add_argument(
         "--produce", action="store_true", help="the workload is a produce (fill-disk only), not batch training"
     )
@@ -157,7 +158,7 @@ def main() -> None:
         print(
             json.dumps({"run": "undisturbed", "rc": rc, "seconds": round(clean_s, 1), "stall_s": round(clean_wait, 2)})
         )
-        for i, name in enumerate(args.faults):
+        for i, name in enumerate(args.faults or ALL_FAULTS):
             workdir = Path(tmp, f"{name}-{i}")
             clock = workdir / "clock" / "rank-0"
             thread, fired = _fire_at_step(clock, args.at_step, name, brokers, topic, args.cut_off_s)
