@@ -131,8 +131,8 @@ def measure_produce(state: bed.BedState, brokers: faults.BedBrokers, records: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    # no default list: argparse checks a list default against the choices as one value, and refuses it
-    parser.add_argument("faults", nargs="*", choices=ALL_FAULTS, help="default: all")
+    # no choices: argparse checks an empty list against them as one value, and refuses it
+    parser.add_argument("faults", nargs="*", metavar="FAULT", help=f"{', '.join(ALL_FAULTS)} (default: all)")
     parser.add_argument(
         "--produce", action="store_true", help="the workload is a produce (fill-disk only), not batch training"
     )
@@ -143,6 +143,8 @@ def main() -> None:
         "--step-s", type=float, default=2.0, help="each step at least this long: training spans the fault"
     )
     args = parser.parse_args()
+    for name in set(args.faults) - set(ALL_FAULTS):
+        parser.error(f"unknown fault {name!r}; one of: {', '.join(ALL_FAULTS)}")
     running = bed.running_bed_dir()
     state = bed.load_state(running) if running else None
     if state is None:
