@@ -33,7 +33,7 @@ def shutdown_cause(broker: ApacheKafkaBroker) -> str | None:
     )
     if at is None:
         return None
-    # the I/O error the log directory failed with: the exception line under the last "... in dir" error before it
+    # the I/O error the log directory failed with: the exception line under the last such error before it
     io_error = next((lines[i + 1].strip() for i in range(at - 1, -1, -1) if _DIR_ERROR.search(lines[i])), None)
     message = lines[at].split(" ERROR ", 1)[-1].rsplit(" (", 1)[0]
     return f"{message} ({io_error})" if io_error else message
