@@ -14,6 +14,7 @@ from kbit_core.testbed import DEFAULT_SUBNET, BedOptions, BedStatus
 from kbit_core.testbed import down as bed_down
 from kbit_core.testbed import status as bed_status
 from kbit_core.testbed import up as bed_up
+from kbit_core.testbed.disk_faults import DISK_FAULTS, fill_disk
 from kbit_core.testbed.faults import FAULTS, BedBrokers, cut_off, kill_controller, rolling_restart
 
 cluster_app = typer.Typer(help="Start, stop and inspect the multi-host test bed (root on Linux).", no_args_is_help=True)
@@ -102,6 +103,10 @@ def up(
             "hosts; on a bed that is up, start it there (docs/network.md)."
         ),
     ] = False,
+    log_disk_mb: Annotated[
+        int | None,
+        typer.Option(min=16, help="Each broker's log directory on a filesystem of its own of this size (fill-disk)."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create the hosts, start Apache Kafka on every host (TLS, SCRAM users, ACLs), the Spark standalone master and
@@ -110,7 +115,13 @@ def up(
     bed_dir = _bed_dir(config, sets)
     was_up = run_guarded(bed_status, bed_dir).up
     options = BedOptions(
-        subnet=subnet, nodes=nodes, broker_port=broker_port, client_auth=client_auth, link=link, registry=registry
+        subnet=subnet,
+        nodes=nodes,
+        broker_port=broker_port,
+        client_auth=client_auth,
+        link=link,
+        registry=registry,
+        log_disk_mb=log_disk_mb,
     )
     with out.status("starting the test bed (three Kafka brokers, then Spark and Ray)..."):
         run_guarded(bed_up, bed_dir, options)
@@ -137,13 +148,24 @@ def status(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = Fal
 
 @cluster_app.command("fault")
 def fault(
-    name: Annotated[str, typer.Argument(help=f"One of: {', '.join(FAULTS)}.")],
+    name: Annotated[str, typer.Argument(help=f"One of: {', '.join((*FAULTS, *DISK_FAULTS))}.")],
     broker: Annotated[
-        str | None, typer.Option(help="cut-off: the host whose broker to cut off (driver, node1, ...).")
+        str | None,
+        typer.Option(
+            help="cut-off: the host whose broker to cut off (driver, node1, ...); fill-disk: the host(s) whose "
+            "broker's disk to fill, comma-separated."
+        ),
     ] = None,
-    topic: Annotated[str | None, typer.Option(help="cut-off: cut off the leader of this topic's --partition.")] = None,
-    partition: Annotated[int, typer.Option(help="cut-off: the partition whose leader to cut off.")] = 0,
-    seconds: Annotated[float, typer.Option(min=0, help="cut-off: how long the broker stays cut off.")] = 30.0,
+    topic: Annotated[
+        str | None, typer.Option(help="cut-off, fill-disk: the leader of this topic's --partition.")
+    ] = None,
+    partition: Annotated[int, typer.Option(help="cut-off, fill-disk: the partition whose leader it is.")] = 0,
+    seconds: Annotated[
+        float,
+        typer.Option(
+            min=0, help="cut-off: how long the broker stays cut off; fill-disk: at least how long the disk stays full."
+        ),
+    ] = 30.0,
     until_fenced: Annotated[
         bool, typer.Option(help="cut-off: and on until the controller fenced it (its session timed out).")
     ] = False,
@@ -152,15 +174,20 @@ def fault(
 ) -> None:
     """Do to the running bed's Kafka what an operator does (docs/reliability.md), then wait until the cluster is
     whole again; prints what was done, timed, as JSON."""
-    if name not in FAULTS:
-        raise typer.BadParameter(f"unknown fault {name!r}; one of: {', '.join(FAULTS)}", param_hint="NAME")
-    if name == "cut-off" and (broker is None) == (topic is None):
-        raise typer.BadParameter("cut-off needs exactly one of --broker HOST or --topic TOPIC [--partition P]")
+    if name not in (*FAULTS, *DISK_FAULTS):
+        known = ", ".join((*FAULTS, *DISK_FAULTS))
+        raise typer.BadParameter(f"unknown fault {name!r}; one of: {known}", param_hint="NAME")
+    if name in ("cut-off", "fill-disk") and (broker is None) == (topic is None):
+        raise typer.BadParameter(f"{name} needs exactly one of --broker HOST or --topic TOPIC [--partition P]")
     bed = run_guarded(BedBrokers.of, _bed_dir(config, sets))
     if name == "rolling-restart":
         report = run_guarded(rolling_restart, bed)
     elif name == "kill-controller":
         report = run_guarded(kill_controller, bed)
+    elif name == "fill-disk":
+        hosts = broker.split(",") if broker else []
+        victims = [run_guarded(bed.broker, h)[0] for h in hosts] or [run_guarded(bed.leader_of, topic, partition)[0]]
+        report = run_guarded(fill_disk, bed, victims, seconds)
     else:
         victim, host = run_guarded(bed.broker, broker) if broker else run_guarded(bed.leader_of, topic, partition)
         report = run_guarded(cut_off, bed, victim, host, seconds, until_fenced)

@@ -34,7 +34,8 @@ def not_enough_replicas(kcfg: KafkaConfig, topic: str, partitions: Iterable[int]
         resource = ConfigResource(ResourceType.TOPIC, topic)
         entries = client.describe_configs([resource], request_timeout=timeout)[resource].result(timeout=timeout)
         min_isr = int(entries["min.insync.replicas"].value)
-    except (KafkaException, KeyError, ValueError, TypeError) as exc:
+    # TimeoutError: a future not done in time (a cluster that lost its quorum, two full disks on the bed)
+    except (KafkaException, KeyError, ValueError, TypeError, TimeoutError) as exc:
         log.debug("cannot ask for the in-sync replicas of %s: %s", topic, exc)
         return {}
     short = {}

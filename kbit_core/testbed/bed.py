@@ -10,7 +10,6 @@ from __future__ import annotations
 import ipaddress
 import shutil
 import socket
-import subprocess
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,10 +25,10 @@ from kbit_core.config import LocalRegistryConfig
 from kbit_core.errors import BrokerError
 from kbit_core.kafka.settings import confluent_options
 from kbit_core.service import Service
-from kbit_core.testbed import network, ray_cluster, shaping
+from kbit_core.testbed import log_disks, network, ray_cluster, shaping
 from kbit_core.testbed.certs import BedCertificates, certificate_paths, make_certificates
 from kbit_core.testbed.kafka_bed import TRAIN_USER, BedKafkaPorts, bed_kafka, create_users_and_acls, password_path
-from kbit_core.testbed.marked import MARKER_ENV, marked_pids, running_bed_dir, terminate
+from kbit_core.testbed.marked import MARKER_ENV, hostname_of, marked_pids, running_bed_dir, terminate
 from kbit_core.testbed.network import Host, TestbedError, Topology
 from kbit_core.testbed.spark_standalone import (
     alive_workers,
@@ -195,7 +194,7 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
             f"a test bed from {other} is already up (there is one per machine); use it, or stop it "
             "with `kbit cluster down` first"
         )
-    if current.state is not None or current.bridge or current.namespaces or marked_pids():
+    if current.state is not None or current.bridge or current.namespaces or _leftover_processes_or_disks():
         down(bed_dir)
     procs = _Processes(bed_dir, options)
     topo = procs.topology
@@ -207,6 +206,8 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
         certs = make_certificates(
             bed_dir / "certs", [h.address for h in topo.hosts], [*(h.name for h in topo.hosts), socket.gethostname()]
         )
+        if options.log_disk_mb:
+            log_disks.mount_log_disks(procs.kafka.brokers, options.log_disk_mb)
         kafka_up_s = _start_kafka(procs, bed_dir, timeout_s)
         with ThreadPoolExecutor(1) as beside:  # the registry's JVM starts while Spark's do
             registry = beside.submit(_start_registry, procs, timeout_s)
@@ -230,6 +231,10 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
         raise
     state_path(bed_dir).write_text(state.model_dump_json(indent=2))
     return state
+
+
+def _leftover_processes_or_disks() -> bool:
+    return bool(marked_pids() or log_disks.log_disk_mounts())
 
 
 def reshape(bed_dir: Path, link: str | None) -> BedState:
@@ -344,17 +349,6 @@ def _probe_broker(state: BedState, procs: _Processes, timeout_s: float = 15.0) -
         )
 
 
-def _hostname_of(pid: int) -> str | None:
-    """The hostname in the UTS namespace of ``pid`` (what `socket.gethostname()` returns there)."""
-    try:
-        out = subprocess.run(
-            ["nsenter", "--target", str(pid), "--uts", "hostname"], capture_output=True, text=True, timeout=5
-        )
-        return out.stdout.strip() or None
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
 def status(bed_dir: Path) -> BedStatus:
     """Each process (alive? its hostname), the workers the master sees ALIVE, and what of the network exists."""
     bed_dir = Path(bed_dir).resolve()
@@ -373,7 +367,7 @@ def status(bed_dir: Path) -> BedStatus:
                 host.address,
                 pid,
                 pid is not None,
-                _hostname_of(pid) if pid else None,
+                hostname_of(pid) if pid else None,
                 str(service.log_path),
             )
         )
@@ -410,6 +404,7 @@ def down(bed_dir: Path | None = None) -> list[str]:
     if leftovers:
         terminate(leftovers)
         removed.append(f"{len(set(leftovers))} leftover process(es)")
+    removed += log_disks.unmount_log_disks()  # once no broker holds one
     removed += network.destroy()
     removed += shaping.remove_loss_tables("kbit-")  # the root-side veth ends are kbit-<node> (Host.veth)
     if bed_dir is not None:

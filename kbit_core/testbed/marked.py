@@ -1,10 +1,11 @@
-"""The bed's processes found by the marker variable each carries (also after a crash, without the state file), and
-ended: SIGTERM, then SIGKILL."""
+"""The bed's processes: found by the marker variable each carries (also after a crash, without the state file), each
+one's hostname as it sees it, and ended: SIGTERM, then SIGKILL."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -62,3 +63,14 @@ def terminate(pids: Iterable[int], timeout_s: float = 10.0) -> None:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass
+
+
+def hostname_of(pid: int) -> str | None:
+    """The hostname in the UTS namespace of ``pid`` (what `socket.gethostname()` returns there)."""
+    try:
+        out = subprocess.run(
+            ["nsenter", "--target", str(pid), "--uts", "hostname"], capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None

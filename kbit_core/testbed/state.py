@@ -38,6 +38,7 @@ class BedOptions:
     delay_relay_port: int = 19400  # in each node's namespace, with a delay in ``link``
     registry: bool = False  # a Schema Registry (Apicurio, in memory) on the driver host's bed address
     registry_port: int = 18181  # its Confluent-compatible API; its health port is the next one
+    log_disk_mb: int | None = None  # each broker's log directory on a tmpfs of this size (log_disks.py); None: none
 
 
 class BedHost(BaseModel):

@@ -10,8 +10,11 @@ import pytest
 
 from kbit_core import ray_env
 from kbit_core import testbed as bed
-from kbit_core.testbed import BedState
+from kbit_core.testbed import BedOptions, BedState
 from tests.conftest import unavailable
+
+# Each broker's log directory on a filesystem of its own (test_disk_faults.py fills one): ample for the suite's topics.
+LOG_DISK_MB = 256
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +39,7 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BedState]:
         # turns Ray's multi-node mode off, which the bed's Ray nodes must not inherit.
         for name, value in ray_env.ray_env(None, loopback=True).items():
             patch.setenv(name, value)
-        state = bed.up(bed_dir)
+        state = bed.up(bed_dir, BedOptions(log_disk_mb=LOG_DISK_MB))
     yield state
     bed.down(bed_dir)
 

@@ -78,6 +78,8 @@ def test_cluster_up_refuses_a_bad_link_before_touching_anything(tmp_path: Path):
     [
         (["reboot"], "unknown fault 'reboot'; one of: rolling-restart, cut-off, kill-controller"),
         (["cut-off"], "cut-off needs exactly one of --broker HOST or --topic TOPIC"),
+        (["fill-disk"], "fill-disk needs exactly one of --broker HOST or --topic TOPIC"),
+        (["fill-disk", "--broker", "node1"], "no test bed is up at"),
         (["kill-controller"], "no test bed is up at"),
     ],
 )
