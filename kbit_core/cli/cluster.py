@@ -15,7 +15,9 @@ from kbit_core.testbed import down as bed_down
 from kbit_core.testbed import status as bed_status
 from kbit_core.testbed import up as bed_up
 from kbit_core.testbed.faults import FAULTS, BedBrokers, cut_off, kill_controller, rolling_restart
+from kbit_core.testbed.upgrade import UPGRADE, rolling_upgrade
 
+ALL_FAULTS = (*FAULTS, UPGRADE)
 cluster_app = typer.Typer(help="Start, stop and inspect the multi-host test bed (root on Linux).", no_args_is_help=True)
 out = Console()
 
@@ -94,13 +96,27 @@ def up(
             "(docs/network.md)."
         ),
     ] = None,
+    kafka_version: Annotated[
+        str | None,
+        typer.Option(
+            help="Run the brokers on this installed Apache Kafka release (e.g. 4.3.1, which `scripts/run.sh install` "
+            "installs), formatted with its metadata.version; `kbit cluster fault rolling-upgrade` upgrades them."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create the hosts, start Apache Kafka on every host (TLS, SCRAM users, ACLs), the Spark standalone master and
     workers and (with the `ray` extra) a Ray node on each node host; wait until healthy."""
     bed_dir = _bed_dir(config, sets)
     was_up = run_guarded(bed_status, bed_dir).up
-    options = BedOptions(subnet=subnet, nodes=nodes, broker_port=broker_port, client_auth=client_auth, link=link)
+    options = BedOptions(
+        subnet=subnet,
+        nodes=nodes,
+        broker_port=broker_port,
+        client_auth=client_auth,
+        link=link,
+        kafka_version=kafka_version,
+    )
     with out.status("starting the test bed (three Kafka brokers, then Spark and Ray)..."):
         run_guarded(bed_up, bed_dir, options)
     if was_up and not as_json:
@@ -126,7 +142,7 @@ def status(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = Fal
 
 @cluster_app.command("fault")
 def fault(
-    name: Annotated[str, typer.Argument(help=f"One of: {', '.join(FAULTS)}.")],
+    name: Annotated[str, typer.Argument(help=f"One of: {', '.join(ALL_FAULTS)}.")],
     broker: Annotated[
         str | None, typer.Option(help="cut-off: the host whose broker to cut off (driver, node1, ...).")
     ] = None,
@@ -141,10 +157,13 @@ def fault(
 ) -> None:
     """Do to the running bed's Kafka what an operator does (docs/reliability.md), then wait until the cluster is
     whole again; prints what was done, timed, as JSON."""
-    if name not in FAULTS:
-        raise typer.BadParameter(f"unknown fault {name!r}; one of: {', '.join(FAULTS)}", param_hint="NAME")
+    if name not in ALL_FAULTS:
+        raise typer.BadParameter(f"unknown fault {name!r}; one of: {', '.join(ALL_FAULTS)}", param_hint="NAME")
     if name == "cut-off" and (broker is None) == (topic is None):
         raise typer.BadParameter("cut-off needs exactly one of --broker HOST or --topic TOPIC [--partition P]")
+    if name == UPGRADE:
+        print_json(run_guarded(rolling_upgrade, _bed_dir(config, sets)).to_dict())
+        return
     bed = run_guarded(BedBrokers.of, _bed_dir(config, sets))
     if name == "rolling-restart":
         report = run_guarded(rolling_restart, bed)

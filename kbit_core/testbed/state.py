@@ -36,6 +36,7 @@ class BedOptions:
     ray_object_store_mb: int = 256
     link: str | None = None  # RATE[,DELAY[,LOSS]]: every bed link shaped in both directions (shaping.py)
     delay_relay_port: int = 19400  # in each node's namespace, with a delay in ``link``
+    kafka_version: str | None = None  # the brokers' Apache Kafka release (installed beside kbit's); None: kbit's own
 
 
 class BedHost(BaseModel):
