@@ -49,20 +49,24 @@ def running_release(broker: ApacheKafkaBroker) -> str | None:
 
 
 class FeatureTool:
-    """Kafka's kafka-features (``org.apache.kafka.tools.FeatureCommand``) against the bed's brokers, from
-    ``version``'s jars, as the brokers' super user on their internal listener (TLS with the brokers' certificate)."""
+    """Kafka's kafka-features (``org.apache.kafka.tools.FeatureCommand``) from ``version``'s jars, against the
+    brokers at ``bootstrap``, connecting with the Java client properties in ``command_config``."""
 
-    def __init__(self, bed: BedBrokers, bed_dir: Path, version: str) -> None:
+    def __init__(self, bootstrap: str, command_config: Path, version: str) -> None:
+        self.bootstrap, self.config, self.version = bootstrap, command_config, version
+
+    @classmethod
+    def of_bed(cls, bed: BedBrokers, bed_dir: Path, version: str) -> FeatureTool:
+        """The tool as the bed's brokers' super user on their internal listener (TLS with the brokers' certificate)."""
         certs = certificate_paths(Path(bed_dir) / "certs")
-        self.config = Path(bed_dir) / "run" / "kafka-features.properties"
-        self.config.parent.mkdir(parents=True, exist_ok=True)
-        self.config.write_text(
+        config = Path(bed_dir) / "run" / "kafka-features.properties"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(
             "security.protocol=SSL\n"
             f"ssl.keystore.type=PEM\nssl.keystore.location={certs.server_keystore}\n"
             f"ssl.truststore.type=PEM\nssl.truststore.location={certs.ca}\n"
         )
-        self.bootstrap = ",".join(bed.cluster.admin_bootstrap(n) for n in bed.cluster.nodes)
-        self.version = version
+        return cls(",".join(bed.cluster.admin_bootstrap(n) for n in bed.cluster.nodes), config, version)
 
     def _run(self, *args: str) -> str:
         connect = ["--bootstrap-server", self.bootstrap, "--command-config", str(self.config)]
@@ -98,7 +102,7 @@ def rolling_upgrade(bed_dir: Path) -> FaultReport:
         raise TestbedError(f"no test bed is up at {bed_dir}: `kbit cluster up --kafka-version OLDER` first")
     target = kafka_version(kafka_libs())
     bed = BedBrokers.from_state(state)
-    tool = FeatureTool(bed, bed_dir, target)
+    tool = FeatureTool.of_bed(bed, bed_dir, target)
     report = FaultReport(UPGRADE)
     started = time.monotonic()
     before = tool.finalized()

@@ -97,7 +97,7 @@ def test_a_rolling_upgrade_with_produces_throughout_loses_nothing_and_finalizes_
     assert {upgrade.running_release(b) for b in brokers.cluster.brokers} == {target}
     # the older release formatted the cluster with its own metadata.version; the new one is read back from the cluster
     assert features["features_before"]["metadata.version"].startswith(upgrade.release_of(older) + "-IV")
-    finalized = upgrade.FeatureTool(brokers, older_bed.bed_dir, target).finalized()["metadata.version"]
+    finalized = upgrade.FeatureTool.of_bed(brokers, older_bed.bed_dir, target).finalized()["metadata.version"]
     assert finalized == features["features_after"]["metadata.version"]
     assert finalized.startswith(upgrade.release_of(target) + "-IV")
     assert bed.load_state(older_bed.bed_dir).options["kafka_version"] is None
