@@ -90,13 +90,13 @@ def _checked_java(java: str) -> str:
 
 def run_kafka_tool(tool: str, args: list[str], timeout_s: float = TOOL_TIMEOUT_S, version: str | None = None) -> str:
     """Run ``org.apache.kafka.tools.<tool>`` from the installed Kafka jars (release ``version``'s, given one); its
-    stdout. BrokerError with the tool's last output lines when it fails."""
+    stdout. BrokerError with the tool's last output lines, on one line, when it fails."""
     command = [java_binary(), "-Xmx512m", "-cp", f"{kafka_libs(version)}/*", f"org.apache.kafka.tools.{tool}", *args]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         raise BrokerError(f"Kafka's {tool} did not finish within {timeout_s:g}s") from None
     if done.returncode:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-5:])
+        tail = " | ".join(line.strip() for line in (done.stdout + done.stderr).strip().splitlines()[-5:])
         raise BrokerError(f"Kafka's {tool} failed (exit {done.returncode}): {tail}")
     return done.stdout

@@ -95,7 +95,8 @@ class FeatureTool:
 def rolling_upgrade(bed_dir: Path) -> FaultReport:
     """Restart each broker that does not run kbit's own Apache Kafka release on its jars, in turn (a rolling
     restart's step each); record the release in the bed's state; then raise the finalized ``metadata.version`` and
-    the other features to the release's levels and read them back: TestbedError naming any that differ. Brokers already on the release are skipped, so a failed upgrade is run again."""
+    the other features to the release's levels and read them back: TestbedError naming any that differ. Brokers
+    already on the release are skipped, so a failed upgrade is run again."""
     bed_dir = Path(bed_dir).resolve()
     state = load_state(bed_dir)
     if state is None:
