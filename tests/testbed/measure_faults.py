@@ -8,7 +8,7 @@ the undisturbed run's, and whether the weights and the loss curve equal the undi
 record lost, none trained twice, in the same order). Run as root with the bed up (`kbit cluster up`):
 ``python -m tests.testbed.measure_faults [FAULT ...] [--records N] [--at-step K] [--cut-off-s S] [--step-s T]``
 (each step at least T seconds: the run spans the fault; 25 steps of the 2,000 records take ~2 s unstretched); prints
-one JSON object per run. ``--workload produce``: instead of training, produces of ``--records`` records each, one
+one JSON object per run. ``--produce``: instead of training, produces of ``--records`` records each, one
 after another for as long as each fault lasts (fired as the first begins), against one undisturbed produce; each
 topic is then read back (records lost: indices missing; twice: indices read more than once).
 """
@@ -165,7 +165,9 @@ def train_row(state, brokers, name: str, workdir: Path, args, topic: str, clean:
 def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("faults", nargs="*", default=list(faults.FAULTS), choices=ALL_FAULTS)
-    parser.add_argument("--workload", choices=("train", "produce"), default="train")
+    parser.add_argument(
+        "--produce", action="store_true", help="the workload is produces one after another, not batch training"
+    )
     parser.add_argument("--records", type=int, default=2000)
     parser.add_argument("--at-step", type=int, default=5)
     parser.add_argument("--cut-off-s", type=float, default=30.0)
@@ -189,7 +191,7 @@ def main() -> None:
     brokers = faults.BedBrokers.from_state(state)
     with tempfile.TemporaryDirectory(prefix="kbit-faults-") as tmp:
         topic = f"kbit-bed-faults-{Path(tmp).name[-8:]}"
-        if args.workload == "produce":
+        if args.produce:
             clean = _produce_once(state, Path(tmp, "clean"), f"{topic}-clean", args.records)
             print(json.dumps({"run": "undisturbed", "workload": "produce", **clean}), flush=True)
         else:
@@ -205,7 +207,7 @@ def main() -> None:
         for name in args.faults:
             workdir = Path(tmp, name)
             workdir.mkdir()
-            if args.workload == "produce":
+            if args.produce:
                 row = produce_row(state, brokers, name, workdir, args)
             else:
                 row = train_row(state, brokers, name, workdir, args, topic, clean, clean_s)
