@@ -9,24 +9,22 @@ Tansu it keeps topics across restarts (``run_dir/kafka/data``, formatted once wi
 from __future__ import annotations
 
 import base64
-import functools
-import os
 import re
 import shutil
 import socket
 import struct
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from kbit_core.brokers.broker import BrokerStatus, ServiceBroker
+from kbit_core.brokers.kafka_release import installed_kafka_versions, java_binary, kafka_libs, kafka_version
 from kbit_core.errors import BrokerError
 from kbit_core.service import Service
 
-__all__ = ["ApacheKafkaBroker", "java_binary", "kafka_libs", "kafka_version"]
+__all__ = ["ApacheKafkaBroker", "installed_kafka_versions", "java_binary", "kafka_libs", "kafka_version"]
 
 # How long the one-off format run (a JVM start, ~2 s here) may take.
 FORMAT_TIMEOUT_S = 120.0
@@ -46,57 +44,6 @@ JVM_OPTS = (
 
 # A server log line at WARN or ERROR: its level, then its message without the timestamp (_LOG4J2's pattern).
 _LEVELED = re.compile(r"^\[[^\]]*\] (WARN|ERROR) (.*)$")
-
-_INSTALL_HINT = (
-    "run `bash scripts/run.sh install` (needs Java 17+ and Maven: apt-get install openjdk-17-jre-headless "
-    "maven), or set KAFKA_HOME to an unpacked Apache Kafka 4.x distribution"
-)
-
-
-def kafka_libs() -> Path:
-    """The directory of the Kafka jars: ``$KAFKA_HOME/libs``, else ``$KBIT_KAFKA_LIBS``, else ``<venv>/kafka/libs``."""
-    home = os.environ.get("KAFKA_HOME")
-    if home:
-        libs, where = Path(home) / "libs", f"KAFKA_HOME={home}"
-    else:
-        libs = Path(os.environ.get("KBIT_KAFKA_LIBS") or Path(sys.prefix) / "kafka" / "libs")
-        where = str(libs)
-    if not any(libs.glob("kafka_2.13-*.jar")):
-        raise BrokerError(f"Apache Kafka's jars are not installed ({where} holds no kafka_2.13-*.jar): {_INSTALL_HINT}")
-    return libs
-
-
-def kafka_version(libs: Path | None = None) -> str:
-    """The broker's version from its jar's name, e.g. '4.4.0'."""
-    jar = next(iter(sorted((libs or kafka_libs()).glob("kafka_2.13-*.jar"))))
-    return jar.name.removeprefix("kafka_2.13-").removesuffix(".jar")
-
-
-def java_binary() -> str:
-    """``$JAVA_HOME/bin/java`` or ``java`` on PATH, checked to be Java 17 or newer."""
-    home = os.environ.get("JAVA_HOME")
-    java = (
-        str(Path(home) / "bin" / "java") if home and (Path(home) / "bin" / "java").is_file() else shutil.which("java")
-    )
-    if java is None:
-        raise BrokerError(
-            "Apache Kafka needs Java 17 or newer: install e.g. openjdk-17-jre-headless (or set JAVA_HOME)"
-        )
-    return _checked_java(java)
-
-
-@functools.cache
-def _checked_java(java: str) -> str:
-    """``java`` once it said it is Java 17 or newer; asked once a process (`java -version` is a JVM start, and the
-    nodes of a cluster start together)."""
-    try:
-        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise BrokerError(f"cannot run {java} -version: {exc}") from None
-    found = re.search(r'version "(\d+)', out)
-    if found is None or int(found.group(1)) < 17:
-        raise BrokerError(f"Apache Kafka needs Java 17 or newer; {java} is {out.splitlines()[0] if out else 'unknown'}")
-    return java
 
 
 def new_cluster_id() -> str:
@@ -172,10 +119,12 @@ class ApacheKafkaBroker(ServiceBroker):
         launch: Callable[[list[str]], list[str]] | None = None,
         ready: Callable[[], bool] | None = None,
         jvm_opts: tuple[str, ...] = (),
+        kafka_version: str | None = None,
     ) -> None:
         """``advertised`` (host:port) is what metadata tells clients to connect to, when that is not the listener;
         ``env`` is added to the process environment; ``threads`` sizes the network and I/O thread pools;
-        ``jvm_opts`` follow JVM_OPTS on the broker's command line."""
+        ``jvm_opts`` follow JVM_OPTS on the broker's command line; ``kafka_version`` runs that release's jars
+        (:func:`kafka_libs`) rather than the installed broker's, from its next start on."""
         self.run_dir = Path(run_dir)
         self.host, self.port = host, port
         self.controller_port = controller_port if controller_port is not None else port + 1
@@ -185,6 +134,7 @@ class ApacheKafkaBroker(ServiceBroker):
         self.voters = voters or f"{node_id}@{host}:{self.controller_port}"
         self.overrides = dict(overrides or {})
         self.launch, self.ready, self.jvm_opts = launch, ready, jvm_opts
+        self.kafka_version = kafka_version
         self.home = self.run_dir / name
         self.data_dir = self.home / "data"
         self.properties_path = self.home / "server.properties"
@@ -213,7 +163,7 @@ class ApacheKafkaBroker(ServiceBroker):
         deadline = time.monotonic() + timeout_s
         self._log_start = {path: _size(path) for path in (self.server_log_path, self.log_path)}
         if self.service.pid() is None:
-            libs, java = kafka_libs(), java_binary()
+            libs, java = kafka_libs(self.kafka_version), java_binary()
             self._write_config()
             self._format(java, libs)
             argv = [
@@ -252,7 +202,7 @@ class ApacheKafkaBroker(ServiceBroker):
         self.cluster_id_path.unlink(missing_ok=True)
 
     def version(self) -> str:
-        return f"apache-kafka {kafka_version()}"
+        return f"apache-kafka {self.kafka_version or kafka_version()}"
 
     def _log_lines(self, path: Path) -> list[str] | None:
         """``path``'s lines written since the latest start() (all of them before one, or after a rotation)."""

@@ -60,7 +60,8 @@ def replication_properties(nodes: int) -> dict[str, str]:
 class KafkaCluster:
     """The nodes' brokers, started and stopped together; ``properties(node)`` adds each node's own settings
     (listeners, security), and ``admin_options`` are the confluent options an administrator connects with
-    (the bootstrap is added: ``admin_bootstrap(node)``, by default the node's client address)."""
+    (the bootstrap is added: ``admin_bootstrap(node)``, by default the node's client address). ``kafka_version``:
+    the brokers run that installed release (:func:`kafka_libs`), not the default one."""
 
     def __init__(
         self,
@@ -72,6 +73,7 @@ class KafkaCluster:
         admin_bootstrap: Callable[[ClusterNode], str] = lambda node: f"{node.host}:{node.port}",
         env: dict[str, str] | None = None,
         heap_max: str = "512m",
+        kafka_version: str | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.nodes = nodes
@@ -92,6 +94,7 @@ class KafkaCluster:
                 overrides=replication_properties(len(nodes)) | properties(node),
                 launch=node.launch,
                 jvm_opts=CLUSTER_JVM_OPTS,
+                kafka_version=kafka_version,
                 # a plaintext node answers the broker's own metadata probe once it serves; a secured one an admin
                 ready=(lambda i=i, node=node: i in self._registered(node)) if self.admin_options else None,
             )

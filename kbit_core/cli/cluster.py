@@ -16,7 +16,9 @@ from kbit_core.testbed import status as bed_status
 from kbit_core.testbed import up as bed_up
 from kbit_core.testbed.disk_faults import DISK_FAULTS, fill_disk
 from kbit_core.testbed.faults import FAULTS, BedBrokers, cut_off, kill_controller, rolling_restart
+from kbit_core.testbed.upgrade import UPGRADE, rolling_upgrade
 
+ALL_FAULTS = (*FAULTS, *DISK_FAULTS, UPGRADE)
 cluster_app = typer.Typer(help="Start, stop and inspect the multi-host test bed (root on Linux).", no_args_is_help=True)
 out = Console()
 
@@ -107,6 +109,13 @@ def up(
         int | None,
         typer.Option(min=16, help="Each broker's log directory on a filesystem of its own of this size (fill-disk)."),
     ] = None,
+    kafka_version: Annotated[
+        str | None,
+        typer.Option(
+            help="Run the brokers on this installed Apache Kafka release (e.g. 4.3.1, which `scripts/run.sh install` "
+            "installs), formatted with its metadata.version; `kbit cluster fault rolling-upgrade` upgrades them."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create the hosts, start Apache Kafka on every host (TLS, SCRAM users, ACLs), the Spark standalone master and
@@ -122,6 +131,7 @@ def up(
         link=link,
         registry=registry,
         log_disk_mb=log_disk_mb,
+        kafka_version=kafka_version,
     )
     with out.status("starting the test bed (three Kafka brokers, then Spark and Ray)..."):
         run_guarded(bed_up, bed_dir, options)
@@ -148,7 +158,7 @@ def status(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = Fal
 
 @cluster_app.command("fault")
 def fault(
-    name: Annotated[str, typer.Argument(help=f"One of: {', '.join((*FAULTS, *DISK_FAULTS))}.")],
+    name: Annotated[str, typer.Argument(help=f"One of: {', '.join(ALL_FAULTS)}.")],
     broker: Annotated[
         str | None,
         typer.Option(
@@ -174,11 +184,13 @@ def fault(
 ) -> None:
     """Do to the running bed's Kafka what an operator does (docs/reliability.md), then wait until the cluster is
     whole again; prints what was done, timed, as JSON."""
-    if name not in (*FAULTS, *DISK_FAULTS):
-        known = ", ".join((*FAULTS, *DISK_FAULTS))
-        raise typer.BadParameter(f"unknown fault {name!r}; one of: {known}", param_hint="NAME")
+    if name not in ALL_FAULTS:
+        raise typer.BadParameter(f"unknown fault {name!r}; one of: {', '.join(ALL_FAULTS)}", param_hint="NAME")
     if name in ("cut-off", "fill-disk") and (broker is None) == (topic is None):
         raise typer.BadParameter(f"{name} needs exactly one of --broker HOST or --topic TOPIC [--partition P]")
+    if name == UPGRADE:
+        print_json(run_guarded(rolling_upgrade, _bed_dir(config, sets)).to_dict())
+        return
     bed = run_guarded(BedBrokers.of, _bed_dir(config, sets))
     if name == "rolling-restart":
         report = run_guarded(rolling_restart, bed)

@@ -70,6 +70,11 @@ def missing_prerequisites() -> list[str]:
 
 def _check_prerequisites(options: BedOptions) -> None:
     missing = missing_prerequisites() + (shaping.missing_prerequisites() if options.link else [])
+    if options.kafka_version and not missing:
+        try:
+            kafka_libs(options.kafka_version)
+        except BrokerError as exc:
+            missing.append(str(exc))
     if missing:
         raise TestbedError("the multi-host test bed cannot run on this machine; missing: " + "; ".join(missing))
 
@@ -85,7 +90,9 @@ class _Processes:
         driver = self.topology.driver
         ports = BedKafkaPorts(options.broker_port, options.broker_internal_port, options.broker_controller_port)
         self.certs = certificate_paths(Path(bed_dir).resolve() / "certs")
-        self.kafka = bed_kafka(run_dir, self.topology.hosts, ports, self.certs, options.client_auth, marker)
+        self.kafka = bed_kafka(
+            run_dir, self.topology.hosts, ports, self.certs, options.client_auth, marker, options.kafka_version
+        )
         self.master = master_service(run_dir, driver, options.master_port, options.master_webui_port, marker)
         # on the driver host's bed address: the node hosts reach it over the bridge, nothing outside the machine does
         local = LocalRegistryConfig(host=driver.address, port=options.registry_port)

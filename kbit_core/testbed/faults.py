@@ -57,7 +57,7 @@ class BedBrokers:
         certs = certificate_paths(Path(state.bed_dir) / "certs")
         run_dir, marker = Path(state.bed_dir) / "run", {MARKER_ENV: str(state.bed_dir)}  # as `up` starts them
         kafka = state.kafka_config()
-        cluster = bed_kafka(run_dir, hosts, ports, certs, options.client_auth, marker)
+        cluster = bed_kafka(run_dir, hosts, ports, certs, options.client_auth, marker, options.kafka_version)
         return cls(cluster, hosts, ports, {**confluent_options(kafka), "log_level": 0})
 
     def broker(self, name: str) -> tuple[ApacheKafkaBroker, Host]:
@@ -110,23 +110,26 @@ def rolling_restart(bed: BedBrokers) -> FaultReport:
     its data, wait until the cluster is whole, then the next."""
     report = FaultReport("rolling-restart")
     started = time.monotonic()
-    for broker in bed.cluster.brokers:
-        stopping = time.monotonic()
-        broker.stop()
-        stopped = time.monotonic()
-        broker.start(timeout_s=WHOLE_AGAIN_S)
-        serving = time.monotonic()
-        caught_up = wait_whole(bed.cluster)
-        report.steps.append(
-            {
-                "broker": broker.service.name,
-                "shutdown_s": round(stopped - stopping, 1),
-                "down_s": round(serving - stopped, 1),
-                "in_sync_after_s": round(caught_up, 1),
-            }
-        )
+    report.steps = [restart_broker(bed, broker) for broker in bed.cluster.brokers]
     report.seconds = time.monotonic() - started
     return report
+
+
+def restart_broker(bed: BedBrokers, broker: ApacheKafkaBroker) -> dict:
+    """One step of a rolling restart: SIGTERM to ``broker`` (a controlled shutdown), start it again on its data (and
+    its ``kafka_version``'s jars), wait until the cluster is whole; the step, timed."""
+    stopping = time.monotonic()
+    broker.stop()
+    stopped = time.monotonic()
+    broker.start(timeout_s=WHOLE_AGAIN_S)
+    serving = time.monotonic()
+    caught_up = wait_whole(bed.cluster)
+    return {
+        "broker": broker.service.name,
+        "shutdown_s": round(stopped - stopping, 1),
+        "down_s": round(serving - stopped, 1),
+        "in_sync_after_s": round(caught_up, 1),
+    }
 
 
 def cut_off_ruleset(address: str, ports: BedKafkaPorts) -> str:

@@ -76,9 +76,16 @@ def _properties(node: ClusterNode, ports: BedKafkaPorts, certs: BedCertificates,
 
 
 def bed_kafka(
-    run_dir: Path, hosts: tuple[Host, ...], ports: BedKafkaPorts, certs: BedCertificates, client_auth: bool, env: dict
+    run_dir: Path,
+    hosts: tuple[Host, ...],
+    ports: BedKafkaPorts,
+    certs: BedCertificates,
+    client_auth: bool,
+    env: dict,
+    kafka_version: str | None = None,
 ) -> KafkaCluster:
-    """The cluster's nodes, one per bed host (``kafka-<host>``), run inside the host's namespace."""
+    """The cluster's nodes, one per bed host (``kafka-<host>``), run inside the host's namespace, on Apache Kafka
+    ``kafka_version`` (default: the installed broker's)."""
     nodes = [
         ClusterNode(
             f"kafka-{h.name}",
@@ -103,6 +110,7 @@ def bed_kafka(
         admin_bootstrap=lambda node: f"{node.host}:{ports.internal}",
         env=env,
         heap_max=BROKER_HEAP,
+        kafka_version=kafka_version,
     )
 
 

@@ -39,6 +39,7 @@ class BedOptions:
     registry: bool = False  # a Schema Registry (Apicurio, in memory) on the driver host's bed address
     registry_port: int = 18181  # its Confluent-compatible API; its health port is the next one
     log_disk_mb: int | None = None  # each broker's log directory on a tmpfs of this size (log_disks.py); None: none
+    kafka_version: str | None = None  # the brokers' Apache Kafka release (installed beside kbit's); None: kbit's own
 
 
 class BedHost(BaseModel):

@@ -6,6 +6,7 @@ import pytest
 
 from kbit_core.bench.dataplane import kafka_tools
 from kbit_core.bench.dataplane.spark_kafka_peer import measure_spark_source
+from kbit_core.brokers.kafka_release import run_kafka_tool
 from kbit_core.errors import KbitError
 from kbit_core.kafka import admin, offsets
 from tests.integration.dataplane_fixtures import RAW, Produce
@@ -29,7 +30,7 @@ def test_kafka_tools_run_on_the_topic_and_their_summaries_parse(produce_topic: P
         admin.delete_topic(cfg.kafka, topic)
     # a tool that cannot do its work is an error with the tool's own words, not a rate of zero
     with pytest.raises(KbitError, match="Kafka's ConsumerPerformance failed"):
-        kafka_tools.run_tool("ConsumerPerformance", ["--topic", manifest.topic])
+        run_kafka_tool("ConsumerPerformance", ["--topic", manifest.topic])
     with pytest.raises(KbitError, match="no ProducerPerformance summary"):
         kafka_tools.parse_producer_performance("1 records sent, 0.1 records/sec", 100)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -34,14 +35,18 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BedState]:
         yield state
         return
     bed_dir = tmp_path_factory.mktemp("bed") / "testbed"  # `<workdir>/testbed`, as the CLI places it
+    yield bring_up(bed_dir, BedOptions(log_disk_mb=LOG_DISK_MB))
+    bed.down(bed_dir)
+
+
+def bring_up(bed_dir: Path, options: BedOptions) -> BedState:
+    """`bed.up` as the session does it."""
     with pytest.MonkeyPatch.context() as patch:
         # As in a driver that already ran a local Ray runtime (the Ray tests run first in the suite): its environment
         # turns Ray's multi-node mode off, which the bed's Ray nodes must not inherit.
         for name, value in ray_env.ray_env(None, loopback=True).items():
             patch.setenv(name, value)
-        state = bed.up(bed_dir, BedOptions(log_disk_mb=LOG_DISK_MB))
-    yield state
-    bed.down(bed_dir)
+        return bed.up(bed_dir, options)
 
 
 @contextmanager

@@ -1,15 +1,16 @@
 """The fault table of docs/reliability.md: batch DDP training on the running test bed (train-cluster: one rank per
 node host, TLS + SCRAM to the three brokers, RF 3, min.insync.replicas=2) once undisturbed and once per operator's
-fault (kbit_core.testbed.faults, disk_faults), fired from the driver host when rank 0 reaches a step; with
-``--produce``, a produce once undisturbed and once with a broker's disk filled halfway (fill-disk; the bed up with
-``--log-disk-mb``).
+fault (kbit_core.testbed.faults, disk_faults, and the rolling upgrade of kbit_core.testbed.upgrade, last: it leaves the bed on
+the new release), fired from the driver host when rank 0 reaches a step.
 
 Each row: the job's outcome, its extra wall time, the longest wait between two steps of any rank (the stall) against
 the undisturbed run's, and whether the weights and the loss curve equal the undisturbed run's (``torch.equal``: no
 record lost, none trained twice, in the same order). Run as root with the bed up (`kbit cluster up`):
 ``python -m tests.testbed.measure_faults [FAULT ...] [--records N] [--at-step K] [--cut-off-s S] [--step-s T]``
-(each step at least T seconds: the run spans the fault; 25 steps of the 2,000 records take ~2 s unstretched), or
-``python -m tests.testbed.measure_faults --produce [--records N]``; prints one JSON object per run.
+(each step at least T seconds: the run spans the fault; 25 steps of the 2,000 records take ~2 s unstretched); prints
+one JSON object per run. ``--produce``: instead of training, produces of ``--records`` records each, one
+after another for as long as each fault lasts (fired as the first begins), against one undisturbed produce; each
+topic is then read back (records lost: indices missing; twice: indices read more than once).
 """
 
 from __future__ import annotations
@@ -27,34 +28,37 @@ import torch
 
 from kbit_core import testbed as bed
 from kbit_core.kafka import contents
-from kbit_core.testbed import disk_faults, faults
+from kbit_core.produce import produce_dataset
+from kbit_core.testbed import disk_faults, faults, upgrade
 from kbit_core.train import checkpoint as ckpt
 from tests.conftest import FAULT_MODELS_DIR, REPO
 from tests.faults.test_fault_replicated import _read_indices
 from tests.testbed.test_cluster_e2e import TRAIN_CLUSTER, bed_sets, run_kbit
-from tests.testbed.test_disk_faults import produce_filling_a_disk
 from tests.testbed.test_secured_kafka import bed_config
 
-ALL_FAULTS = (*faults.FAULTS, *disk_faults.DISK_FAULTS)
+ALL_FAULTS = (*faults.FAULTS, *disk_faults.DISK_FAULTS, upgrade.UPGRADE)
 
 
 def _fire(name: str, brokers: faults.BedBrokers, topic: str, cut_off_s: float) -> faults.FaultReport:
+    if name == upgrade.UPGRADE:
+        return upgrade.rolling_upgrade(Path(brokers.cluster.run_dir).parent)  # the bed's run dir is <bed_dir>/run
     if name == "rolling-restart":
         return faults.rolling_restart(brokers)
     if name == "kill-controller":
         return faults.kill_controller(brokers)
-    if name == "fill-disk":  # the disk of the leader of rank 0's first partition, until Kafka shut the broker down
-        return disk_faults.fill_disk(brokers, [brokers.leader_of(topic, 0)[0]])
     victim, host = brokers.leader_of(topic, 0)  # the leader of rank 0's first partition
+    if name == "fill-disk":  # until Kafka shut that broker down
+        return disk_faults.fill_disk(brokers, [victim])
     return faults.cut_off(brokers, victim, host, cut_off_s)
 
 
 def _fire_at_step(clock: Path, step: int, *fault: Any) -> tuple[threading.Thread, list[faults.FaultReport]]:
-    """A thread that fires ``_fire(*fault)`` once ``clock`` counts ``step`` steps; the list gets its report."""
+    """A thread that fires ``_fire(*fault)`` once ``clock`` counts ``step`` steps (step 0: at once); the list gets its
+    report."""
     fired: list[faults.FaultReport] = []
 
     def wait_then_fire() -> None:
-        while not clock.exists() or len(clock.read_text().splitlines()) < step:
+        while step and (not clock.exists() or len(clock.read_text().splitlines()) < step):
             time.sleep(0.1)
         fired.append(_fire(*fault))
 
@@ -100,41 +104,73 @@ def _same_weights(a: dict, b: dict) -> bool:
     return ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
-def measure_produce(state: bed.BedState, brokers: faults.BedBrokers, records: int) -> None:
-    """A produce of ``records`` in 3 partitions undisturbed, then one with the disk of partition 0's leader filled at
-    half of them (tests/testbed/test_disk_faults.py); a row each: wall time, longest wait between two sends, records
-    lost / twice (every sample index read back), the manifest against the broker's offsets."""
-    clean_s = None
-    with tempfile.TemporaryDirectory(prefix="kbit-faults-") as tmp:
-        for run, fill_at in (("undisturbed", None), ("fill-disk", records // 2)):
-            topic = f"kbit-bed-produce-{Path(tmp).name[-8:]}-{run}"
-            sets = (f"dataset.num_records={records}", "produce.partitions=3", f"produce.topic={topic}")
-            Path(tmp, run).mkdir()
-            cfg = bed_config(state, Path(tmp, run), *sets)
-            manifest, seconds, wait, report = produce_filling_a_disk(cfg, brokers, fill_at)
-            indices = _read_indices(cfg, manifest)
-            clean_s = seconds if clean_s is None else clean_s
-            row = {
-                "run": f"produce, {run}",
-                "seconds": round(seconds, 1),
-                "extra_s": round(seconds - clean_s, 1),
-                "longest_send_wait_s": round(wait, 2),
-                "lost": len(set(range(records)) - set(indices)),
-                "twice": len(indices) - len(set(indices)),
-                "manifest_exact": contents.check_topic(cfg.kafka, manifest).holds_manifest,
-                "fault": report.to_dict() if report.steps else None,
-                "load_1min": round(os.getloadavg()[0], 1),
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            }
-            print(json.dumps(row), flush=True)
+def _produce_once(state: bed.BedState, workdir: Path, topic: str, records: int) -> dict[str, Any]:
+    """One produce of ``records`` records into a new ``topic``, timed, then read back: lost and twice-read indices."""
+    cfg = bed_config(state, workdir, f"dataset.num_records={records}", f"produce.topic={topic}")
+    started = time.monotonic()
+    try:
+        manifest = produce_dataset(cfg, progress=False)
+    except Exception as exc:  # the row says how it failed
+        return {"seconds": round(time.monotonic() - started, 1), "error": str(exc).splitlines()[0][:300]}
+    seconds = time.monotonic() - started
+    read = _read_indices(cfg, manifest)
+    return {
+        "seconds": round(seconds, 1),
+        "exact": contents.check_topic(cfg.kafka, manifest).holds_manifest,
+        "lost": len(set(range(records)) - set(read)),
+        "twice": len(read) - len(set(read)),
+    }
 
 
-def main() -> None:
+def produce_row(state: bed.BedState, brokers: faults.BedBrokers, name: str, workdir: Path, args, topic: str) -> dict:
+    """Produces one after another while fault ``name`` runs (fired as the first begins, on the leader of ``topic``'s
+    partition 0 where it takes one broker); the row for them."""
+    thread, fired = _fire_at_step(workdir / "start", 0, name, brokers, topic, args.cut_off_s)
+    runs: list[dict[str, Any]] = []
+    while thread.is_alive() or not runs:
+        runs.append(_produce_once(state, workdir, f"kbit-bed-produce-{workdir.name}-{len(runs)}", args.records))
+    thread.join()
+    return {
+        "run": name,
+        "workload": "produce",
+        "produces": len(runs),
+        "failed": [r["error"] for r in runs if "error" in r],
+        "longest_produce_s": max(r["seconds"] for r in runs),
+        "lost": sum(r.get("lost", 0) for r in runs),
+        "twice": sum(r.get("twice", 0) for r in runs),
+        "all_exact": all(r.get("exact") for r in runs),
+        "fault": fired[0].to_dict() if fired else None,
+    }
+
+
+def train_row(state, brokers, name: str, workdir: Path, args, topic: str, clean: dict, clean_s: float) -> dict:
+    """One training run with fault ``name`` fired when rank 0 reaches ``args.at_step``; the row for it."""
+    thread, fired = _fire_at_step(workdir / "clock" / "rank-0", args.at_step, name, brokers, topic, args.cut_off_s)
+    result, seconds, wait, rc = train(state, workdir, topic, args.records, args.step_s)
+    thread.join()
+    row = {
+        "run": name,
+        "rc": rc,
+        "seconds": round(seconds, 1),
+        "extra_s": round(seconds - clean_s, 1),
+        "stall_s": round(wait, 2),
+        "same_weights": rc == 0 and _same_weights(result, clean),
+        "same_loss_curve": rc == 0 and result["loss_curve"] == clean["loss_curve"],
+        "skipped": result.get("data", {}).get("train", {}).get("skipped_messages"),
+        "gaps": result.get("data", {}).get("train", {}).get("gaps"),
+        "fault": fired[0].to_dict() if fired else None,
+    }
+    return row | ({"stderr": result["stderr"]} if rc != 0 else {})
+
+
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # no choices: argparse checks an empty list against them as one value, and refuses it
-    parser.add_argument("faults", nargs="*", metavar="FAULT", help=f"{', '.join(ALL_FAULTS)} (default: all)")
     parser.add_argument(
-        "--produce", action="store_true", help="the workload is a produce (fill-disk only), not batch training"
+        "faults", nargs="*", metavar="FAULT", help=f"{', '.join(ALL_FAULTS)} (default: all but the upgrade)"
+    )
+    parser.add_argument(
+        "--produce", action="store_true", help="the workload is produces one after another, not batch training"
     )
     parser.add_argument("--records", type=int, default=2000)
     parser.add_argument("--at-step", type=int, default=5)
@@ -145,45 +181,49 @@ def main() -> None:
     args = parser.parse_args()
     for name in set(args.faults) - set(ALL_FAULTS):
         parser.error(f"unknown fault {name!r}; one of: {', '.join(ALL_FAULTS)}")
+    args.faults = args.faults or [*faults.FAULTS, *disk_faults.DISK_FAULTS]
+    if upgrade.UPGRADE in args.faults[:-1]:
+        parser.error(f"{upgrade.UPGRADE} must come last: it leaves the bed on the new release")
+    return args
+
+
+def main() -> None:
+    args = _arguments()
     running = bed.running_bed_dir()
     state = bed.load_state(running) if running else None
     if state is None:
         raise SystemExit("the test bed is not up: `kbit cluster up` first")
+    if upgrade.UPGRADE in args.faults and not state.options.get("kafka_version"):
+        raise SystemExit(f"{upgrade.UPGRADE} needs a bed on an older release: `kbit cluster up --kafka-version 4.3.1`")
     brokers = faults.BedBrokers.from_state(state)
-    if args.produce:
-        measure_produce(state, brokers, args.records)
-        return
     with tempfile.TemporaryDirectory(prefix="kbit-faults-") as tmp:
         topic = f"kbit-bed-faults-{Path(tmp).name[-8:]}"
-        train(state, Path(tmp, "produce"), topic, args.records, 0, "produce")  # off the clock
-        clean, clean_s, clean_wait, rc = train(state, Path(tmp, "clean"), topic, args.records, args.step_s)
-        print(
-            json.dumps({"run": "undisturbed", "rc": rc, "seconds": round(clean_s, 1), "stall_s": round(clean_wait, 2)})
-        )
-        for i, name in enumerate(args.faults or ALL_FAULTS):
-            workdir = Path(tmp, f"{name}-{i}")
-            clock = workdir / "clock" / "rank-0"
-            thread, fired = _fire_at_step(clock, args.at_step, name, brokers, topic, args.cut_off_s)
-            result, seconds, wait, rc = train(state, workdir, topic, args.records, args.step_s)
-            thread.join()
-            row = {
-                "run": name,
+        if args.produce:
+            clean = _produce_once(state, Path(tmp, "clean"), f"{topic}-clean", args.records)
+            print(json.dumps({"run": "undisturbed", "workload": "produce", **clean}), flush=True)
+        else:
+            train(state, Path(tmp, "produce"), topic, args.records, 0, "produce")  # off the clock
+            clean, clean_s, clean_wait, rc = train(state, Path(tmp, "clean"), topic, args.records, args.step_s)
+            undisturbed = {
+                "run": "undisturbed",
                 "rc": rc,
-                "seconds": round(seconds, 1),
-                "extra_s": round(seconds - clean_s, 1),
-                "stall_s": round(wait, 2),
-                "undisturbed_stall_s": round(clean_wait, 2),
-                "same_weights": rc == 0 and _same_weights(result, clean),
-                "same_loss_curve": rc == 0 and result["loss_curve"] == clean["loss_curve"],
-                "skipped": result.get("data", {}).get("train", {}).get("skipped_messages"),
-                "gaps": result.get("data", {}).get("train", {}).get("gaps"),
-                "fault": fired[0].to_dict() if fired else None,
+                "seconds": round(clean_s, 1),
+                "stall_s": round(clean_wait, 2),
+            }
+            print(json.dumps(undisturbed), flush=True)
+        for i, name in enumerate(args.faults):  # a fault named twice runs twice
+            workdir = Path(tmp, f"{name}-{i}")
+            workdir.mkdir()
+            if args.produce:
+                row = produce_row(state, brokers, name, workdir, args, f"{topic}-clean")
+            else:
+                row = train_row(state, brokers, name, workdir, args, topic, clean, clean_s)
+                row["undisturbed_stall_s"] = round(clean_wait, 2)
+            stamp = {
                 "load_1min": round(os.getloadavg()[0], 1),
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             }
-            if rc != 0:
-                row["stderr"] = result["stderr"]
-            print(json.dumps(row), flush=True)
+            print(json.dumps(row | stamp), flush=True)
 
 
 if __name__ == "__main__":

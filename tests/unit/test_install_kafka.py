@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "install_kafka.sh"
 POM = REPO / "deployments" / "kafka" / "pom.xml"
 SPARK_POM = REPO / "deployments" / "spark-kafka" / "pom.xml"
+UPGRADE_FROM = re.search(r"^UPGRADE_FROM=(\S+)$", SCRIPT.read_text(), re.M)[1]
 
 
 def run(dest: Path, path_dirs: list[Path], **env: str) -> subprocess.CompletedProcess[str]:
@@ -42,8 +44,9 @@ def tools(tmp_path: Path) -> Path:
     return bin_dir
 
 
-def installed(dest: Path, digest: str) -> None:
-    """Kafka's jars with the stamp ``digest``, and Spark's Kafka source up to date beside them."""
+def installed(dest: Path, digest: str, previous_digest: str | None = None) -> None:
+    """Kafka's jars with the stamp ``digest``, and Spark's Kafka source and the previous release (its stamp
+    ``previous_digest``, default: up to date) beside them."""
     (dest / "libs").mkdir(parents=True)
     (dest / "libs" / "kafka_2.13-4.4.0.jar").write_bytes(b"")
     (dest / ".pom-digest").write_text(digest + "\n")
@@ -51,6 +54,11 @@ def installed(dest: Path, digest: str) -> None:
     (spark / "libs").mkdir(parents=True)
     (spark / "libs" / "spark-sql-kafka-0-10_2.13-4.2.0.jar").write_bytes(b"")
     (spark / ".pom-digest").write_text(hashlib.sha256(SPARK_POM.read_bytes()).hexdigest() + "\n")
+    previous = dest / UPGRADE_FROM
+    (previous / "libs").mkdir(parents=True)
+    (previous / "libs" / f"kafka_2.13-{UPGRADE_FROM}.jar").write_bytes(b"")
+    pom_digest = hashlib.sha256(POM.read_bytes()).hexdigest()
+    (previous / ".pom-digest").write_text((previous_digest or f"{pom_digest} -Dkafka.version={UPGRADE_FROM}") + "\n")
 
 
 def test_a_matching_stamp_skips_maven(tmp_path: Path, tools: Path) -> None:
@@ -65,6 +73,16 @@ def test_a_changed_pom_needs_maven_and_says_so(tmp_path: Path, tools: Path) -> N
     assert done.returncode == 2
     assert done.stderr.strip() == (
         "kbit: installing Apache Kafka 4.4.0 needs Maven 3.6+ (apt-get install maven), or "
+        "KAFKA_HOME set to an unpacked Kafka 4.x"
+    )
+
+
+def test_a_missing_previous_release_needs_maven_and_says_so(tmp_path: Path, tools: Path) -> None:
+    installed(tmp_path / "kafka", hashlib.sha256(POM.read_bytes()).hexdigest(), previous_digest="0" * 64)
+    done = run(tmp_path / "kafka", [tools])
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"kbit: installing Apache Kafka {UPGRADE_FROM} needs Maven 3.6+ (apt-get install maven), or "
         "KAFKA_HOME set to an unpacked Kafka 4.x"
     )
 

@@ -22,7 +22,6 @@ import random
 import re
 import statistics
 import string
-import subprocess
 import time
 import uuid
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from rich.table import Table
 
 from kbit_core.bench.dataplane.data_plane import timed_pass, whole_topic_blocks
 from kbit_core.bench.dataplane.peer_harness import comparison_head, peer_codec
-from kbit_core.brokers.apache_broker import java_binary, kafka_libs
+from kbit_core.brokers.kafka_release import run_kafka_tool
 from kbit_core.config import ClientName, KbitConfig
 from kbit_core.data.reader import RangeReader
 from kbit_core.errors import KbitError
@@ -70,20 +69,6 @@ class ToolFetch(Rate):
     fetch_seconds: float = 0.0
 
 
-def run_tool(tool: str, args: list[str], timeout_s: float = TOOL_TIMEOUT_S) -> str:
-    """Run ``org.apache.kafka.tools.<tool>`` from the installed Kafka jars; its stdout. KbitError with the tool's
-    last output lines when it fails."""
-    command = [java_binary(), "-Xmx512m", "-cp", f"{kafka_libs()}/*", f"org.apache.kafka.tools.{tool}", *args]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        raise KbitError(f"Kafka's {tool} did not finish within {timeout_s:g}s") from None
-    if done.returncode:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-5:])
-        raise KbitError(f"Kafka's {tool} failed (exit {done.returncode}): {tail}")
-    return done.stdout
-
-
 def parse_consumer_performance(output: str) -> ToolFetch:
     """ConsumerPerformance's summary line: its fetch rate (rebalance time excluded) and fetch time. Its MB are
     MiB."""
@@ -110,7 +95,7 @@ def consumer_performance(cfg: KbitConfig, topic: str, records: int) -> ToolFetch
     """ConsumerPerformance reading ``records`` records of ``topic`` from its start, in a group of its own."""
     args = ["--bootstrap-server", cfg.kafka.resolved_bootstrap(), "--topic", topic, "--num-records", str(records)]
     args += ["--group", f"kbit-perf-{uuid.uuid4().hex[:8]}", "--timeout", str(TOOL_TIMEOUT_S * 1000)]
-    return parse_consumer_performance(run_tool("ConsumerPerformance", args))
+    return parse_consumer_performance(run_kafka_tool("ConsumerPerformance", args))
 
 
 def producer_settings(cfg: KbitConfig, compression: str) -> dict[str, str]:
@@ -128,7 +113,7 @@ def producer_performance(cfg: KbitConfig, topic: str, records: int, record_size:
     props = {"bootstrap.servers": cfg.kafka.resolved_bootstrap(), **producer_settings(cfg, compression)}
     args = ["--topic", topic, "--num-records", str(records), "--record-size", str(record_size), "--throughput", "-1"]
     args += ["--producer-props", *(f"{k}={v}" for k, v in props.items())]
-    return parse_producer_performance(run_tool("ProducerPerformance", args), record_size)
+    return parse_producer_performance(run_kafka_tool("ProducerPerformance", args), record_size)
 
 
 def kbit_producer(cfg: KbitConfig, topic: str, records: int, payload: bytes, compression: str) -> Rate:
