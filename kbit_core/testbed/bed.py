@@ -26,7 +26,7 @@ from kbit_core.brokers.apache_broker import kafka_libs
 from kbit_core.errors import BrokerError
 from kbit_core.kafka.settings import confluent_options
 from kbit_core.service import Service, pid_alive
-from kbit_core.testbed import network, ray_cluster, shaping
+from kbit_core.testbed import network, ray_cluster, ray_launcher, shaping, ssh_hosts
 from kbit_core.testbed.certs import BedCertificates, certificate_paths, make_certificates
 from kbit_core.testbed.kafka_bed import TRAIN_USER, BedKafkaPorts, bed_kafka, create_users_and_acls, password_path
 from kbit_core.testbed.network import Host, TestbedError, Topology
@@ -104,6 +104,10 @@ class _Processes:
             for node in self.topology.nodes
         ]
         self.delay_relays = shaping.delay_relays(run_dir, self.topology.nodes, options, marker)
+        self.sshds = [
+            ssh_hosts.sshd_service(Path(bed_dir).resolve(), run_dir, node, options.ssh_port, marker)
+            for node in (self.topology.nodes if options.ssh else ())
+        ]
         head_node, *worker_nodes = self.topology.nodes
         self.ray_head_address = f"{head_node.address}:{options.ray_head_port}"
         self.ray_token = ray_env.own_token_file(Path(bed_dir).resolve())
@@ -145,6 +149,7 @@ class _Processes:
             *zip(self.workers, self.topology.nodes),
             *zip(self.ray_nodes, self.topology.nodes),
             *zip(self.delay_relays, self.topology.nodes),
+            *zip(self.sshds, self.topology.nodes),
         ]
 
 
@@ -166,6 +171,7 @@ def _bed_state(bed_dir: Path, procs: _Processes, certs: BedCertificates, kafka_u
         ssl_certfile=certs.client_cert if options.client_auth else None,
         ssl_keyfile=certs.client_key if options.client_auth else None,
         ray_address=procs.ray_nodes[0].url if procs.ray_nodes else None,
+        ray_cluster_yaml=ray_launcher.cluster_yaml_path(bed_dir) if procs.sshds else None,
         options=asdict(options),
     )
 
@@ -189,7 +195,7 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
             f"a test bed from {other} is already up (there is one per machine); use it, or stop it "
             "with `kbit cluster down` first"
         )
-    if current.state is not None or current.bridge or current.namespaces or _marked_pids():
+    if current.state is not None or current.bridge or current.namespaces or _marked_processes():
         down(bed_dir)
     procs = _Processes(bed_dir, options)
     topo = procs.topology
@@ -210,6 +216,9 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
         )
         if procs.ray_nodes:
             _start_ray(procs, timeout_s)
+        if procs.sshds:  # for Ray's own launcher: `ray up` with the cluster.yaml rendered here
+            ssh_hosts.start(bed_dir, procs.sshds, timeout_s)
+            ray_launcher.render(bed_dir, topo, ray_env.create_token(procs.ray_token))
         state = _bed_state(bed_dir, procs, certs, kafka_up_s)
         _probe_broker(state, procs)
     except BaseException:
@@ -350,10 +359,6 @@ def _marked_processes() -> dict[int, str]:
     return found
 
 
-def _marked_pids() -> list[int]:
-    return list(_marked_processes())
-
-
 def running_bed_dir() -> Path | None:
     """The directory of the bed whose processes run on this machine (whoever started it), or None."""
     dirs = set(_marked_processes().values())
@@ -395,13 +400,15 @@ def down(bed_dir: Path | None = None) -> list[str]:
         for service, _host in procs.all()[len(procs.kafka.brokers) :]:
             if service.stop(timeout_s=10):
                 removed.append(f"process {service.name}")
-    leftovers = _marked_pids() + [pid for ns in network.bed_namespaces() for pid in network.namespace_pids(ns)]
+    in_namespaces = [pid for ns in network.bed_namespaces() for pid in network.namespace_pids(ns)]
+    leftovers = [*_marked_processes(), *in_namespaces]
     if leftovers:
         _terminate(leftovers)
         removed.append(f"{len(set(leftovers))} leftover process(es)")
     removed += network.destroy()
     removed += shaping.remove_loss_tables("kbit-")  # the root-side veth ends are kbit-<node> (Host.veth)
     if bed_dir is not None:
+        removed += ssh_hosts.unlink_short_root(bed_dir)
         state_path(bed_dir).unlink(missing_ok=True)
         # the brokers' logs and the SCRAM passwords go with the bed: the next `up` formats a fresh cluster
         for made in (Path(bed_dir) / "run", Path(bed_dir) / "credentials"):
