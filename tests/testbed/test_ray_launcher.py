@@ -26,7 +26,7 @@ from tests.testbed.test_cluster_e2e import TRAIN_CLUSTER, assert_ranks_on_node_h
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.kafka]
 
 RAY = str(Path(sys.executable).parent / "ray")
-HEAD_PORT, CLIENT_PORT = 6390, 10011  # deployments/ray/cluster.yaml's
+HEAD_PORT, CLIENT_PORT = 6390, 6391  # deployments/ray/cluster.yaml's
 DEADLINE_S = 600.0  # generous: the autoscaler's idle timeout is 1 minute, each step takes seconds on an idle machine
 PRINT_NODES = (
     'python -c \'import json, ray; ray.init(address="auto", log_to_driver=False); '
@@ -68,6 +68,17 @@ def _launched_processes(state: BedState) -> list[psutil.Process]:
             if env.get(MARKER_ENV) == str(state.bed_dir):
                 found.append(proc)
     return found
+
+
+def _names(state: BedState, host: str) -> list[str]:
+    names = []
+    for proc in _launched_processes(state):
+        try:
+            if proc.environ().get(ssh_hosts.HOST_VARIABLE) == host:
+                names.append(" ".join(proc.cmdline())[:80])
+        except psutil.Error:
+            continue
+    return names
 
 
 def _alive(state: BedState) -> set[str]:
@@ -140,6 +151,7 @@ def test_ray_up_autoscales_a_worker_for_a_train_run_and_ray_down_leaves_none(
 
     removed_after = _wait_for(lambda: worker.address not in _alive(state), "the idle worker removed")
     record_property("idle_worker_removed_after_s", round(removed_after, 1))
+    record_property("left_on_worker_after_removal", sorted(_names(state, worker.name)))
 
     _ray(state, "down", "-y", cluster_yaml)
     _wait_for(lambda: not _launched_processes(state), "every Ray process of the launcher's cluster gone")
