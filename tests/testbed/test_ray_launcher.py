@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -122,18 +123,37 @@ def _train(state: BedState, workdir: Path) -> subprocess.CompletedProcess[str]:
         "tracking.enabled": False,
     }
     return run_kbit(
-        "train", "--config", str(TRAIN_CLUSTER), "--json", *bed_sets(state, workdir, **launcher_cluster)
+        "train",
+        "--config",
+        str(TRAIN_CLUSTER),
+        "--json",
+        *bed_sets(state, workdir, **launcher_cluster),
+        timeout=DEADLINE_S,
     )  # the launcher's Ray asks every client for the cluster's token, as the bed's own does
 
 
-def test_ray_up_autoscales_a_worker_for_a_train_run_and_ray_down_leaves_none(
-    launcher_bed: BedState, tmp_path: Path, record_property
-) -> None:
-    state, cluster_yaml = launcher_bed, str(launcher_bed.ray_cluster_yaml)
-    head, worker = launcher_bed.nodes[0], launcher_bed.nodes[1]
+@pytest.fixture
+def launched(launcher_bed: BedState, record_property) -> Iterator[str]:
+    """`ray up` with the bed's cluster.yaml (its path); afterwards `ray down`, if the test left the cluster up."""
+    cluster_yaml = str(launcher_bed.ray_cluster_yaml)
     started = time.monotonic()
-    _ray(state, "up", "-y", "--no-config-cache", cluster_yaml)
+    _ray(launcher_bed, "up", "-y", "--no-config-cache", cluster_yaml)
     record_property("ray_up_s", round(time.monotonic() - started, 1))
+    yield cluster_yaml
+    if _launched_processes(launcher_bed):
+        subprocess.run(
+            [RAY, "down", "-y", cluster_yaml],
+            capture_output=True,
+            timeout=DEADLINE_S,
+            env={**os.environ, **ray_launcher.launcher_env(launcher_bed.bed_dir)},
+        )
+
+
+def test_ray_up_autoscales_a_worker_for_a_train_run_and_ray_down_leaves_none(
+    launcher_bed: BedState, launched: str, tmp_path: Path, record_property
+) -> None:
+    state, cluster_yaml = launcher_bed, launched
+    head, worker = launcher_bed.nodes[0], launcher_bed.nodes[1]
     assert _alive(state) == {head.address}  # min_workers 0: the head only, one CPU
 
     watch = _JoinWatch(state, worker.address)
