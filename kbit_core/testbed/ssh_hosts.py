@@ -4,7 +4,8 @@ and a client key pair of kbit's own, and a home directory per host (the bed's ho
 Everything lives under ``<bed>/ssh`` (keys, mode 0600) and ``<bed>/run/hosts/<node>`` (the host's home and Ray's
 directory), reached through a short link in /tmp (:func:`short_root`): Ray puts its sockets under its temp directory
 and a Unix socket path may not exceed 107 bytes, which a pytest directory would. A session on a node host gets the
-bed's marker variable (so `kbit cluster down` finds whatever it started) and its host's name in ``KBIT_BED_HOST``.
+bed's marker variable (so `kbit cluster down` finds whatever it started) and its host's name in ``KBIT_BED_HOST``,
+and root's home is the host's own there (:func:`sshd_service`).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def unlink_short_root(bed_dir: Path) -> list[str]:
 
 def _sshd_config(bed_dir: Path, node: Host, port: int, marker_env: dict[str, str]) -> str:
     keys = ssh_dir(bed_dir)
-    env = {"HOME": host_home(bed_dir, node), HOST_VARIABLE: node.name, **marker_env}
+    env = {HOST_VARIABLE: node.name, **marker_env}
     return "\n".join(
         [
             f"ListenAddress {node.address}:{port}",
@@ -149,9 +150,20 @@ def _bashrc(bed_dir: Path, node: Host) -> str:
     )
 
 
+def _passwd_with_home(passwd: str, user: str, home: Path) -> str:
+    """/etc/passwd's text with ``user``'s home directory replaced by ``home``."""
+    lines = []
+    for line in passwd.splitlines():
+        fields = line.split(":")
+        if len(fields) == 7 and fields[0] == user:
+            fields[5] = str(home)
+        lines.append(":".join(fields))
+    return "\n".join(lines) + "\n"
+
+
 def sshd_service(bed_dir: Path, run_dir: Path, node: Host, port: int, marker_env: dict[str, str]) -> Service:
     """An sshd on ``node``'s bed address only; its sessions start in the host's home."""
-    config = run_dir / f"sshd-{node.name}.conf"
+    config, passwd = run_dir / f"sshd-{node.name}.conf", run_dir / f"passwd-{node.name}"
 
     def prepare() -> None:
         PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
@@ -159,11 +171,29 @@ def sshd_service(bed_dir: Path, run_dir: Path, node: Host, port: int, marker_env
         home = host_home(bed_dir, node)
         home.mkdir(parents=True, exist_ok=True)
         (home / ".bashrc").write_text(_bashrc(bed_dir, node))
+        passwd.write_text(_passwd_with_home(Path("/etc/passwd").read_text(), SSH_USER, home))
+        os.chmod(passwd, 0o644)
 
     return Service(
         f"sshd-{node.name}",
         run_dir,
-        in_host(node, [SSHD, "-D", "-e", "-f", str(config)]),
+        # `ip netns exec` gives the sshd a mount namespace of its own: there, and only there, /etc/passwd names the
+        # host's home for root, so sessions get HOME, and ssh's and rsync's `~` (which ssh takes from passwd, not
+        # from HOME: the head's autoscaler reaches the workers with `-i ~/ray_bootstrap_key.pem`) is this host's
+        in_host(
+            node,
+            [
+                "sh",
+                "-c",
+                'mount --bind "$0" /etc/passwd && exec "$@"',
+                str(passwd),
+                SSHD,
+                "-D",
+                "-e",
+                "-f",
+                str(config),
+            ],
+        ),
         marker=SSHD,
         env=marker_env,
         prepare=prepare,
