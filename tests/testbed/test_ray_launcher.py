@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.kafka]
 RAY = str(Path(sys.executable).parent / "ray")
 HEAD_PORT, CLIENT_PORT = 6390, 6391  # deployments/ray/cluster.yaml's
 DEADLINE_S = 600.0  # generous: the autoscaler's idle timeout is 1 minute, each step takes seconds on an idle machine
+POLL_S = 5.0  # each poll starts a Python that imports Ray: seconds of CPU on a 2-core machine
 PRINT_NODES = (
     'python -c \'import json, ray; ray.init(address="auto", log_to_driver=False); '
     'print(json.dumps({n["NodeManagerAddress"]: n["Alive"] for n in ray.nodes()}))\''
@@ -91,7 +92,7 @@ def _wait_for(condition, what: str, timeout_s: float = DEADLINE_S) -> float:
     started = time.monotonic()
     while not condition():
         assert time.monotonic() - started < timeout_s, f"{what}: not within {timeout_s:.0f}s"
-        time.sleep(2.0)
+        time.sleep(POLL_S)
     return time.monotonic() - started
 
 
@@ -108,7 +109,7 @@ class _JoinWatch(threading.Thread):
         while not self.done.is_set() and self.joined_after_s is None:
             if self.address in _alive(self.state):
                 self.joined_after_s = round(time.monotonic() - self.started, 1)
-            self.done.wait(2.0)
+            self.done.wait(POLL_S)
 
 
 def _train(state: BedState, workdir: Path) -> subprocess.CompletedProcess[str]:
@@ -166,7 +167,8 @@ def test_ray_up_autoscales_a_worker_for_a_train_run_and_ray_down_leaves_none(
     assert done.returncode == 0, done.stderr[-4000:]
     assert_ranks_on_node_hosts(json.loads(done.stdout), state)  # one rank on node1 (head), one on node2 (autoscaled)
 
-    nodes = json.loads(_ray(state, "exec", cluster_yaml, PRINT_NODES).stdout.strip().splitlines()[-1])
+    printed = _ray(state, "exec", cluster_yaml, PRINT_NODES).stdout.splitlines()
+    nodes = json.loads([line for line in printed if line.startswith("{")][-1])
     assert nodes[head.address] is True and worker.address in nodes, nodes
 
     removed_after = _wait_for(lambda: worker.address not in _alive(state), "the idle worker removed")
