@@ -1,8 +1,7 @@
 """Ray's own cluster launcher on the bed, as a team runs it: `ray up` over SSH with deployments/ray/cluster.yaml (head
 on node1, node2 a worker the autoscaler starts on demand), a Ray Train run through `launch.ray_address` whose ranks
-need that worker, `ray exec`, the idle worker removed again, and `ray down` (with the worker host's own `ray stop`) leaving
-none of its Ray processes while
-the bed's own Ray nodes on the same hosts run on."""
+need that worker, `ray exec`, the idle worker removed again, and `ray down` (with the worker host's own `ray stop`)
+leaving none of its Ray processes while the bed's own Ray nodes on the same hosts run on."""
 
 from __future__ import annotations
 
