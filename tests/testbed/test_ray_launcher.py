@@ -164,6 +164,7 @@ def launched(launcher_bed: BedState, record_property) -> Iterator[str]:
         )
 
 
+@pytest.mark.timeout(3 * DEADLINE_S)  # about 3 minutes on an idle machine; each step has its own generous deadline
 def test_ray_up_autoscales_a_worker_for_a_train_run_and_ray_down_leaves_none(
     launcher_bed: BedState, launched: str, tmp_path: Path, record_property
 ) -> None:
