@@ -119,6 +119,7 @@ class Service:
     port_setting: str = "its port setting"
     error_type: type[KbitError] = ServiceError
     prepare: Callable[[], object] | None = None  # called before each start, e.g. to create a file the service reads
+    stop_signal: signal.Signals = signal.SIGTERM  # what asks it to stop; SIGKILL follows after stop's timeout
 
     @property
     def pid_path(self) -> Path:
@@ -202,14 +203,14 @@ class Service:
         )
 
     def stop(self, timeout_s: float = 15.0) -> bool:
-        """SIGTERM the process group, SIGKILL it after ``timeout_s``; True when ours was running."""
+        """``stop_signal`` to the process group, SIGKILL after ``timeout_s``; True when ours was running."""
         pid = self.pid()
         self.pid_path.unlink(missing_ok=True)
         if pid is None:
             return False
         # start_new_session made the service a group leader: its children (uvicorn workers,
         # flow-run processes) share the group and go down with it.
-        _signal_group(pid, signal.SIGTERM)
+        _signal_group(pid, self.stop_signal)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and pid_alive(pid):
             time.sleep(0.1)

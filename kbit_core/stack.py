@@ -72,6 +72,14 @@ def _api(method: str, url: str, body: dict[str, Any] | None = None, login: str |
         raise StackError(f"{method} {url} failed: {exc}") from None
 
 
+def _allowed_hosts(host: str, port: int) -> list[str]:
+    """MLflow's server answers 403 to a Host header outside localhost and the private ranges (its guard against DNS
+    rebinding): a stack bound to another address (e.g. 127.0.0.2, a public one) names it, and localhost for a tunnel."""
+    if host in ("127.0.0.1", "localhost"):
+        return []
+    return ["--allowed-hosts", ",".join(f"{name},{name}:{port}" for name in (host, "localhost", "127.0.0.1"))]
+
+
 def mlflow_server(cfg: KbitConfig, team: TeamServers) -> Service:
     """The local MLflow server, one worker: a sqlite store and artifacts under the run directory, or the team
     profile's PostgreSQL database, S3 bucket and login (``team``)."""
@@ -90,6 +98,7 @@ def mlflow_server(cfg: KbitConfig, team: TeamServers) -> Service:
             "--port",
             str(st.mlflow_port),
             *team.mlflow_stores(f"sqlite:///{run_dir / 'mlflow.db'}", str(run_dir / "mlartifacts")),
+            *_allowed_hosts(st.host, st.mlflow_port),
             "--workers",
             "1",
         ],

@@ -8,6 +8,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -79,12 +80,17 @@ def initialise(run_dir: Path, host: str) -> Path:
     data = data_dir(run_dir)
     if (data / "PG_VERSION").is_file():
         return data
-    data.mkdir(parents=True, exist_ok=True)
-    os.chmod(data, 0o700)
-    _hand_over(data)
-    # the server's user reads the superuser's password from a file of its own, removed right after
-    pwfile = logins.write_private(data.parent / "initdb.pw", logins.password(run_dir, logins.POSTGRES_ADMIN))
-    _hand_over(pwfile)
+    try:
+        data.mkdir(parents=True, exist_ok=True)
+        os.chmod(data, 0o700)
+        _hand_over(data)
+        # the server's user reads the superuser's password from a file of its own, removed right after
+        pwfile = logins.write_private(data.parent / "initdb.pw", logins.password(run_dir, logins.POSTGRES_ADMIN))
+        _hand_over(pwfile)
+    except OSError as exc:
+        raise PostgresError(
+            f"cannot create PostgreSQL's data directory {data}: {exc.strerror} ({exc.filename})"
+        ) from None
     argv = [
         str(find_bindir() / "initdb"),
         "-D",
@@ -141,6 +147,9 @@ def postgres_server(run_dir: Path, host: str, port: int, error_type: type[KbitEr
         port_setting="stack.postgres_port",
         error_type=error_type,
         prepare=lambda: initialise(run_dir, host),
+        # a fast shutdown (pg_ctl's default): SIGTERM's smart one waits for every client, e.g. the pooled connections
+        # of a Prefect or MLflow server still up, and SIGKILL would follow
+        stop_signal=signal.SIGINT,
     )
 
 

@@ -14,6 +14,7 @@ from kbit_core.kafka.settings import mask
 from kbit_core.stats.history import Night
 from kbit_core.stats.identity import identity_differences, measurement_overrides
 from kbit_core.stats.metrics import stat_metric_name
+from kbit_core.tracking.artifacts import storing
 from kbit_core.tracking.client import mlflow_client
 from kbit_core.tracking.trackers import (
     BENCHMARK_ARTIFACT_DIR,
@@ -86,7 +87,8 @@ def log_history(cfg: KbitConfig, run_id: str | None, files: Sequence[Path], verd
         return
     client = mlflow_client(cfg)
     for path in files:
-        client.log_artifact(run_id, str(path), artifact_path=HISTORY_ARTIFACT_DIR)
+        with storing(cfg, run_id, f"{HISTORY_ARTIFACT_DIR}/{path.name}"):
+            client.log_artifact(run_id, str(path), artifact_path=HISTORY_ARTIFACT_DIR)
     note = client.get_run(run_id).data.tags.get(NOTE_TAG, "")
     client.set_tag(run_id, NOTE_TAG, run_description(f"**{verdict}**\n\n{note}\n## History\n\n{table}"))
 

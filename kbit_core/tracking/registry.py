@@ -12,6 +12,7 @@ from typing import Any
 
 from kbit_core.config import KbitConfig
 from kbit_core.kafka.manifest import Manifest
+from kbit_core.tracking.artifacts import storing
 from kbit_core.tracking.training import dataset_label, headline, name_part
 from kbit_core.train import checkpoint as ckpt
 
@@ -49,7 +50,7 @@ def register_model(
     # signature from it); a batch of 2, because torch.export specialises a batch dimension of 1 into a fixed size.
     example = torch.zeros((2, *image_shape), dtype=torch.float32 if len(image_shape) == 3 else torch.int64).numpy()
     name = registered_model_name(cfg)
-    with mlflow.start_run(run_id=run_id):
+    with storing(cfg, run_id, MODEL_ARTIFACT), mlflow.start_run(run_id=run_id):
         info = mlflow.pytorch.log_model(
             model,
             name=MODEL_ARTIFACT,

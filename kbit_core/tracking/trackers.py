@@ -23,6 +23,7 @@ from kbit_core.config import KbitConfig
 from kbit_core.service import owner_token
 from kbit_core.stats.identity import identity_hash
 from kbit_core.stats.metrics import configuration_metrics, verdict_against_fastest
+from kbit_core.tracking.artifacts import storing
 from kbit_core.tracking.client import mlflow_client
 from kbit_core.tracking.environment import run_environment
 from kbit_core.tracking.params import config_params, run_settings
@@ -215,20 +216,23 @@ class MlflowTracker:
             },
         )
         run_id = run.info.run_id
-        self._describe_experiment(kind)
-        self.client.log_dict(run_id, run_settings(cfg, kind), CONFIG_ARTIFACT)
-        self._log(
-            run_id,
-            params=config_params(cfg, kind),
-            tags={
-                "versions": json.dumps(env["versions"]),
-                "hardware": json.dumps(env["hardware"]),
-                **{f"version.{k}": v for k, v in env["versions"].items()},
-            },
-        )
-        monitor = self._system_monitor(run_id) if cfg.tracking.system_metrics else None
+        monitor = None
         status = "FAILED"
         try:
+            # inside the try: a run whose settings cannot be stored ends FAILED, not RUNNING
+            self._describe_experiment(kind)
+            with storing(cfg, run_id, CONFIG_ARTIFACT):
+                self.client.log_dict(run_id, run_settings(cfg, kind), CONFIG_ARTIFACT)
+            self._log(
+                run_id,
+                params=config_params(cfg, kind),
+                tags={
+                    "versions": json.dumps(env["versions"]),
+                    "hardware": json.dumps(env["hardware"]),
+                    **{f"version.{k}": v for k, v in env["versions"].items()},
+                },
+            )
+            monitor = self._system_monitor(run_id) if cfg.tracking.system_metrics else None
             yield run_id
             status = "FINISHED"
         except BaseException as exc:
@@ -271,7 +275,8 @@ class MlflowTracker:
             for name, fields in doc["configurations"].items()
         }
         for path in artifacts:
-            self.client.log_artifact(run_id, str(path), artifact_path=BENCHMARK_ARTIFACT_DIR)
+            with storing(self.cfg, run_id, f"{BENCHMARK_ARTIFACT_DIR}/{path.name}"):
+                self.client.log_artifact(run_id, str(path), artifact_path=BENCHMARK_ARTIFACT_DIR)
         identity = doc.get("metadata", {}).get("identity")
         if identity is not None:
             self._log(
@@ -381,15 +386,18 @@ class MlflowTracker:
     def _log_artifacts(self, run_id: str, result: Mapping[str, Any]) -> bool:
         """The loss-curve plot, the manifests the data came with and the whole result (the run report); whether
         there was a curve to plot."""
-        self.client.log_dict(run_id, json.loads(json.dumps(result, default=str)), RUN_REPORT_ARTIFACT)
+        with storing(self.cfg, run_id, RUN_REPORT_ARTIFACT):
+            self.client.log_dict(run_id, json.loads(json.dumps(result, default=str)), RUN_REPORT_ARTIFACT)
         with tempfile.TemporaryDirectory() as tmp:
             plot = plot_curves(result, Path(tmp) / LOSS_PLOT_ARTIFACT)
             if plot is not None:
-                self.client.log_artifact(run_id, str(plot))
+                with storing(self.cfg, run_id, LOSS_PLOT_ARTIFACT):
+                    self.client.log_artifact(run_id, str(plot))
         for key in ("manifest_path", "stream_manifest"):
             path = Path(result[key]) if result.get(key) else None
             if path is not None and path.is_file():
-                self.client.log_artifact(run_id, str(path), artifact_path=MANIFEST_ARTIFACT_DIR)
+                with storing(self.cfg, run_id, f"{MANIFEST_ARTIFACT_DIR}/{path.name}"):
+                    self.client.log_artifact(run_id, str(path), artifact_path=MANIFEST_ARTIFACT_DIR)
         return plot is not None
 
     def _register_model(self, run_id: str, model_path: Path, result: Mapping[str, Any]) -> str | None:

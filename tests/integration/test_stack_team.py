@@ -1,9 +1,12 @@
 """The team profile's stack (deployments/profiles/team.yaml): Prefect and MLflow on kbit's PostgreSQL, MLflow's
 artifacts in s3proxy, both servers behind kbit's login; a training run logged through the login lands in the object
-store, a flow run in PostgreSQL, a wrong password is one line, and no password shows on a command line or in a log."""
+store, a flow run in PostgreSQL, a wrong password is one line, and no password shows on a command line or in a log;
+a PostgreSQL restart mid-flow is ridden out, an object store stopped mid-run fails both runs in one line, and an
+initdb that cannot write its data directory is one line."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -11,10 +14,12 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 import pytest
@@ -23,7 +28,7 @@ from kbit_core.config import KbitConfig, load_config
 from kbit_core.errors import TrackingError
 from kbit_core.servers import logins
 from kbit_core.servers.object_store import ARTIFACT_BUCKET, ObjectStoreError, s3proxy_jar, store_dir
-from kbit_core.servers.postgres import PostgresError, find_bindir
+from kbit_core.servers.postgres import PostgresError, data_dir, find_bindir
 from kbit_core.stack import LocalStack, StackError
 from kbit_core.tracking import make_tracker
 from kbit_core.tracking.client import mlflow_client
@@ -35,14 +40,20 @@ PROFILE = Path(__file__).resolve().parents[2] / "deployments" / "profiles" / "te
 FLOW = "from prefect import flow\n@flow(name='kbit-team-check')\ndef check():\n    return 1\ncheck()\n"
 
 
+# Not 127.0.0.1: like a bed's driver address, one that PostgreSQL's pg_hba.conf and MLflow's allowed hosts do not
+# name by default, so that what kbit adds for a non-default stack.host runs here too.
+STACK_HOST = "127.0.0.2"
+
+
 def team_config(workdir: Path) -> KbitConfig:
-    """The team profile as shipped, on free ports and in ``workdir``."""
+    """The team profile as shipped, on free ports of :data:`STACK_HOST` and in ``workdir``."""
     ports = {name: free_port() for name in ("prefect_port", "mlflow_port", "postgres_port", "s3_port")}
     return load_config(PROFILE).override(
         {
             "workdir": str(workdir),
+            "stack.host": STACK_HOST,
             "stack.work_pool": "kbit-team-test",
-            "tracking.tracking_uri": f"http://127.0.0.1:{ports['mlflow_port']}",
+            "tracking.tracking_uri": f"http://{STACK_HOST}:{ports['mlflow_port']}",
             "tracking.experiment": "kbit-team-test",
             "tracking.system_metrics": False,
             **{f"stack.{name}": port for name, port in ports.items()},
@@ -156,3 +167,147 @@ def test_no_password_on_a_command_line_in_a_log_or_readable_by_others(team_stack
     assert not [s for s in secrets for text in texts if s in text]
     for path in logins.credentials_dir(team_stack.run_dir).iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def test_an_initdb_that_cannot_write_its_data_directory_is_one_line(tmp_path: Path) -> None:
+    """PostgreSQL's first start where its data directory cannot be made: as root, initdb (run as the ``postgres``
+    user) cannot enter a mode-0700 folder of root's; as anyone else, the folder above the data is read-only."""
+    installed_or_skip(find_bindir, PostgresError)
+    os.chmod(tmp_path, 0o700)
+    stack = LocalStack(team_config(tmp_path / "kbit"))
+    data = data_dir(stack.run_dir)
+    data.parent.mkdir(parents=True)
+    os.chmod(data.parent, 0o500)
+    with pytest.raises(PostgresError) as failed:
+        stack.team.start()
+    assert "\n" not in str(failed.value) and str(data) in str(failed.value)
+    assert str(failed.value).startswith((f"initdb {data} failed", f"cannot create PostgreSQL's data directory {data}"))
+    assert stack.team.postgres is not None and stack.team.postgres.pid() is None
+
+
+# -- faults: a server of the team stack goes away while a flow logs its run ---------------------------------------------
+FAULT_FLOW = Path(__file__).with_name("team_fault_flow.py")
+POSTGRES_OUTAGE_S = 10.0
+
+
+def start_fault_flow(stack: LocalStack, folder: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """The two-step flow of team_fault_flow.py against ``stack``, as a flow run a worker starts (the stack's login)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "config.json"
+    config.write_text(json.dumps(stack.cfg.to_dict()))
+    return subprocess.Popen(
+        [sys.executable, str(FAULT_FLOW), str(config), str(folder / "gate")],
+        env={**os.environ, **stack.prefect_env(), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_until(condition: Callable[[], bool], what: str, proc: subprocess.Popen[str], timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert proc.poll() is None, f"the flow exited (code {proc.returncode}) before {what}: {proc.stdout.read()}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f}s"
+        time.sleep(0.2)
+
+
+def first_step_stored(proc: subprocess.Popen[str], folder: Path) -> dict[str, str]:
+    """The MLflow run and flow run ids, once the flow has stored its first step and waits at its gate."""
+    ready = folder / "gate.ready"
+    wait_until(ready.exists, f"{ready}", proc)
+    return json.loads(ready.read_text())
+
+
+def flow_run_state(stack: LocalStack, flow_run_id: str) -> dict[str, Any]:
+    login = base64.b64encode((stack.prefect_login or "").encode()).decode()
+    request = urllib.request.Request(
+        f"{stack.prefect_api_url}/flow_runs/{flow_run_id}", headers={"Authorization": f"Basic {login}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return json.loads(resp.read())["state"]
+
+
+def stored_steps(stack: LocalStack, run_id: str) -> tuple[str, dict[str, str], list[float], set[str]]:
+    """What MLflow holds of the flow's run: its status, params, step metric and artifacts."""
+    client = mlflow_client(stack.cfg)
+    run = client.get_run(run_id)
+    steps = [m.value for m in client.get_metric_history(run_id, "step")]
+    artifacts = {item.path for item in client.list_artifacts(run_id)}
+    params = {k: v for k, v in run.data.params.items() if k.startswith("step")}
+    return run.info.status, params, steps, artifacts
+
+
+def test_postgresql_restarted_mid_flow_is_ridden_out(team_stack: LocalStack, tmp_path: Path) -> None:
+    """PostgreSQL (both servers' store) goes down between the flow's two steps and comes back while the second one
+    is retried: the flow run and the MLflow run finish, with both steps and nothing lost."""
+    postgres = team_stack.team.postgres
+    assert postgres is not None
+    proc = start_fault_flow(team_stack, tmp_path)
+    ids = first_step_stored(proc, tmp_path)
+    postgres.stop()
+    (tmp_path / "gate").touch()
+    # the outage's length, not a wait for anything: what the flow asks meanwhile waits (Prefect) or is retried
+    # (MLflow's 500s) until the database is back; a slow flow asks after, on pooled connections the restart broke
+    time.sleep(POSTGRES_OUTAGE_S)
+    postgres.start()
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-3000:]
+    assert flow_run_state(team_stack, ids["flow_run_id"])["type"] == "COMPLETED"
+    assert stored_steps(team_stack, ids["run_id"]) == (
+        "FINISHED",
+        {"step0": "0", "step1": "1"},
+        [0.0, 1.0],
+        {"config.json", "step0.txt", "step1.txt"},
+    )
+
+
+def test_object_store_stopped_while_a_run_logs_fails_both_runs_in_one_line(
+    team_stack: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """s3proxy stops between the flow's two steps: the second artifact's upload fails (after MLflow's retries, cut
+    short here) in one line naming the store, the flow run and the MLflow run end FAILED, the first step's artifact
+    reads back once the store is up again, and the next run is clean."""
+    s3proxy = team_stack.team.s3proxy
+    assert s3proxy is not None
+    quick_retries = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+    proc = start_fault_flow(team_stack, tmp_path / "broken", quick_retries)
+    ids = first_step_stored(proc, tmp_path / "broken")
+    s3proxy.stop()
+    try:
+        (tmp_path / "broken" / "gate").touch()
+        output, _ = proc.communicate(timeout=600)
+        # a run that cannot even store its settings (config.json) ends FAILED too, not RUNNING
+        for name, value in quick_retries.items():
+            monkeypatch.setenv(name, value)
+        with pytest.raises(TrackingError, match="storing artifact 'config.json'"):
+            with make_tracker(team_stack.cfg).run(team_stack.cfg, name="no-settings", kind="train"):
+                pass
+    finally:
+        s3proxy.start()
+    unstored = mlflow_client(team_stack.cfg).search_runs(
+        [ids["experiment_id"]], filter_string="attributes.run_name = 'no-settings'"
+    )
+    assert [run.info.status for run in unstored] == ["FAILED"]
+    st = team_stack.cfg.stack
+    line = (
+        f"MLflow run {ids['run_id']}: storing artifact 'step1.txt' through {team_stack.mlflow_url} failed: "
+        f"kbit's object store (s3proxy) at http://{st.host}:{st.s3_port} does not answer"
+    )
+    assert proc.returncode != 0 and line in output, output[-3000:]
+    state = flow_run_state(team_stack, ids["flow_run_id"])
+    assert state["type"] == "FAILED" and line in state["message"] and "\n" not in state["message"]
+    status, params, steps, artifacts = stored_steps(team_stack, ids["run_id"])
+    # the second step's metric and param were stored before its artifact failed: a FAILED run keeps all it logged
+    assert (status, params, steps) == ("FAILED", {"step0": "0", "step1": "1"}, [0.0, 1.0])
+    assert artifacts == {"config.json", "step0.txt"}
+    read = mlflow_client(team_stack.cfg).download_artifacts(ids["run_id"], "step0.txt", str(tmp_path / "read"))
+    assert Path(read).read_text() == (tmp_path / "broken" / "step0.txt").read_text()
+
+    (tmp_path / "next").mkdir()
+    (tmp_path / "next" / "gate").touch()
+    proc = start_fault_flow(team_stack, tmp_path / "next")
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-3000:]
+    ids = json.loads((tmp_path / "next" / "gate.ready").read_text())
+    assert stored_steps(team_stack, ids["run_id"])[::3] == ("FINISHED", {"config.json", "step0.txt", "step1.txt"})
