@@ -88,7 +88,14 @@ def _ssh_ray_stop(state: BedState, address: str) -> None:
     key = ssh_hosts.client_key(state.bed_dir)
     options = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "IdentitiesOnly=yes"]
     done = subprocess.run(
-        ["ssh", "-i", str(key), *options, f"{ssh_hosts.SSH_USER}@{address}", "bash --login -c -i 'ray stop'"],
+        [
+            "ssh",
+            "-i",
+            str(key),
+            *options,
+            f"{ssh_hosts.SSH_USER}@{address}",
+            "bash --login -c -i 'source ~/.bashrc; ray stop'",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
