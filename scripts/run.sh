@@ -75,6 +75,19 @@ install_nftables() {
   echo "kbit: no \`nft\` (apt-get install nftables): the shaped-link tests skip" >&2
 }
 
+install_sshd() {
+  # Ray's cluster launcher on the bed (`ray up` over SSH, tests/testbed/test_ray_launcher.py) needs sshd, ssh and rsync;
+  # the bed starts an sshd of its own on each node host's bed address (docs/orchestration.md). As root on Debian they
+  # come from apt, once (a machine without an init starts no system sshd); elsewhere this says what to install and the
+  # launcher's test skips (fails under CI or KBIT_REQUIRE_BED=1).
+  [ -x /usr/sbin/sshd ] && command -v rsync >/dev/null 2>&1 && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get install -y -q openssh-server rsync || { apt-get update -q && apt-get install -y -q openssh-server rsync; }; } \
+      >/dev/null 2>&1 && return 0
+  fi
+  echo "kbit: no sshd or rsync (apt-get install openssh-server rsync): the bed's \`ray up\` test skips" >&2
+}
+
 gpu_present() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
 install() {
@@ -120,6 +133,7 @@ case "${1:-}" in
     install test,ray
     check_java
     install_nftables
+    install_sshd
     # The suite's broker is Apache Kafka. In CI (or with KBIT_REQUIRE_APACHE_KAFKA=1) a failed install fails the run;
     # elsewhere the suite falls back to Tansu, and the tests that need Apache Kafka skip.
     if ! install_kafka; then

@@ -1,7 +1,8 @@
-"""`kbit cluster up | down | status | fault`: the multi-host test bed (namespaces, TLS broker, Spark standalone, Ray)."""
+"""`kbit cluster up | down | status | ray-env | fault`: the multi-host test bed (namespaces, TLS broker, Spark, Ray)."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
-from kbit_core.testbed import DEFAULT_SUBNET, BedOptions, BedStatus
+from kbit_core.testbed import DEFAULT_SUBNET, BedOptions, BedStatus, ray_launcher, ssh_hosts
 from kbit_core.testbed import down as bed_down
 from kbit_core.testbed import status as bed_status
 from kbit_core.testbed import up as bed_up
@@ -74,6 +75,12 @@ def _report(st: BedStatus, as_json: bool) -> None:
             else "\nRay: not installed, not started"
         )
         + (f"\nSchema Registry: {s.registry_url} (up in {s.registry_up_s} s)" if s.registry_url else "")
+        + (
+            f'\nRay\'s cluster launcher: eval "$(kbit cluster ray-env)"; ray up -y {s.ray_cluster_yaml} '
+            f"(SSH to the node hosts as root with {ssh_hosts.client_key(s.bed_dir)})"
+            if s.ray_cluster_yaml
+            else "\nsshd: not on the node hosts (apt-get install openssh-server rsync), no `ray up`"
+        )
         + "".join(f"\nlink {name}: {shape}" for name, shape in st.links.items())
         + f"\nstate file: {s.bed_dir / 'state.json'}"
     )
@@ -154,6 +161,14 @@ def status(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = Fal
     _report(st, as_json)
     if not st.up:
         raise typer.Exit(code=1)
+
+
+@cluster_app.command("ray-env")
+def ray_env(config: ConfigOpt = None, sets: SetOpt = None) -> None:
+    """Print `export` lines that keep `ray up | exec | down` on this host in the bed's directories (not /tmp/ray or
+    ~): eval "$(kbit cluster ray-env)"; then `ray up -y <the cluster.yaml `kbit cluster status` names>`."""
+    for key, value in ray_launcher.launcher_env(_bed_dir(config, sets)).items():
+        print(f"export {key}={shlex.quote(value)}")
 
 
 @cluster_app.command("fault")

@@ -25,7 +25,7 @@ from kbit_core.config import LocalRegistryConfig
 from kbit_core.errors import BrokerError
 from kbit_core.kafka.settings import confluent_options
 from kbit_core.service import Service
-from kbit_core.testbed import log_disks, network, ray_cluster, shaping
+from kbit_core.testbed import log_disks, network, ray_cluster, ray_launcher, shaping, ssh_hosts
 from kbit_core.testbed.certs import BedCertificates, certificate_paths, make_certificates
 from kbit_core.testbed.kafka_bed import TRAIN_USER, BedKafkaPorts, bed_kafka, create_users_and_acls, password_path
 from kbit_core.testbed.marked import MARKER_ENV, hostname_of, marked_pids, running_bed_dir, terminate
@@ -111,6 +111,10 @@ class _Processes:
             for node in self.topology.nodes
         ]
         self.delay_relays = shaping.delay_relays(run_dir, self.topology.nodes, options, marker)
+        self.sshds = [
+            ssh_hosts.sshd_service(Path(bed_dir).resolve(), run_dir, node, options.ssh_port, marker)
+            for node in (self.topology.nodes if options.ssh else ())
+        ]
         head_node, *worker_nodes = self.topology.nodes
         self.ray_head_address = f"{head_node.address}:{options.ray_head_port}"
         self.ray_token = ray_env.own_token_file(Path(bed_dir).resolve())
@@ -153,6 +157,7 @@ class _Processes:
             *zip(self.ray_nodes, self.topology.nodes),
             *zip(self.delay_relays, self.topology.nodes),
             *([(self.registry, driver)] if self.registry else []),
+            *zip(self.sshds, self.topology.nodes),
         ]
 
 
@@ -178,6 +183,7 @@ def _bed_state(
         ray_address=procs.ray_nodes[0].url if procs.ray_nodes else None,
         registry_url=procs.registry.url if procs.registry else None,
         registry_up_s=registry_up_s,
+        ray_cluster_yaml=ray_launcher.cluster_yaml_path(bed_dir) if procs.sshds else None,
         options=asdict(options),
     )
 
@@ -231,6 +237,9 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
             registry_up_s = registry.result()
         if procs.ray_nodes:
             _start_ray(procs, timeout_s)
+        if procs.sshds:  # for Ray's own launcher: `ray up` with the cluster.yaml rendered here
+            ssh_hosts.start(bed_dir, procs.sshds, timeout_s)
+            ray_launcher.render(bed_dir, topo, ray_env.create_token(procs.ray_token))
         state = _bed_state(bed_dir, procs, certs, kafka_up_s, registry_up_s)
         _probe_broker(state, procs)
     except BaseException:
@@ -415,6 +424,7 @@ def down(bed_dir: Path | None = None) -> list[str]:
     removed += network.destroy()
     removed += shaping.remove_loss_tables("kbit-")  # the root-side veth ends are kbit-<node> (Host.veth)
     if bed_dir is not None:
+        removed += ssh_hosts.unlink_short_root(bed_dir)
         state_path(bed_dir).unlink(missing_ok=True)
         # the brokers' logs and the SCRAM passwords go with the bed: the next `up` formats a fresh cluster
         for made in (Path(bed_dir) / "run", Path(bed_dir) / "credentials"):

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from kbit_core import ray_env
 from kbit_core.config import KafkaConfig
-from kbit_core.testbed import ray_cluster
+from kbit_core.testbed import ray_cluster, ssh_hosts
 from kbit_core.testbed.network import TestbedError
 
 DEFAULT_SUBNET = "10.213.7.0/24"
@@ -34,6 +34,8 @@ class BedOptions:
     ray_head_port: int = 6380
     ray_client_port: int = 10001
     ray_object_store_mb: int = 256
+    ssh: bool = field(default_factory=lambda: not ssh_hosts.missing_prerequisites())  # sshd per node (Ray's launcher)
+    ssh_port: int = 22
     link: str | None = None  # RATE[,DELAY[,LOSS]]: every bed link shaped in both directions (shaping.py)
     delay_relay_port: int = 19400  # in each node's namespace, with a delay in ``link``
     registry: bool = False  # a Schema Registry (Apicurio, in memory) on the driver host's bed address
@@ -68,6 +70,7 @@ class BedState(BaseModel):
     ray_address: str | None = None  # Ray Client's address on the first node host; None: the bed runs no Ray
     registry_url: str | None = None  # the Schema Registry's Confluent-compatible API on the driver host, if it runs
     registry_up_s: float | None = None  # how long its start took
+    ray_cluster_yaml: Path | None = None  # for Ray's own launcher (`ray up`) over the hosts' sshd; None: no sshd
     options: dict[str, Any]
 
     def kafka_config(self) -> KafkaConfig:
