@@ -52,7 +52,9 @@ def test_stale_pid_file_never_stops_a_stranger(tmp_path: Path) -> None:
 
 
 def test_embedded_broker_block_starts_and_stops_only_its_own(tmp_path: Path, make_config, broker) -> None:
-    own = make_config(workdir=str(tmp_path / "own"), kafka={"embedded": {"port": free_port()}})
+    # a free controller port of its own too: the default, port + 1, may be any process's ephemeral port (it was once)
+    ports = {"port": free_port(), "controller_port": free_port()}
+    own = make_config(workdir=str(tmp_path / "own"), kafka={"embedded": ports})
     with embedded_broker(own):
         assert port_open("127.0.0.1", own.kafka.embedded.port)
     assert not port_open("127.0.0.1", own.kafka.embedded.port)
