@@ -188,8 +188,10 @@ def test_topic_name_is_derived_from_dataset_and_variant() -> None:
 
 def test_shipped_profiles_validate() -> None:
     root = Path(__file__).resolve().parents[2] / "deployments"
+    ray_launcher = root / "ray"  # Ray's own cluster launcher config (`ray up`), not a kbit profile
     for path in sorted(root.rglob("*.yaml")):
-        load_config(path)
+        if ray_launcher not in path.parents:
+            load_config(path)
 
 
 @pytest.mark.parametrize(
