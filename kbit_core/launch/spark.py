@@ -291,7 +291,12 @@ def _shutdown_jvm() -> None:
     if gateway is None:
         return
     proc = getattr(gateway, "proc", None)
-    gateway.shutdown()
+    if proc is not None and proc.poll() is not None:
+        # the JVM is gone: shutdown() would send it a command over a pooled connection, and py4j logs the reset as an
+        # ERROR with its traceback; closing our end is all that is left to do
+        gateway.close()
+    else:
+        gateway.shutdown()
     if proc is not None:
         proc.stdin.close()  # the gateway JVM exits when its stdin pipe closes
         try:
