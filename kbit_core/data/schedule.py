@@ -108,14 +108,11 @@ class ShardSchedule:
         if self.cfg.shard.split_by != "key_hash":
             return None
         snapshot, shard = self.manifest.source, self.cfg.shard
+        drawn_for = (shard.split_rates, shard.seed)
         if (
             snapshot is None
             or snapshot.key_runs is None
-            or (snapshot.key_hash_rates, snapshot.key_hash_seed)
-            != (
-                shard.split_rates,
-                shard.seed,
-            )
+            or (snapshot.key_hash_rates, snapshot.key_hash_seed) != drawn_for
         ):
             raise ConfigError(
                 f"shard.split_by: key_hash needs a snapshot of topic {self.manifest.topic!r} taken for "

@@ -84,6 +84,9 @@ def test_a_split_by_key_hash_keeps_every_key_in_one_split(broker, make_config, t
     assert seen == {starts[p][1] + o - starts[p][0] for p, o in planned["val"]}  # the loader reads the scattered runs
     again = snapshot_dataset(cfg.override({"source.snapshot": "new", "workdir": str(cfg.workdir) + "-again"}))
     assert again.source.key_runs == manifest.source.key_runs  # stable across runs
+    redrawn = cfg.override({"shard.split_rates": [0.5, 0.25, 0.25]})  # the snapshot's runs were drawn for RATES
+    with pytest.raises(ConfigError, match=r"key_hash needs a snapshot of topic .* taken for shard.split_rates="):
+        make_split_loader(redrawn, manifest, "train", 0, 1)
 
 
 def test_a_record_without_a_key_and_incompatible_settings_are_one_line(broker, make_config, topic_name):
