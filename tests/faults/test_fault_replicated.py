@@ -21,10 +21,10 @@ from confluent_kafka.admin import ConfigResource
 from kbit_core.brokers.apache_broker import ApacheKafkaBroker
 from kbit_core.brokers.cluster import ClusterNode, KafkaCluster
 from kbit_core.data.reader import RangeReader
-from kbit_core.errors import BrokerError
+from kbit_core.errors import BrokerError, TopicError
 from kbit_core.formats import get_codec
 from kbit_core.jobs.train import train
-from kbit_core.kafka import contents, offsets
+from kbit_core.kafka import admin, contents, offsets
 from kbit_core.kafka.manifest import Manifest
 from kbit_core.kafka.producers import DeliveryLedger, ProducerBackend, delivery_timeout_ms, make_producer
 from kbit_core.produce import produce_dataset
@@ -216,3 +216,17 @@ def test_a_broker_restarted_with_its_disk_keeps_the_topic_and_nothing_is_produce
     assert produce_dataset(cfg, progress=False) == manifest
     assert offsets.exact_end_offsets(cfg.kafka, topic_name) == ends
     assert _read_indices(cfg, manifest) == list(range(500))
+
+
+def test_a_replication_factor_the_cluster_never_meets_fails_in_one_line_naming_the_refusal(on_cluster, topic_name):
+    """Kafka's INVALID_REPLICATION_FACTOR (a broker not registered, as in a rolling upgrade) is asked again until
+    kafka.request_timeout_s passed, then named in one line with the wait; nothing is left created."""
+    cfg = on_cluster(kafka__request_timeout_s=2)
+    with pytest.raises(TopicError) as refused:
+        admin.create_topic(cfg.kafka, topic_name, 2, replication_factor=4)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"cannot create topic '{topic_name}' (2 partitions, replication factor 4)" in message
+    assert "INVALID_REPLICATION_FACTOR: Unable to replicate the partition 4 time(s)" in message
+    assert "asked again for 2s: kafka.request_timeout_s" in message
+    assert not admin.topic_exists(cfg.kafka, topic_name)
