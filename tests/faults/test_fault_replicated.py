@@ -230,3 +230,33 @@ def test_a_replication_factor_the_cluster_never_meets_fails_in_one_line_naming_t
     assert "INVALID_REPLICATION_FACTOR: Unable to replicate the partition 4 time(s)" in message
     assert "asked again for 2s: kafka.request_timeout_s" in message
     assert not admin.topic_exists(cfg.kafka, topic_name)
+
+
+def test_two_brokers_dead_before_they_leave_the_isr_are_named_in_the_delivery_error(
+    on_cluster, cluster: KafkaCluster, topic_name
+):
+    """Two of three brokers SIGKILLed at once (as Kafka halts a broker whose only log directory filled up): the KRaft
+    quorum is lost before the controller can shrink the in-sync replicas, so they still count three; an acks=all
+    delivery fails naming, per partition, the replicas whose brokers accept no connections."""
+    cfg = on_cluster(dataset__num_records=200, kafka__request_timeout_s=3)
+    produce_dataset(cfg, progress=False)
+    dead = cluster.brokers[:2]
+    for broker in dead:
+        _kill(broker)
+    ledger = DeliveryLedger(topic_name, 2, cfg.kafka)
+    producer = make_producer(cfg.kafka, cfg.produce, "none", "confluent")
+    try:
+        for i in range(10):
+            producer.send(topic_name, i % 2, b"k", b"more", ledger.callback(1, 4))
+        producer.flush(delivery_timeout_ms(cfg.kafka) / 1000 + 10)
+    finally:
+        producer.close()
+    with pytest.raises(BrokerError) as caught:
+        ledger.raise_errors()
+    message = str(caught.value)
+    assert "\n" not in message, message
+    named = ", ".join(f"{b.node_id} ({b.host}:{b.port})" for b in dead)
+    for p in (0, 1):
+        assert f"{topic_name}[{p}]: 5 message(s) failed: its replicas on broker(s) {named} accept no connections" in (
+            message
+        ), message
