@@ -53,11 +53,13 @@ def not_enough_replicas(kcfg: KafkaConfig, topic: str, partitions: Iterable[int]
             continue
         addresses = {r: cluster.brokers[r] for r in sorted(part.replicas) if r in cluster.brokers}
         down = [f"{r} ({b.host}:{b.port})" for r, b in addresses.items() if not port_open(b.host, b.port)]
+        unlisted = sorted(set(part.replicas) - set(addresses))
         if down:
+            fenced = f"; replica(s) {unlisted} not listed by the cluster (fenced)" if unlisted else ""
             short[p] = (
                 f"its replicas on broker(s) {', '.join(down)} accept no connections: down (their logs say why, "
                 f"e.g. 'No space left on device' for a full log directory), with their places in the in-sync "
-                f"replicas {sorted(part.isrs)} kept"
+                f"replicas {sorted(part.isrs)} kept{fenced}"
             )
     return short
 

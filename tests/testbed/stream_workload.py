@@ -80,7 +80,11 @@ def run_stream(
     )
     seconds = time.monotonic() - started
     job_ended.set()
-    produced = producer.result(600)
+    try:
+        produced = producer.result(600)
+    except Exception as exc:  # the row says how the producer failed; the next fault still runs
+        produced = None
+        failure = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"
     report = fault.result(900) if fault else None  # the cluster whole again
     row: dict[str, Any] = {
         "rc": done.returncode,
@@ -90,7 +94,9 @@ def run_stream(
             "produced": produced.next_index,
             "reconnects": produced.reconnects,
             "seconds": round(produced.seconds, 1),
-        },
+        }
+        if produced
+        else {"failed": failure},
         "fault": report.to_dict() if report else None,
     }
     if done.returncode != 0:
