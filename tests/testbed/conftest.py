@@ -38,7 +38,7 @@ def testbed() -> Iterator[BedState]:
         return
     # `<workdir>/testbed`, as the CLI places it; not under pytest's mode-0700 tmp folder: as root the team stack's
     # PostgreSQL (test_bed_team_stack.py) runs as the `postgres` user, who must enter every directory above its data
-    workdir = Path(tempfile.mkdtemp(prefix="kbit-bed-", dir="/tmp"))
+    workdir = Path(tempfile.mkdtemp(prefix="kbit-testbed-", dir="/tmp"))
     os.chmod(workdir, 0o755)
     bed_dir = workdir / "testbed"
     yield bring_up(bed_dir, BedOptions(log_disk_mb=LOG_DISK_MB))
