@@ -136,7 +136,6 @@ def test_the_nightly_deployment_runs_on_the_bed_and_kbit_history_reads_it_back(
     bed_team: LocalStack, tmp_path: Path
 ) -> None:
     state = bed.load_state(bed_team.cfg.run_dir.parent)
-    tmp_path.chmod(0o755)
     profile = nightly_profile(state, tmp_path)
     experiment = "kbit-nightly-bed"
     before = {run for run, _ in mlflow_runs(bed_team, experiment)}
