@@ -9,12 +9,9 @@ import json
 import os
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg2
 import pytest
 import yaml
 
@@ -27,6 +24,7 @@ from kbit_core.stack import PROJECT_ROOT, LocalStack
 from kbit_core.testbed import BedState
 from kbit_core.testbed.network import Host, in_host
 from tests.conftest import installed_or_skip
+from tests.integration.test_stack_team import database_rows, status_without_login
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow, pytest.mark.kafka]
 
@@ -56,14 +54,6 @@ def bed_team(testbed: BedState) -> Iterator[LocalStack]:
     if testbed.team_stack is None:
         bed_stack.stop(testbed.bed_dir)
         bed.state_path(testbed.bed_dir).write_text(before)  # as the session's bed was, whoever brought it up
-
-
-def status_without_login(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=60) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
 
 
 def test_the_team_stack_runs_on_the_drivers_bed_address_behind_the_login(bed_team: LocalStack) -> None:
@@ -110,25 +100,15 @@ def nightly_profile(state: BedState, folder: Path) -> Path:
 
 def mlflow_runs(stack: LocalStack, experiment: str) -> list[tuple[str, str]]:
     """(run id, status) of the experiment's top-level runs, read from MLflow's PostgreSQL database."""
-    st = stack.cfg.stack
-    conn = psycopg2.connect(
-        host=st.host,
-        port=st.postgres_port,
-        dbname="mlflow",
-        user=logins.MLFLOW_DB_USER,
-        password=logins.password(stack.run_dir, logins.MLFLOW_DB_USER),
+    rows = database_rows(
+        stack,
+        "mlflow",
+        "SELECT r.run_uuid, r.status FROM runs r JOIN experiments e ON e.experiment_id = r.experiment_id "
+        "WHERE e.name = %s AND NOT EXISTS (SELECT 1 FROM tags t WHERE t.run_uuid = r.run_uuid "
+        "AND t.key = 'mlflow.parentRunId')",
+        (experiment,),
     )
-    try:
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT r.run_uuid, r.status FROM runs r JOIN experiments e ON e.experiment_id = r.experiment_id "
-                "WHERE e.name = %s AND NOT EXISTS (SELECT 1 FROM tags t WHERE t.run_uuid = r.run_uuid "
-                "AND t.key = 'mlflow.parentRunId')",
-                (experiment,),
-            )
-            return [(row[0], row[1]) for row in cur.fetchall()]
-    finally:
-        conn.close()
+    return [(row[0], row[1]) for row in rows]
 
 
 @pytest.mark.timeout(1800)  # the stack's worker runs a Spark benchmark across the node hosts; minutes on 2 cores
