@@ -26,7 +26,7 @@ from kbit_core.testbed.network import Host, in_host
 from tests.conftest import installed_or_skip
 from tests.integration.test_stack_team import database_rows, status_without_login
 
-pytestmark = [pytest.mark.prefect, pytest.mark.slow, pytest.mark.kafka]
+pytestmark = [pytest.mark.prefect, pytest.mark.spark, pytest.mark.slow, pytest.mark.kafka]
 
 NIGHTLY_BED = PROJECT_ROOT / "deployments" / "profiles" / "nightly-bed.yaml"
 # What a rank on a node host does with MLflow: a run with a metric and an artifact, through the server's proxy (the
