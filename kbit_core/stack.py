@@ -7,6 +7,7 @@ import base64
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -247,6 +248,13 @@ class LocalStack:
             "PREFECT_CLI_PROMPT": "false",
             **logins.client_env(self.run_dir),
         }
+
+    def shell_env(self) -> dict[str, str]:
+        """`kbit stack env`'s exports as shell words: the CLIs' Prefect settings and MLflow URL, logged in with a
+        password read from its file when evaluated (never the password itself)."""
+        login_read = logins.shell_exports(self.run_dir)
+        env = {**self.prefect_env(), "MLFLOW_TRACKING_URI": self.mlflow_url}
+        return {key: login_read.get(key) or shlex.quote(value) for key, value in env.items()}
 
     def deploy_env(self) -> dict[str, str]:
         """Variables prefect.yaml resolves at deploy time (a missing one would be stored as a literal template)."""

@@ -10,8 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kbit_core import bed_stack
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
-from kbit_core.testbed import DEFAULT_SUBNET, BedOptions, BedStatus, ray_launcher, ssh_hosts
+from kbit_core.testbed import DEFAULT_SUBNET, BedOptions, BedState, BedStatus, ray_launcher, ssh_hosts
 from kbit_core.testbed import down as bed_down
 from kbit_core.testbed import status as bed_status
 from kbit_core.testbed import up as bed_up
@@ -22,6 +23,13 @@ from kbit_core.testbed.upgrade import UPGRADE, rolling_upgrade
 ALL_FAULTS = (*FAULTS, *DISK_FAULTS, UPGRADE)
 cluster_app = typer.Typer(help="Start, stop and inspect the multi-host test bed (root on Linux).", no_args_is_help=True)
 out = Console()
+TeamStackOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Also run the team stack on the driver host's bed address: PostgreSQL, s3proxy, Prefect's and MLflow's "
+        "servers behind kbit's login, a worker; on a bed that is up, start it there (docs/orchestration.md)."
+    ),
+]
 
 
 def _bed_dir(config: Path | None, sets: list[str] | None) -> Path:
@@ -75,6 +83,7 @@ def _report(st: BedStatus, as_json: bool) -> None:
             else "\nRay: not installed, not started"
         )
         + (f"\nSchema Registry: {s.registry_url} (up in {s.registry_up_s} s)" if s.registry_url else "")
+        + _team_line(s)
         + (
             f'\nRay\'s cluster launcher: eval "$(kbit cluster ray-env)"; ray up -y {s.ray_cluster_yaml} '
             f"(SSH to the node hosts as root with {ssh_hosts.client_key(s.bed_dir)})"
@@ -83,6 +92,16 @@ def _report(st: BedStatus, as_json: bool) -> None:
         )
         + "".join(f"\nlink {name}: {shape}" for name, shape in st.links.items())
         + f"\nstate file: {s.bed_dir / 'state.json'}"
+    )
+
+
+def _team_line(s: BedState) -> str:
+    team = s.team_stack
+    if team is None:
+        return ""
+    return (
+        f"\nTeam stack: Prefect {team.prefect_api_url}, MLflow {team.mlflow_url} (PostgreSQL, s3proxy; login in "
+        f'{team.workdir}/state/credentials; up in {team.up_s} s): eval "$(kbit cluster team-env)"'
     )
 
 
@@ -112,6 +131,7 @@ def up(
             "hosts; on a bed that is up, start it there (docs/network.md)."
         ),
     ] = False,
+    team_stack: TeamStackOpt = False,
     log_disk_mb: Annotated[
         int | None,
         typer.Option(min=16, help="Each broker's log directory on a filesystem of its own of this size (fill-disk)."),
@@ -125,9 +145,8 @@ def up(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create the hosts, start Apache Kafka on every host (TLS, SCRAM users, ACLs), the Spark standalone master and
-    workers, (with the `ray` extra) a Ray node on each node host and (with --registry) a Schema Registry on the
-    driver host; wait until healthy."""
+    """Create the hosts, start Kafka on every host (TLS, SCRAM users, ACLs), Spark, (`ray` extra) Ray on the node hosts,
+    (--registry) a Schema Registry and (--team-stack) the team stack on the driver host; wait until healthy."""
     bed_dir = _bed_dir(config, sets)
     was_up = run_guarded(bed_status, bed_dir).up
     options = BedOptions(
@@ -142,22 +161,30 @@ def up(
     )
     with out.status("starting the test bed (three Kafka brokers, then Spark and Ray)..."):
         run_guarded(bed_up, bed_dir, options)
+    if team_stack:
+        _start_team_stack(bed_dir)
     if was_up and not as_json:
         out.print("the test bed is already up")
-    _report(run_guarded(bed_status, bed_dir), as_json)
+    _report(bed_stack.with_team_stack(run_guarded(bed_status, bed_dir)), as_json)
+
+
+def _start_team_stack(bed_dir: Path) -> None:
+    with out.status("starting the team stack (PostgreSQL, s3proxy, Prefect, MLflow, worker)..."):
+        run_guarded(bed_stack.start, bed_dir)
 
 
 @cluster_app.command("down")
 def down(config: ConfigOpt = None, sets: SetOpt = None) -> None:
     """Stop every process and remove every namespace and link the bed made (also after a crash)."""
-    removed = run_guarded(bed_down, _bed_dir(config, sets))
+    bed_dir = _bed_dir(config, sets)
+    removed = run_guarded(bed_stack.stop, bed_dir) + run_guarded(bed_down, bed_dir)
     out.print(f"removed: {', '.join(removed)}" if removed else "nothing was up")
 
 
 @cluster_app.command("status")
 def status(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Show hosts, addresses, hostnames, processes and logs; exit code 1 when the bed is not fully up."""
-    st = run_guarded(bed_status, _bed_dir(config, sets))
+    st = bed_stack.with_team_stack(run_guarded(bed_status, _bed_dir(config, sets)))
     _report(st, as_json)
     if not st.up:
         raise typer.Exit(code=1)
@@ -169,6 +196,14 @@ def ray_env(config: ConfigOpt = None, sets: SetOpt = None) -> None:
     ~): eval "$(kbit cluster ray-env)"; then `ray up -y <the cluster.yaml `kbit cluster status` names>`."""
     for key, value in ray_launcher.launcher_env(_bed_dir(config, sets)).items():
         print(f"export {key}={shlex.quote(value)}")
+
+
+@cluster_app.command("team-env")
+def team_env(config: ConfigOpt = None, sets: SetOpt = None) -> None:
+    """Print `export` lines that point the `prefect` and `mlflow` CLIs and kbit at the bed's team stack, logged in
+    (the password read from its 0600 file, never printed): eval "$(kbit cluster team-env)"."""
+    for key, value in run_guarded(bed_stack.shell_env, _bed_dir(config, sets)).items():
+        print(f"export {key}={value}")
 
 
 @cluster_app.command("fault")

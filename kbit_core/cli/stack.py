@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from typing import Annotated
 
 import typer
@@ -10,7 +9,6 @@ from rich.console import Console
 from rich.table import Table
 
 from kbit_core.cli.common import ConfigOpt, JsonOpt, SetOpt, load_cli_config, print_json, run_guarded
-from kbit_core.servers import logins
 from kbit_core.stack import LocalStack, ServiceStatus, schedule_lines
 
 stack_app = typer.Typer(help="Start, stop and inspect the local stack (broker, Prefect, MLflow).", no_args_is_help=True)
@@ -96,11 +94,8 @@ def status(config: ConfigOpt = None, sets: SetOpt = None, as_json: JsonOpt = Fal
 def env(config: ConfigOpt = None, sets: SetOpt = None) -> None:
     """Print `export` lines that point the prefect and mlflow CLIs at this stack: eval "$(kbit stack env)". With
     ``stack.auth`` they log in too, reading the password from its file (never printed)."""
-    cfg = run_guarded(load_cli_config, config, sets)
-    stack = LocalStack(cfg)
-    logins_read = logins.shell_exports(cfg.run_dir)
-    for key, value in {**stack.prefect_env(), "MLFLOW_TRACKING_URI": stack.mlflow_url}.items():
-        print(f"export {key}={logins_read.get(key) or shlex.quote(value)}")
+    for key, value in LocalStack(run_guarded(load_cli_config, config, sets)).shell_env().items():
+        print(f"export {key}={value}")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,5 +1,6 @@
 """A rank's batches as tensors: the Batch type every loader yields, the block queue that gathers decoded blocks'
-rows in their permuted order straight into exact-size batch tensors, and the one conversion of a batch's pixels."""
+rows in their permuted order straight into exact-size batch tensors (in the payload's dtype, uint8 for images), and
+the one conversion of a batch's pixels into the model's input (:func:`model_input`, on the consuming thread)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import torch
 
 
 class Batch(NamedTuple):
-    x: torch.Tensor  # float32 [B, C, H, W] in [0, 1] (images), or int64 [B, L] token ids
+    # float32 [B, C, H, W] in [0, 1] (images), or int64 [B, L] token ids; inside a loader (between its threads and
+    # processes) images stay uint8 [B, C, H, W] until model_input converts them on the consuming thread
+    x: torch.Tensor
     y: torch.Tensor  # int64 [B]
     indices: torch.Tensor  # int64 [B], dataset sample indices (for audits)
     produced_ms: np.ndarray | None = None  # live stream only: each record's produce time (for freshness)
@@ -34,6 +37,17 @@ def convert_into(pixels: np.ndarray, out: np.ndarray) -> None:
         np.divide(out, np.float32(255), out=out)
 
 
+def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch's ``(x, y)`` copied to ``device`` without blocking (from page-locked memory), uint8 pixels converted
+    there in one operation: 1 byte a pixel crosses instead of 4. The divisor is a tensor on the device, not a Python
+    number: CUDA multiplies by the reciprocal of a scalar divisor, which is not always uint8 / 255 rounded once as
+    :func:`convert_into` computes it (a float32 division is IEEE-exact on both, so the values are the same)."""
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    if x.dtype == torch.uint8:
+        x = x.to(torch.float32).div_(torch.full((), 255.0, dtype=torch.float32, device=device))
+    return x, y
+
+
 def empty(shape: tuple[int, ...], dtype: torch.dtype, pin_memory: bool) -> torch.Tensor:
     # page-locked from the start, on the loader's thread, so the training loop's non_blocking copy to the GPU is
     # asynchronous (from pageable memory CUDA copies synchronously) and nothing is copied to pin it
@@ -42,14 +56,33 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype, pin_memory: bool) -> torch
 
 def to_batch(pixels: np.ndarray, labels: np.ndarray, indices: np.ndarray, pin_memory: bool = False) -> Batch:
     """A Batch of decoded arrays (rows in order)."""
-    x = empty(pixels.shape, batch_dtype(pixels.dtype), pin_memory)
-    convert_into(pixels, x.numpy())
+    return model_input(raw_batch(pixels, labels, indices, pin_memory), pin_memory)
+
+
+def raw_batch(pixels: np.ndarray, labels: np.ndarray, indices: np.ndarray, pin_memory: bool = False) -> Batch:
+    """A Batch of decoded arrays (rows in order) as a loader passes it on: uint8 pixels kept as they are."""
+    if pixels.dtype == np.uint8:
+        x = empty(pixels.shape, torch.uint8, pin_memory)
+        x.numpy()[...] = pixels
+    else:
+        x = empty(pixels.shape, batch_dtype(pixels.dtype), pin_memory)
+        convert_into(pixels, x.numpy())
     y = empty(labels.shape, torch.int64, pin_memory)
     y.numpy()[...] = labels
     return Batch(x, y, torch.from_numpy(indices.astype(np.int64, copy=False)))
 
 
-_NUMPY = {torch.float32: np.float32, torch.int64: np.int64}
+def model_input(batch: Batch, pin_memory: bool = False) -> Batch:
+    """``batch`` with uint8 pixels converted to the model's float32 in one operation (:func:`convert_into`, the one
+    conversion every path uses, so the values are the same bit for bit); any other ``x`` is already the model's."""
+    if batch.x.dtype != torch.uint8:
+        return batch
+    x = empty(tuple(batch.x.shape), torch.float32, pin_memory)
+    convert_into(batch.x.numpy(), x.numpy())
+    return batch._replace(x=x)
+
+
+_NUMPY = {torch.float32: np.float32, torch.int64: np.int64, torch.uint8: np.uint8}
 
 
 @dataclass
@@ -73,10 +106,11 @@ class _Block:
 class BlockRows:
     """A FIFO of decoded blocks that hands out exact-size batches across block boundaries: each batch's rows are
     gathered from the blocks (by index, no permuted copy of a block) straight into its tensors (page-locked with
-    ``pin_memory``), its pixels converted in one operation; the numpy calls per batch do not grow with its size."""
+    ``pin_memory``), its pixels converted in one operation, or (``convert=False``) uint8 pixels left as they are for
+    :func:`model_input` on the consuming side; the numpy calls per batch do not grow with its size."""
 
-    def __init__(self, pin_memory: bool = False) -> None:
-        self.pin_memory = pin_memory
+    def __init__(self, pin_memory: bool = False, convert: bool = True) -> None:
+        self.pin_memory, self.convert = pin_memory, convert
         self._blocks: deque[_Block] = deque()
         self._staging: np.ndarray | None = None  # the rows' pixels as decoded, reused by every batch
         self.size = 0
@@ -102,7 +136,8 @@ class BlockRows:
     def take(self, n: int) -> Batch:
         parts = self._parts(n)
         pixels = parts[0][0].pixels
-        x, xs = self._empty((n, *pixels.shape[1:]), batch_dtype(pixels.dtype))
+        raw = pixels.dtype == np.uint8 and not self.convert
+        x, xs = self._empty((n, *pixels.shape[1:]), torch.uint8 if raw else batch_dtype(pixels.dtype))
         y, ys = self._empty((n,), torch.int64)
         indices = np.empty(n, np.int64)
         staged = xs if xs.dtype == pixels.dtype else self._staged(n, pixels)

@@ -1,6 +1,7 @@
 """ShardLoader: one rank's batches of one split, streamed from Kafka or loaded eagerly, resumable mid-epoch.
 
-Batches are ``(x float32 [B, C, H, W] in [0, 1], y int64 [B])``. The loader composes three parts: its
+Batches are ``(x float32 [B, C, H, W] in [0, 1], y int64 [B])``; on a CUDA rank images stay uint8 until the training
+step's :func:`~kbit_core.data.batching.to_device` converts them on the GPU. The loader composes three parts: its
 :class:`~kbit_core.data.schedule.ShardSchedule` (which batches, ``len()``, the resume state), a
 :class:`~kbit_core.data.assembly.BatchAssembler` (decoded blocks into exact batches) and one mode from
 :mod:`kbit_core.data.loader_modes` (where reading, decoding and assembly run). ``stream`` and ``eager`` yield identical
@@ -20,8 +21,8 @@ import torch
 
 from kbit_core.config import ClientName, KbitConfig
 from kbit_core.data.assembly import BatchAssembler, LoaderStats
-from kbit_core.data.batching import Batch
-from kbit_core.data.loader_modes import EagerMode, ProcessMode, StreamMode
+from kbit_core.data.batching import Batch, model_input
+from kbit_core.data.loader_modes import EagerMode, ProcessMode, StreamMode, loader_reader
 from kbit_core.data.partition_workers import PartitionMode
 from kbit_core.data.reader import RangeReader
 from kbit_core.data.schedule import ShardSchedule, per_rank_batch_size
@@ -62,7 +63,7 @@ class ShardLoader:
         self.mode = cfg.reader.mode
         self.pin_memory = cfg.launch.use_gpu and torch.cuda.is_available() if pin_memory is None else pin_memory
         self._owns_reader = reader is None
-        self.reader = reader or RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec, client)
+        self.reader = reader or loader_reader(cfg, manifest, client, codec)
         self.stats = LoaderStats(reader=self.reader.stats)
         assembler = BatchAssembler(self.schedule, self.stats, self.pin_memory)
         self._eager = EagerMode(self.schedule, self.reader, assembler, self.stats)
@@ -135,14 +136,17 @@ class ShardLoader:
             yield batch.x, batch.y
 
     def iter_indexed(self) -> Iterator[Batch]:
-        """Like iterating the loader, with each batch's dataset sample indices."""
+        """Like iterating the loader, with each batch's dataset sample indices. Batches cross the loader's threads
+        and processes as decoded (uint8 pixels, a quarter of the bytes); each is converted here, on the consuming
+        thread, in one operation per batch, except on a CUDA rank (``pin_memory``): there uint8 pixels reach the
+        training step as they are and :func:`~kbit_core.data.batching.to_device` converts them on the GPU."""
         schedule = self.schedule
         for group in self._timed(self._mode.groups(schedule.start())):
             for batch in group:
                 schedule.batches_done += 1
                 self.stats.batches += 1
                 self.stats.records += len(batch.y)
-                yield batch
+                yield batch if self.pin_memory else model_input(batch)
         left_out, tail = schedule.left_out_records, schedule.tail_records
         self.stats.left_out_records += left_out
         if left_out > tail:

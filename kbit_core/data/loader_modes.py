@@ -26,6 +26,24 @@ from kbit_core.data.schedule import ShardSchedule
 from kbit_core.kafka.manifest import Manifest, manifest_codec
 from kbit_core.sharding import OffsetRange
 
+# The smallest fetch a loader's reader asks for: librdkafka refuses a fetch.max.bytes below its message.max.bytes
+# (1,000,000 by default).
+MIN_LOADER_FETCH_BYTES = 1024 * 1024
+
+
+def loader_reader(cfg: KbitConfig, manifest: Manifest, client: ClientName | None, codec: Any = None) -> RangeReader:
+    """A loader's reader of ``manifest``'s topic (``codec``: default ``reader.decoder``'s), fetching at most a
+    quarter of a block's bytes at a time (at least :data:`MIN_LOADER_FETCH_BYTES`, at most ``reader.fetch_max_bytes``).
+    A loader reads its blocks in shuffled order, and each jump to another block throws away what the client had
+    fetched ahead, up to twice a fetch: at 16 MiB fetches and 3.3 MB blocks that was ten blocks' worth of fetching
+    per block read (measured: the loader's process CPU per single-record message fell by about a third)."""
+    block_bytes = cfg.shard.block_records * manifest.value_bytes // max(1, manifest.num_records)
+    # a manifest without its bytes counted (0) keeps reader.fetch_max_bytes
+    fetch = min(cfg.reader.fetch_max_bytes, max(MIN_LOADER_FETCH_BYTES, block_bytes // 4)) if block_bytes else None
+    reader_cfg = cfg.reader.model_copy(update={"fetch_max_bytes": fetch}) if fetch else cfg.reader
+    codec = codec if codec is not None else manifest_codec(manifest, cfg.reader.decoder, cfg.registry)
+    return RangeReader(cfg.kafka, reader_cfg, manifest.topic, codec, client)
+
 
 def groups_ahead(schedule: ShardSchedule) -> int:
     """``reader.prefetch_batches`` in groups, rounded up to whole blocks."""
@@ -148,8 +166,7 @@ class _WorkerShard:
         if self._stream is None:
             cfg, manifest = self.cfg, self.manifest
             schedule = ShardSchedule(cfg, manifest, self.split, self.rank, self.world_size, epoch)
-            codec = manifest_codec(manifest, cfg.reader.decoder, cfg.registry)
-            reader = RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec, self.client)
+            reader = loader_reader(cfg, manifest, self.client)
             self._stats = LoaderStats(reader=reader.stats)
             # pin_memory off: the child never touches CUDA (the rank pins what arrives)
             self._stream = StreamMode(schedule, reader, BatchAssembler(schedule, self._stats, pin_memory=False))

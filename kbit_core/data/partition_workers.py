@@ -25,13 +25,13 @@ import torch
 from kbit_core.config import ClientName, KbitConfig
 from kbit_core.data.assembly import BatchAssembler, LoaderStats
 from kbit_core.data.batching import Batch
-from kbit_core.data.loader_modes import groups_ahead
+from kbit_core.data.loader_modes import groups_ahead, loader_reader
 from kbit_core.data.pipeline import ChildProcess, threaded
 from kbit_core.data.reader import RangeReader, ReaderStats
 from kbit_core.data.schedule import ShardSchedule
 from kbit_core.errors import KbitError
 from kbit_core.formats.base import DecodedBatch
-from kbit_core.kafka.manifest import Manifest, manifest_codec
+from kbit_core.kafka.manifest import Manifest
 from kbit_core.sharding import Block
 
 # Blocks a worker holds ready beyond the one the rank is taking (its shared memory is bounded by this).
@@ -194,8 +194,7 @@ class _PartitionReader:
 
     def __call__(self, blocks: list[Block]) -> Iterator[_WorkerItem]:
         if self._reader is None:
-            codec = manifest_codec(self.manifest, self.cfg.reader.decoder, self.cfg.registry)
-            self._reader = RangeReader(self.cfg.kafka, self.cfg.reader, self.manifest.topic, codec, self.client)
+            self._reader = loader_reader(self.cfg, self.manifest, self.client)
         reader, ahead = self._reader, self.cfg.reader.fetch_ahead_blocks
         ranges = [b.range for b in blocks]
         fetched = threaded(reader.read_raw(ranges), ahead, "kbit-partition-fetch") if ahead else reader.read_raw(ranges)

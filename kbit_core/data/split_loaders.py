@@ -6,6 +6,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from kbit_core.config import ClientName, KbitConfig
 from kbit_core.data.loader import ShardLoader
+from kbit_core.data.loader_modes import loader_reader
 from kbit_core.data.reader import RangeReader
 from kbit_core.errors import ConfigError
 from kbit_core.kafka.manifest import Manifest, manifest_codec
@@ -101,9 +102,7 @@ def make_split_loaders(
     """The loaders of ``splits`` (default: every split ``shard.split_rates`` defines) for ``rank``, sharing one
     reader. Nothing connects until :meth:`SplitLoaderSet.connect` or the first read."""
     names = split_names(cfg.shard.split_rates) if splits is None else tuple(splits)
-    reader = RangeReader(
-        cfg.kafka, cfg.reader, manifest.topic, manifest_codec(manifest, cfg.reader.decoder, cfg.registry), client
-    )
+    reader = loader_reader(cfg, manifest, client)
     return SplitLoaderSet(
         reader, {s: make_split_loader(cfg, manifest, s, rank, world_size, epoch=epoch, reader=reader) for s in names}
     )

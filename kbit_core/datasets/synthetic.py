@@ -17,7 +17,7 @@ from kbit_core.datasets.base import DatasetSource
 from kbit_core.datasets.glyphs import TEMPLATE_RES, digit_templates, shape_templates
 
 BLOCK = 1024
-WARP_SLICE = 256
+WARP_SLICE = 128
 
 
 class SyntheticSource(DatasetSource):
@@ -99,38 +99,80 @@ def _warp(
     c = (((np.arange(size) + 0.5) - size / 2) / box).astype(np.float32)
     gx, gy = (g.ravel()[None, :] for g in np.meshgrid(c, c, indexing="xy"))
     centre = (TEMPLATE_RES - 1) / 2
+    padded = np.pad(templates, ((0, 0), (1, 1), (1, 1))).ravel()
     out = np.empty((n, size * size), dtype=np.float32)
-    # Sampling in slices bounds the index/weight temporaries; all random draws happened above.
-    for s in (slice(i, i + WARP_SLICE) for i in range(0, n, WARP_SLICE)):
-        px = gx - shift[s, :1]
-        py = gy - shift[s, 1:]
-        px += amp[s, :1] * np.sin(freq[s, :1] * py + phase[s, :1])
-        py += amp[s, 1:] * np.sin(freq[s, 1:] * px + phase[s, 1:])
-        u = inv[s, 0, :1] * px + inv[s, 0, 1:] * py + centre
-        v = inv[s, 1, :1] * px + inv[s, 1, 1:] * py + centre
-        out[s] = _bilinear(templates, template_ids[s], u, v)
+    # Sampling in slices that keep the temporaries in cache, each operation writing in place (the same float32
+    # operations in the same order as the plain expressions, so the same bytes); all random draws happened above.
+    for lo in range(0, n, WARP_SLICE):
+        s = slice(lo, min(lo + WARP_SLICE, n))
+        px = np.subtract(gx, shift[s, :1])
+        py = np.subtract(gy, shift[s, 1:])
+        wave = np.empty_like(px)
+        _add_wave(px, py, freq[s, :1], phase[s, :1], amp[s, :1], wave)
+        _add_wave(py, px, freq[s, 1:], phase[s, 1:], amp[s, 1:], wave)
+        u = _affine(inv[s, 0], px, py, centre, wave)
+        v = _affine(inv[s, 1], px, py, centre, px)  # px is not needed past here: v is written over it
+        out[s] = _bilinear(padded, templates.shape[-1], template_ids[s], u, v)
     return out.reshape(n, size, size)
 
 
-def _bilinear(templates: np.ndarray, template_ids: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Bilinear lookup of templates[id] at (u, v) template pixel coordinates; outside reads as 0."""
-    res = templates.shape[-1]
-    padded = np.pad(templates, ((0, 0), (1, 1), (1, 1))).ravel()
+def _add_wave(
+    target: np.ndarray, other: np.ndarray, freq: np.ndarray, phase: np.ndarray, amp: np.ndarray, scratch: np.ndarray
+) -> None:
+    """target += amp · sin(freq · other + phase), in place through ``scratch``."""
+    np.multiply(freq, other, out=scratch)
+    scratch += phase
+    np.sin(scratch, out=scratch)
+    scratch *= amp
+    target += scratch
+
+
+def _affine(row: np.ndarray, px: np.ndarray, py: np.ndarray, centre: float, out: np.ndarray) -> np.ndarray:
+    """row[:, 0] · px + row[:, 1] · py + centre into ``out`` (which may be ``px``)."""
+    y_term = np.multiply(row[:, 1:], py)
+    np.multiply(row[:, :1], px, out=out)
+    out += y_term
+    out += centre
+    return out
+
+
+def _bilinear(padded: np.ndarray, res: int, template_ids: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Bilinear lookup of templates[id] at (u, v) template pixel coordinates, outside reading as 0; ``padded`` is the
+    res×res templates with a zero border, flattened. ``u`` and ``v`` are overwritten. Returns float64 (the weights'
+    precision, as the plain expression promoted them)."""
     width = res + 2
-    u = np.clip(u + 1, 0, res)
-    v = np.clip(v + 1, 0, res)
-    x0 = u.astype(np.intp)  # truncation is floor: u >= 0
-    y0 = v.astype(np.intp)
-    fx = u - x0
-    fy = v - y0
-    idx = template_ids[:, None] * width * width + y0 * width + x0
-    top = padded[idx] * (1 - fx) + padded[idx + 1] * fx
-    bottom = padded[idx + width] * (1 - fx) + padded[idx + width + 1] * fx
-    return top * (1 - fy) + bottom * fy
+    u += 1
+    v += 1
+    np.clip(u, 0, res, out=u)
+    np.clip(v, 0, res, out=v)
+    x0 = u.astype(np.int32)  # truncation is floor: u >= 0; at most res + 1, so int32 indexes exactly
+    y0 = v.astype(np.int32)
+    fx = np.subtract(u, x0, dtype=np.float64)
+    fy = np.subtract(v, y0, dtype=np.float64)
+    idx = y0
+    idx *= width
+    idx += x0
+    idx += (template_ids * width * width).astype(np.int32)[:, None]
+    top = _lerp(padded.take(idx), padded.take(idx + 1), fx)
+    idx += width
+    bottom = _lerp(padded.take(idx), padded.take(idx + 1), fx)
+    return _lerp(top, bottom, fy, out=top)
+
+
+def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """a · (1 - t) + b · t in float64 (t's precision), in that order of operations."""
+    weight = np.subtract(1, t)
+    b_term = np.multiply(b, t)
+    out = np.multiply(a, weight, out=out)
+    out += b_term
+    return out
 
 
 def _to_uint8(x: np.ndarray) -> np.ndarray:
-    return np.rint(np.clip(x, 0, 1) * 255).astype(np.uint8)
+    """x (float32 in about [0, 1]) to uint8 pixels, rounded; x is overwritten."""
+    np.clip(x, 0, 1, out=x)
+    x *= 255
+    return np.rint(x, out=x).astype(np.uint8)
 
 
 class SyntheticDigits(SyntheticSource):
@@ -158,12 +200,18 @@ class SyntheticDigits(SyntheticSource):
             elastic_px=1.2,
         )
         strength = rng.uniform(0.6, 1.0, (n, 1, 1)).astype(np.float32)
-        grain = rng.standard_normal(ink.shape, dtype=np.float32) * 0.15
+        grain = rng.standard_normal(ink.shape, dtype=np.float32)
+        grain *= 0.15
         # 1 % of pixels get a speckle of uniform brightness: r < 0.01 makes 100 r uniform on [0, 1).
-        r = rng.random(ink.shape, dtype=np.float32)
-        speckle = np.where(r < 0.01, r * 100, 0)
-        image = ink * (strength + grain) + speckle
-        return _to_uint8(image)[:, None], labels
+        speckle = rng.random(ink.shape, dtype=np.float32)
+        dark = speckle >= 0.01
+        speckle *= 100
+        speckle[dark] = 0
+        # image = ink · (strength + grain) + speckle, written over ink
+        grain += strength
+        ink *= grain
+        ink += speckle
+        return _to_uint8(ink)[:, None], labels
 
 
 class SyntheticColor(SyntheticSource):

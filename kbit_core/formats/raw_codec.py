@@ -71,16 +71,18 @@ class RawCodec(Codec):
             bad = np.flatnonzero((messages["header"] != np.frombuffer(self._full_header, np.uint8)).any(axis=1))
             if bad.size:
                 raise ValueError(self._header_problem(values[bad[0]]) or "bad header")
-            records = messages["records"].reshape(-1)
+            # [messages, records per message]: flattening the records first would copy every record once more
+            records = messages["records"]
         else:
             problem = next(filter(None, map(self._header_problem, values)), "")
             if problem:
                 raise ValueError(problem)
             records = np.frombuffer(b"".join(v[HEADER.size :] for v in values), dtype=self._record)
+        n = records.size
         return self._finish(
-            records["index"].astype(np.int64),
-            records["label"].astype(np.int64),
-            np.ascontiguousarray(records["pixels"]),
+            records["index"].astype(np.int64).reshape(n),
+            records["label"].astype(np.int64).reshape(n),
+            np.ascontiguousarray(records["pixels"]).reshape(n, *self.image_shape),
         )
 
     def _header_problem(self, value: bytes) -> str:

@@ -10,6 +10,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import psycopg2
@@ -159,22 +160,34 @@ def database_url(run_dir: Path, host: str, port: int, database: str, driver: str
     return f"{scheme}://{DATABASES[database]}@{host}:{port}/{database}"
 
 
-def _connect(run_dir: Path, host: str, port: int, database: str = "postgres") -> psycopg2.extensions.connection:
-    try:
-        conn = psycopg2.connect(
-            host=host,
-            port=port,
-            dbname=database,
-            user=logins.POSTGRES_ADMIN,
-            password=logins.password(run_dir, logins.POSTGRES_ADMIN),
-            connect_timeout=30,
-        )
-    except psycopg2.Error as exc:
-        raise PostgresError(
-            f"cannot connect to kbit's PostgreSQL at {host}:{port} as {logins.POSTGRES_ADMIN}: {_first_line(exc)}"
-        ) from None
-    conn.autocommit = True
-    return conn
+# What PostgreSQL answers while it replays its log after a start: its port accepts before it takes logins.
+STARTING_UP = ("the database system is starting up", "the database system is not yet accepting connections")
+
+
+def _connect(
+    run_dir: Path, host: str, port: int, database: str = "postgres", wait_s: float = 120.0
+) -> psycopg2.extensions.connection:
+    """A connection as kbit's admin, waiting up to ``wait_s`` while the server is still starting up."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            conn = psycopg2.connect(
+                host=host,
+                port=port,
+                dbname=database,
+                user=logins.POSTGRES_ADMIN,
+                password=logins.password(run_dir, logins.POSTGRES_ADMIN),
+                connect_timeout=30,
+            )
+        except psycopg2.Error as exc:
+            if any(text in str(exc) for text in STARTING_UP) and time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            raise PostgresError(
+                f"cannot connect to kbit's PostgreSQL at {host}:{port} as {logins.POSTGRES_ADMIN}: {_first_line(exc)}"
+            ) from None
+        conn.autocommit = True
+        return conn
 
 
 def _first_line(exc: Exception) -> str:

@@ -50,6 +50,15 @@ class BedHost(BaseModel):
     netns: str | None
 
 
+class TeamStackState(BaseModel):
+    """The team stack on the driver host (`kbit cluster up --team-stack`, kbit_core/bed_stack.py)."""
+
+    workdir: Path  # its data (PostgreSQL, s3proxy's store, the logins) and logs
+    prefect_api_url: str
+    mlflow_url: str
+    up_s: float  # how long its start took (PostgreSQL, s3proxy, both servers, deploy, worker)
+
+
 class BedState(BaseModel):
     """What `up` made: the file the CLI, the tests and kbit configs read to reach the bed."""
 
@@ -71,6 +80,7 @@ class BedState(BaseModel):
     registry_url: str | None = None  # the Schema Registry's Confluent-compatible API on the driver host, if it runs
     registry_up_s: float | None = None  # how long its start took
     ray_cluster_yaml: Path | None = None  # for Ray's own launcher (`ray up`) over the hosts' sshd; None: no sshd
+    team_stack: TeamStackState | None = None  # PostgreSQL, s3proxy, Prefect and MLflow behind a login, if it runs
     options: dict[str, Any]
 
     def kafka_config(self) -> KafkaConfig:

@@ -17,6 +17,7 @@ from rich.console import Console
 from tqdm import tqdm
 
 from kbit_core.config import KbitConfig
+from kbit_core.data.batching import to_device
 from kbit_core.data.loader import LoaderStats
 from kbit_core.data.split_loaders import SplitLoaderSet
 from kbit_core.errors import ConfigError, DistributedError, TrainingDivergedError
@@ -210,7 +211,7 @@ class Trainer:
         loader.set_epoch(epoch)
         sums = torch.zeros(3 + len(self.metric_fns), dtype=torch.float64, device=self.env.device)
         for x, y in loader:
-            x, y = x.to(self.env.device, non_blocking=True), y.to(self.env.device, non_blocking=True)
+            x, y = to_device(x, y, self.env.device)
             for logits, targets in self.engine.eval_outputs(x, y):
                 sums += self._eval_sums(logits, targets)
         torch.distributed.all_reduce(sums)
@@ -260,7 +261,7 @@ class Trainer:
         for index in range(st.batch_in_epoch, num_batches):
             fetch = time.perf_counter()
             x, y = self._next_batch(batches, epoch, index, len(self.loaders.train))
-            x, y = x.to(self.env.device, non_blocking=True), y.to(self.env.device, non_blocking=True)
+            x, y = to_device(x, y, self.env.device)
             data_wait += time.perf_counter() - fetch
             boundary = in_window + 1 == train.grad_accum_steps or index == num_batches - 1
             stats = self.forward_backward(x, y, boundary)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kbit_core.config import KbitConfig
-from kbit_core.data.batching import Batch
+from kbit_core.data.batching import Batch, to_device
 from kbit_core.errors import ConfigError, TrainingDivergedError
 from kbit_core.stream.ledger import IndexRuns, lag_grows, percentiles
 from kbit_core.stream.source import StreamSource
@@ -217,7 +217,7 @@ class StreamTrainer(Trainer):
                 signal.signal(sig, handler)
 
     def _step(self, batch: Batch, window: _Window) -> None:
-        x, y = batch.x.to(self.env.device, non_blocking=True), batch.y.to(self.env.device, non_blocking=True)
+        x, y = to_device(batch.x, batch.y, self.env.device)
         stats = self.forward_backward(x, y, boundary=True)
         if not stats.finite:
             if self.cfg.train.nan_policy == "fail":

@@ -187,10 +187,7 @@ def test_restart_keeps_topics_and_data(apache_kafka: ApacheKafkaBroker, kcfg: Ka
     delivered = produce(kcfg, topic, 2, 200, "zstd")
     assert apache_kafka.stop()
     assert not apache_kafka.status().running
-    started = time.monotonic()
     apache_kafka.start()
-    restart_s = time.monotonic() - started
-    assert restart_s < 30, f"restart took {restart_s:.1f}s"
     assert admin.topic_partitions(kcfg, topic) == [0, 1]
     assert listed_latest(kcfg, topic, 2) == offsets.exact_end_offsets(kcfg, topic) == {0: 100, 1: 100}
     ranges = {0: (0, 100), 1: (0, 100)}

@@ -126,26 +126,35 @@ def test_training_run_logged_through_the_login_lands_in_the_object_store(
     assert local.read_bytes() == next(p for p in stored if p.name == local.name).read_bytes()
 
 
-def test_a_flow_run_is_recorded_in_postgresql(team_stack: LocalStack) -> None:
-    env = {**os.environ, **team_stack.prefect_env()}
-    subprocess.run([sys.executable, "-c", FLOW], env=env, check=True, timeout=600, capture_output=True)
-    st = team_stack.cfg.stack
+def database_rows(stack: LocalStack, database: str, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """The rows ``query`` reads from one of the stack's databases, as the user that owns it."""
+    user = {"prefect": logins.PREFECT_DB_USER, "mlflow": logins.MLFLOW_DB_USER}[database]
+    st = stack.cfg.stack
     conn = psycopg2.connect(
         host=st.host,
         port=st.postgres_port,
-        dbname="prefect",
-        user=logins.PREFECT_DB_USER,
-        password=logins.password(team_stack.run_dir, logins.PREFECT_DB_USER),
+        dbname=database,
+        user=user,
+        password=logins.password(stack.run_dir, user),
     )
     try:
         with conn.cursor() as cur:
-            cur.execute(
-                "SELECT fr.state_type FROM flow_run fr JOIN flow f ON f.id = fr.flow_id WHERE f.name = %s",
-                ("kbit-team-check",),
-            )
-            assert [row[0] for row in cur.fetchall()] == ["COMPLETED"]
+            cur.execute(query, params)
+            return cur.fetchall()
     finally:
         conn.close()
+
+
+def test_a_flow_run_is_recorded_in_postgresql(team_stack: LocalStack) -> None:
+    env = {**os.environ, **team_stack.prefect_env()}
+    subprocess.run([sys.executable, "-c", FLOW], env=env, check=True, timeout=600, capture_output=True)
+    rows = database_rows(
+        team_stack,
+        "prefect",
+        "SELECT fr.state_type FROM flow_run fr JOIN flow f ON f.id = fr.flow_id WHERE f.name = %s",
+        ("kbit-team-check",),
+    )
+    assert [row[0] for row in rows] == ["COMPLETED"]
 
 
 def test_a_wrong_mlflow_password_is_one_line(team_stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -138,7 +138,9 @@ def test_the_stop_file_stops_every_rank_at_one_step_with_a_final_checkpoint(
             "checkpoint": {"dir": "ckpt"},
         },
     )
-    producer = Background(LiveProducer(cfg).run, rate=100, duration_s=40)
+    # produces until the run has stopped (not for a fixed time the test would then wait out)
+    stop_producing = threading.Event()
+    producer = Background(LiveProducer(cfg).run, rate=100, duration_s=300, should_stop=stop_producing.is_set)
     stop_file = cfg.run_dir / "streams" / f"{cfg.stream.topic}.stop"
 
     def stop_once_training() -> None:  # rank 0 opens its lineage as it starts; a few seconds later it trains
@@ -149,7 +151,10 @@ def test_the_stop_file_stops_every_rank_at_one_step_with_a_final_checkpoint(
         stop_file.write_text("stop\n")
 
     stopper = Background(stop_once_training)
-    result = train(cfg, progress=False)
+    try:
+        result = train(cfg, progress=False)
+    finally:
+        stop_producing.set()
     stopper.result(120)
     producer.result(60)
     assert result["stop_reason"] == "stop file" and result["records"] > 0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +21,7 @@ LOG_DISK_MB = 256
 
 
 @pytest.fixture(scope="session")
-def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BedState]:
+def testbed() -> Iterator[BedState]:
     """The bed's state: master URL, broker bootstrap, CA and client certificate, hosts (``state.kafka_overrides()``).
 
     A bed that is already up (`kbit cluster up` in a shell) is used as it is and left running;
@@ -34,9 +36,14 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BedState]:
         assert state is not None
         yield state
         return
-    bed_dir = tmp_path_factory.mktemp("bed") / "testbed"  # `<workdir>/testbed`, as the CLI places it
+    # `<workdir>/testbed`, as the CLI places it; not under pytest's mode-0700 tmp folder: as root the team stack's
+    # PostgreSQL (test_bed_team_stack.py) runs as the `postgres` user, who must enter every directory above its data
+    workdir = Path(tempfile.mkdtemp(prefix="kbit-testbed-", dir="/tmp"))
+    os.chmod(workdir, 0o755)
+    bed_dir = workdir / "testbed"
     yield bring_up(bed_dir, BedOptions(log_disk_mb=LOG_DISK_MB))
     bed.down(bed_dir)
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def bring_up(bed_dir: Path, options: BedOptions) -> BedState:

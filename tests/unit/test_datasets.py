@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import struct
 import tracemalloc
 from pathlib import Path
@@ -52,6 +53,19 @@ class TestSynthetic:
         _, im, lab = collect(synthetic(name, num_records=2050), 2040, 2050)
         np.testing.assert_array_equal(im, images[2040:2050])
         np.testing.assert_array_equal(lab, labels[2040:2050])
+
+    @pytest.mark.parametrize(
+        "name, digest",
+        [
+            ("synthetic_digits", "6ef4e4c1ecd8aa9a60765b5984988ae9a3c0d86427bb718e77817ecb259cc953"),
+            ("synthetic_color", "829b099a2299308b42ece9cce2f27e726ee1def63e929cf94161f1a35167874a"),
+        ],
+    )
+    def test_records_are_the_bytes_topics_were_produced_with(self, name: str, digest: str) -> None:
+        # The digests were taken from the generator before its warp and noise were rewritten in place (2.3-2.7x
+        # faster): topics produced earlier under the same name hold exactly these records, so they stay reusable.
+        _, images, labels = collect(synthetic(name, seed=5), 1000, 1100)  # across the block boundary at 1024
+        assert hashlib.sha256(images.tobytes() + labels.astype("<i8").tobytes()).hexdigest() == digest
 
     @pytest.mark.parametrize("name", SYNTHETIC)
     def test_seed_changes_the_data(self, name: str) -> None:
