@@ -29,6 +29,18 @@ DELETE_WAIT_S = 15.0
 LEADER_ELECTION_S = 30.0  # how long a replicated cluster is given to elect a dead leader's successor
 AUTHORIZATION_FAILED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED})
 CLEANUP_POLICY = "cleanup.policy"
+# CreateTopics refusals that a restarting broker or a changing controller causes and that pass once it is back: too
+# few brokers registered for the replication factor, and Kafka's unknown error (seen during a rolling upgrade)
+CREATE_RETRIABLE = frozenset(
+    {
+        KafkaError.INVALID_REPLICATION_FACTOR,
+        KafkaError.UNKNOWN,
+        KafkaError.NOT_CONTROLLER,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+    }
+)
 OUT_OF_RANGE = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 UNKNOWN_PARTITION = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
@@ -127,21 +139,9 @@ def create_topic(kcfg: KafkaConfig, topic: str, partitions: int, replication_fac
     CreateTopics once the controller committed it, and its broker's metadata can follow a moment later); TopicError
     when it already exists (callers decide whether to delete it first). ``replication_factor`` defaults to
     kafka.topic_replication_factor."""
-    replication_factor = replication_factor or kcfg.topic_replication_factor
     admin = _admin(kcfg)
     _metadata(admin, kcfg)
-    # delete, never compact, whatever the broker's default: compaction would take records out of a manifest
-    new = NewTopic(topic, partitions, replication_factor, config={CLEANUP_POLICY: "delete"})
-    future = admin.create_topics([new], operation_timeout=kcfg.request_timeout_s)[topic]
-    try:
-        future.result(timeout=kcfg.request_timeout_s)
-    except KafkaException as exc:
-        err: KafkaError = exc.args[0]
-        if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-            raise TopicError(f"topic {topic!r} already exists on the {describe_broker(kcfg)}") from None
-        if err.code() in AUTHORIZATION_FAILED:
-            raise not_authorized(kcfg, topic, "create") from None
-        raise TopicError(f"cannot create topic {topic!r} ({partitions} partitions): {err.str()}") from None
+    _create_retrying(admin, kcfg, topic, partitions, replication_factor or kcfg.topic_replication_factor)
     deadline = time.monotonic() + kcfg.request_timeout_s
     while len(getattr(_metadata(admin, kcfg).topics.get(topic), "partitions", None) or {}) < partitions:
         if time.monotonic() > deadline:
@@ -151,6 +151,42 @@ def create_topic(kcfg: KafkaConfig, topic: str, partitions: int, replication_fac
             )
         time.sleep(0.05)
     log.info("created topic %s with %d partition(s)", topic, partitions)
+
+
+def _create_retrying(admin: AdminClient, kcfg: KafkaConfig, topic: str, partitions: int, replicas: int) -> None:
+    """CreateTopics, asked again on a retriable refusal (a broker of a replicated cluster restarting in a rolling
+    restart or upgrade: too few brokers registered for the replication factor, or an unknown error from a controller
+    changing) until ``kafka.request_timeout_s`` passed; then a TopicError naming the last refusal and the wait."""
+    # delete, never compact, whatever the broker's default: compaction would take records out of a manifest
+    new = NewTopic(topic, partitions, replicas, config={CLEANUP_POLICY: "delete"})
+    deadline, refused = time.monotonic() + kcfg.request_timeout_s, None
+    while True:
+        future = admin.create_topics([new], operation_timeout=kcfg.request_timeout_s)[topic]
+        try:
+            future.result(timeout=kcfg.request_timeout_s)
+            return
+        except KafkaException as exc:
+            err: KafkaError = exc.args[0]
+        if err.code() == KafkaError.TOPIC_ALREADY_EXISTS and refused is not None:
+            # an earlier attempt's answer was lost (a timeout, a controller changing) after the controller committed
+            # it: the topic is this call's, as no one else creates it meanwhile (produces of a topic are exclusive)
+            log.warning("topic %s exists after an attempt refused with %s: created by that attempt", topic, refused)
+            return
+        if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            raise TopicError(f"topic {topic!r} already exists on the {describe_broker(kcfg)}")
+        if err.code() in AUTHORIZATION_FAILED:
+            raise not_authorized(kcfg, topic, "create")
+        retriable = err.retriable() or err.code() in CREATE_RETRIABLE
+        if not retriable or time.monotonic() > deadline:
+            waited = f" (asked again for {kcfg.request_timeout_s:g}s: kafka.request_timeout_s)" if refused else ""
+            raise TopicError(
+                f"cannot create topic {topic!r} ({partitions} partitions, replication factor {replicas}) on the "
+                f"{describe_broker(kcfg)}: {err.name()}: {err.str()}{waited}"
+            )
+        if refused is None:
+            log.warning("creating topic %s: %s: %s; asking again (a broker restarting?)", topic, err.name(), err.str())
+        refused = err.name()
+        time.sleep(0.5)
 
 
 def topic_config(kcfg: KafkaConfig, topic: str) -> dict[str, str]:

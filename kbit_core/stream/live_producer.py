@@ -23,7 +23,7 @@ from kbit_core.datasets import DatasetSource, open_source
 from kbit_core.errors import BrokerError, ConfigError, TopicError
 from kbit_core.formats import Codec, RecordShape, variant_codec
 from kbit_core.kafka import admin, offsets
-from kbit_core.kafka.producers import DeliveryLedger, ProducerBackend, make_producer
+from kbit_core.kafka.producers import DeliveryLedger, ProducerBackend, delivery_timeout_ms, make_producer
 from kbit_core.stream.stream_log import Segment, StreamLog, stream_log_path
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 MAX_CHUNK = 4096
 # How often the producer wakes to send what the rate allows.
 TICK_S = 0.02
-# An acknowledgement slower than this means the broker is gone: reconnect instead of waiting out librdkafka.
+# An acknowledgement slower than this means the (single) broker is gone: reconnect instead of waiting out librdkafka.
 ACK_TIMEOUT_S = 10.0
 
 
@@ -95,6 +95,12 @@ class LiveProducer:
             stream_log_path(cfg.workdir, self.topic), stream_header(cfg, self.source, self.codec.schema_fingerprint())
         )
         self.refilled = self.reconnects = 0
+        # A replicated cluster moves a lost leader's partitions (a broker cut off is fenced after its session
+        # timeout, ~10 s): the idempotent producer's retries reach the new leader within the delivery timeout. Giving
+        # up on a chunk earlier left its acknowledged part out of the manifest, and the retried chunk then found its
+        # own records in the topic (a 30 s cut-off on the bed).
+        replicated = cfg.kafka.topic_replication_factor > 1
+        self.ack_timeout_s = delivery_timeout_ms(cfg.kafka) / 1000 + 5 if replicated else ACK_TIMEOUT_S
         self._chunks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def run(
@@ -179,7 +185,7 @@ class LiveProducer:
             backend.send(
                 self.topic, index % self.partitions, str(index).encode("ascii"), value, ledger.callback(1, len(value))
             )
-        backend.flush(ACK_TIMEOUT_S, count_wire_bytes=False)
+        backend.flush(self.ack_timeout_s, count_wire_bytes=False)
         produced_ms = int(time.time() * 1000)
         segments = []
         for part in ledger.partitions():
@@ -257,7 +263,8 @@ class LiveProducer:
             if ahead:
                 raise TopicError(
                     f"stream topic {self.topic!r} holds records its manifest {self.log.path} does not "
-                    f"know (partition: broker end, manifest end): {ahead}; another producer wrote to it"
+                    f"know (partition: broker end, manifest end): {ahead}; another producer wrote to it, or this one's "
+                    "writes landed after it gave up waiting for their acknowledgement"
                 )
             if ends == wanted:
                 return

@@ -21,16 +21,18 @@ from confluent_kafka.admin import ConfigResource
 from kbit_core.brokers.apache_broker import ApacheKafkaBroker
 from kbit_core.brokers.cluster import ClusterNode, KafkaCluster
 from kbit_core.data.reader import RangeReader
-from kbit_core.errors import BrokerError
+from kbit_core.errors import BrokerError, TopicError
 from kbit_core.formats import get_codec
 from kbit_core.jobs.train import train
-from kbit_core.kafka import contents, offsets
+from kbit_core.kafka import admin, contents, offsets
 from kbit_core.kafka.manifest import Manifest
 from kbit_core.kafka.producers import DeliveryLedger, ProducerBackend, delivery_timeout_ms, make_producer
 from kbit_core.produce import produce_dataset
 from kbit_core.sharding import OffsetRange
+from kbit_core.stream.live_producer import LiveProducer
+from kbit_core.stream.stream_log import StreamLog
 from kbit_core.train import checkpoint as ckpt
-from tests.conftest import FAULT_MODELS_DIR, SMALL_TRAINING, free_port, require_apache_kafka
+from tests.conftest import FAULT_MODELS_DIR, SMALL_TRAINING, Background, free_port, require_apache_kafka
 
 pytestmark = [pytest.mark.kafka, pytest.mark.own_broker]
 
@@ -216,3 +218,70 @@ def test_a_broker_restarted_with_its_disk_keeps_the_topic_and_nothing_is_produce
     assert produce_dataset(cfg, progress=False) == manifest
     assert offsets.exact_end_offsets(cfg.kafka, topic_name) == ends
     assert _read_indices(cfg, manifest) == list(range(500))
+
+
+def test_a_replication_factor_the_cluster_never_meets_fails_in_one_line_naming_the_refusal(on_cluster, topic_name):
+    """Kafka's INVALID_REPLICATION_FACTOR (a broker not registered, as in a rolling upgrade) is asked again until
+    kafka.request_timeout_s passed, then named in one line with the wait; nothing is left created."""
+    cfg = on_cluster(kafka__request_timeout_s=2)
+    with pytest.raises(TopicError) as refused:
+        admin.create_topic(cfg.kafka, topic_name, 2, replication_factor=4)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"cannot create topic '{topic_name}' (2 partitions, replication factor 4)" in message
+    assert "INVALID_REPLICATION_FACTOR: Unable to replicate the partition 4 time(s)" in message
+    assert "asked again for 2s: kafka.request_timeout_s" in message
+    assert not admin.topic_exists(cfg.kafka, topic_name)
+
+
+def test_two_brokers_dead_before_they_leave_the_isr_are_named_in_the_delivery_error(
+    on_cluster, cluster: KafkaCluster, topic_name
+):
+    """Two of three brokers SIGKILLed at once (as Kafka halts a broker whose only log directory filled up): the KRaft
+    quorum is lost before the controller can shrink the in-sync replicas, so they still count three; an acks=all
+    delivery fails naming, per partition, the replicas whose brokers accept no connections."""
+    cfg = on_cluster(dataset__num_records=200, kafka__request_timeout_s=3)
+    produce_dataset(cfg, progress=False)
+    dead = cluster.brokers[:2]
+    for broker in dead:
+        _kill(broker)
+    ledger = DeliveryLedger(topic_name, 2, cfg.kafka)
+    producer = make_producer(cfg.kafka, cfg.produce, "none", "confluent")
+    try:
+        for i in range(10):
+            producer.send(topic_name, i % 2, b"k", b"more", ledger.callback(1, 4))
+        producer.flush(delivery_timeout_ms(cfg.kafka) / 1000 + 10)
+    finally:
+        producer.close()
+    with pytest.raises(BrokerError) as caught:
+        ledger.raise_errors()
+    message = str(caught.value)
+    assert "\n" not in message, message
+    named = ", ".join(f"{b.node_id} ({b.host}:{b.port})" for b in dead)
+    for p in (0, 1):
+        assert f"{topic_name}[{p}]: 5 message(s) failed: its replicas on broker(s) {named} accept no connections" in (
+            message
+        ), message
+
+
+def test_the_live_producer_rides_through_a_frozen_leader_without_reconnecting(
+    on_cluster, cluster: KafkaCluster, topic_name
+):
+    """The leader of partition 0 frozen (SIGSTOP) for 15 s while the stream producer appends: longer than the 10 s
+    after which it used to give up on a chunk and reconnect (and then found the chunk's acknowledged part, left out of
+    its manifest, in the topic: a 30 s cut-off on the bed). On a replicated cluster it waits for the idempotent
+    producer's retries to reach the new leader: every record once, the manifest matching the broker's offsets."""
+    cfg = on_cluster(dataset__num_records=100, kafka__request_timeout_s=10, stream={"topic": topic_name})
+    producer = LiveProducer(cfg)
+    producer.run(rate=200, records=200)
+    leader = cluster.leader_of(topic_name, 0)
+    os.kill(leader.service.pid(), signal.SIGSTOP)
+    try:
+        appending = Background(producer.run, rate=200, records=1000)
+        time.sleep(15)
+    finally:
+        os.kill(leader.service.pid(), signal.SIGCONT)
+    run = appending.result(180)
+    assert (run.next_index, run.reconnects) == (1000, 0)
+    log = StreamLog.load(Path(run.manifest_path))
+    assert offsets.exact_end_offsets(cfg.kafka, topic_name) == log.end_offsets() == {0: 500, 1: 500}

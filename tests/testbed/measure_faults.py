@@ -10,7 +10,9 @@ record lost, none trained twice, in the same order). Run as root with the bed up
 (each step at least T seconds: the run spans the fault; 25 steps of the 2,000 records take ~2 s unstretched); prints
 one JSON object per run. ``--produce``: instead of training, produces of ``--records`` records each, one
 after another for as long as each fault lasts (fired as the first begins), against one undisturbed produce; each
-topic is then read back (records lost: indices missing; twice: indices read more than once).
+topic is then read back (records lost: indices missing; twice: indices read more than once). ``--stream``: continuous
+training on a stream kbit's live producer writes at ``--rate`` records a second until ``--records``
+(tests/testbed/stream_workload.py), audited by the stream ledger: every acknowledged record trained once.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from kbit_core.testbed import disk_faults, faults, upgrade
 from kbit_core.train import checkpoint as ckpt
 from tests.conftest import FAULT_MODELS_DIR, REPO
 from tests.faults.test_fault_replicated import _read_indices
+from tests.testbed.stream_workload import longest_step_wait, run_stream
 from tests.testbed.test_cluster_e2e import TRAIN_CLUSTER, bed_sets, run_kbit
 from tests.testbed.test_secured_kafka import bed_config
 
@@ -67,14 +70,6 @@ def _fire_at_step(clock: Path, step: int, *fault: Any) -> tuple[threading.Thread
     return thread, fired
 
 
-def _longest_step_wait(clock_dir: Path) -> float:
-    waits = [0.0]
-    for clock in clock_dir.glob("rank-*"):
-        times = [float(t) for t in clock.read_text().split()]
-        waits += [b - a for a, b in zip(times, times[1:])]
-    return max(waits)
-
-
 def train(
     state: bed.BedState, workdir: Path, topic: str, records: int, step_s: float, command: str = "train"
 ) -> tuple[dict[str, Any], float, float, int]:
@@ -96,7 +91,7 @@ def train(
         command, "--config", str(TRAIN_CLUSTER), "--json", *sets, env={"PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"}
     )
     result = json.loads(done.stdout) if done.returncode == 0 else {"stderr": done.stderr[-2000:]}
-    return result, time.monotonic() - started, _longest_step_wait(clock_dir), done.returncode
+    return result, time.monotonic() - started, longest_step_wait(clock_dir), done.returncode
 
 
 def _same_weights(a: dict, b: dict) -> bool:
@@ -143,6 +138,22 @@ def produce_row(state: bed.BedState, brokers: faults.BedBrokers, name: str, work
     }
 
 
+def stream_row(state, brokers, name: str, workdir: Path, args, clean: dict) -> dict:
+    """Continuous training on a live stream with fault ``name`` fired when rank 0 reaches ``args.at_step`` (on the
+    leader of the stream's partition 0 where it takes one broker); the row for it."""
+    row = run_stream(
+        state,
+        workdir,
+        args.records,
+        rate=args.rate,
+        step_s=args.step_s,
+        at_step=args.at_step,
+        fire=lambda topic: _fire(name, brokers, topic, args.cut_off_s),
+    )
+    extra = {"extra_s": round(row["seconds"] - clean["seconds"], 1), "undisturbed_stall_s": clean["stall_s"]}
+    return {"run": name, "workload": "stream", **row, **extra}
+
+
 def train_row(state, brokers, name: str, workdir: Path, args, topic: str, clean: dict, clean_s: float) -> dict:
     """One training run with fault ``name`` fired when rank 0 reaches ``args.at_step``; the row for it."""
     thread, fired = _fire_at_step(workdir / "clock" / "rank-0", args.at_step, name, brokers, topic, args.cut_off_s)
@@ -172,6 +183,10 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument(
         "--produce", action="store_true", help="the workload is produces one after another, not batch training"
     )
+    parser.add_argument(
+        "--stream", action="store_true", help="the workload is continuous training on a live producer's stream"
+    )
+    parser.add_argument("--rate", type=float, default=40.0, help="--stream: records a second the producer appends")
     parser.add_argument("--records", type=int, default=2000)
     parser.add_argument("--at-step", type=int, default=5)
     parser.add_argument("--cut-off-s", type=float, default=30.0)
@@ -198,7 +213,10 @@ def main() -> None:
     brokers = faults.BedBrokers.from_state(state)
     with tempfile.TemporaryDirectory(prefix="kbit-faults-") as tmp:
         topic = f"kbit-bed-faults-{Path(tmp).name[-8:]}"
-        if args.produce:
+        if args.stream:
+            clean_stream = run_stream(state, Path(tmp, "clean"), args.records, rate=args.rate, step_s=args.step_s)
+            print(json.dumps({"run": "undisturbed", "workload": "stream", **clean_stream}), flush=True)
+        elif args.produce:
             clean = _produce_once(state, Path(tmp, "clean"), f"{topic}-clean", args.records)
             print(json.dumps({"run": "undisturbed", "workload": "produce", **clean}), flush=True)
         else:
@@ -214,7 +232,9 @@ def main() -> None:
         for i, name in enumerate(args.faults):  # a fault named twice runs twice
             workdir = Path(tmp, f"{name}-{i}")
             workdir.mkdir()
-            if args.produce:
+            if args.stream:
+                row = stream_row(state, brokers, name, workdir, args, clean_stream)
+            elif args.produce:
                 row = produce_row(state, brokers, name, workdir, args, f"{topic}-clean")
             else:
                 row = train_row(state, brokers, name, workdir, args, topic, clean, clean_s)

@@ -146,11 +146,12 @@ def test_two_full_brokers_fail_a_produce_in_one_line_and_lose_nothing_acknowledg
     message = str(caught.value)
     record_property("seconds", {"to_fail": round(failed_after, 1), "message": message, "fault": report.steps})
     assert [step["shut_down_by_kafka"] and NO_SPACE in step["cause"] for step in report.steps] == [True, True], report
-    # every message failed by flush's deadline, on one line naming each partition. Not (yet) why: the second broker
-    # took the quorum with it before the controller could take it out of the in-sync replicas, and the ledger's
-    # NOT_ENOUGH_REPLICAS diagnosis reads those (docs/reliability.md)
+    # every message failed by flush's deadline, on one line naming each partition and why: the second broker took
+    # the quorum with it before the controller could take it out of the in-sync replicas, so the ledger names the
+    # replica whose broker accepts no connections (docs/reliability.md)
     assert "\n" not in message and ledger.delivered_records == 0, message
     for p in (0, 1):
-        assert f"{scratch.topic}[{p}]: 5 message(s) failed" in message, message
+        assert f"{scratch.topic}[{p}]: 5 message(s) failed: its replicas on broker(s) " in message, message
+        assert f"{second.node_id} ({second.host}:{second.port}) " in message, message
     assert contents.check_topic(cfg.kafka, kept).holds_manifest
     assert _read_indices(cfg, kept) == list(range(500))
