@@ -45,7 +45,8 @@ def tune_sweep(
     """Run the sweep on Ray Tune with ASHA; return ``{"best", "trials", "mlflow_run_id"}`` like the Prefect sweep.
 
     Each trial in ``trials`` holds ``trial``, ``params``, ``metrics`` (the last epoch's, as the Prefect sweep
-    reports them), ``epochs`` (how many it ran before ASHA stopped it or it finished) and ``mlflow_run_id``.
+    reports them), ``epochs`` (how many it ran before ASHA stopped it or it finished), ``ranks`` (where its last
+    rung's ranks ran: rank, host, address) and ``mlflow_run_id``.
 
     Raises:
         ConfigError: ``launch.engine`` is not ``ray``, a schedule depends on the total step count, or a trial
@@ -66,7 +67,13 @@ def tune_sweep(
         manifests = [produce_dataset(trial_cfg, progress=False).model_dump_json() for trial_cfg in configs]
         reports = _run_tuner(cfg, configs, manifests, sweep_dir, metric, mode)
         results = [
-            {"trial": index, "params": trial, "metrics": final_metrics(report), "epochs": report["epochs"]}
+            {
+                "trial": index,
+                "params": trial,
+                "metrics": final_metrics(report),
+                "epochs": report["epochs"],
+                "ranks": report["ranks"],
+            }
             for index, (trial, report) in enumerate(zip(trials, reports))
         ]
         best = best_trial(results, metric, mode)

@@ -1,6 +1,6 @@
 """Ray's own cluster launcher on the bed, as a team runs it: `ray up` over SSH with deployments/ray/cluster.yaml (head
 on node1, node2 a worker the autoscaler starts on demand), a Ray Train run through `launch.ray_address` whose ranks
-need that worker, `ray exec`, the idle worker removed again, and `ray down` (with the worker host's own `ray stop`)
+need that worker, a Ray Tune sweep through the same address, `ray exec`, the idle worker removed again, and `ray down` (with the worker host's own `ray stop`)
 leaving none of its Ray processes while the bed's own Ray nodes on the same hosts run on."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -30,6 +31,7 @@ RAY = str(Path(sys.executable).parent / "ray")
 HEAD_PORT, CLIENT_PORT = 6390, 6391  # deployments/ray/cluster.yaml's
 DEADLINE_S = 600.0  # generous: the autoscaler's idle timeout is 1 minute, each step takes seconds on an idle machine
 POLL_S = 5.0  # each poll starts a Python that imports Ray: seconds of CPU on a 2-core machine
+TUNE_SPACE = {"train.optim.lr": [3e-3, 1e-6]}  # 1e-6 barely moves the weights in one epoch: trial 0 is the best
 PRINT_NODES = (
     'python -c \'import json, ray; ray.init(address="auto", log_to_driver=False); '
     'print(json.dumps({n["NodeManagerAddress"]: n["Alive"] for n in ray.nodes()}))\''
@@ -133,8 +135,9 @@ class _JoinWatch(threading.Thread):
             self.done.wait(POLL_S)
 
 
-def _train(state: BedState, workdir: Path) -> subprocess.CompletedProcess[str]:
-    launcher_cluster = {
+def _launcher_cluster(state: BedState) -> dict[str, Any]:
+    """Settings for a run of two ranks (one CPU each) on the launcher's cluster, small data, one epoch."""
+    return {
         "launch.engine": "ray",
         "launch.ray_address": f"ray://{state.nodes[0].address}:{CLIENT_PORT}",
         "launch.ray_auth_token_file": str(ray_env.own_token_file(state.bed_dir)),
@@ -143,15 +146,33 @@ def _train(state: BedState, workdir: Path) -> subprocess.CompletedProcess[str]:
         "train.epochs": 1,
         "train.model": {"name": "mlp"},
         "tracking.enabled": False,
-    }
-    return run_kbit(
-        "train",
-        "--config",
-        str(TRAIN_CLUSTER),
-        "--json",
-        *bed_sets(state, workdir, **launcher_cluster),
+    }  # the launcher's Ray asks every client for the cluster's token, as the bed's own does
+
+
+def _train(state: BedState, workdir: Path) -> subprocess.CompletedProcess[str]:
+    sets = bed_sets(state, workdir, **_launcher_cluster(state))
+    return run_kbit("train", "--config", str(TRAIN_CLUSTER), "--json", *sets, timeout=DEADLINE_S)
+
+
+def _tune_sweep(state: BedState, workdir: Path) -> dict[str, Any]:
+    """kbit's Ray Tune sweep (two trials: a good and a useless learning rate) on the launcher's cluster; its result."""
+    sets = [arg for arg in bed_sets(state, workdir, **_launcher_cluster(state)) if arg != "--set"]
+    out = workdir / "sweep.json"
+    script = (
+        "import json, sys; from pathlib import Path; from kbit_core.config import load_config; "
+        "from kbit_core.jobs.sweep import tune_sweep; "
+        "cfg = load_config(Path(sys.argv[1]), sys.argv[3:]); "
+        f"Path(sys.argv[2]).write_text(json.dumps(tune_sweep(cfg, space={TUNE_SPACE!r})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(TRAIN_CLUSTER), str(out), *sets],
+        capture_output=True,
+        text=True,
         timeout=DEADLINE_S,
-    )  # the launcher's Ray asks every client for the cluster's token, as the bed's own does
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(out.read_text())
 
 
 @pytest.fixture
@@ -171,7 +192,7 @@ def launched(launcher_bed: BedState, record_property) -> Iterator[str]:
         )
 
 
-@pytest.mark.timeout(3 * DEADLINE_S)  # about 3 minutes on an idle machine; each step has its own generous deadline
+@pytest.mark.timeout(3 * DEADLINE_S)  # about 4 minutes on an idle machine; each step has its own generous deadline
 def test_ray_up_autoscales_a_worker_for_a_train_run_and_ray_down_leaves_none(
     launcher_bed: BedState, launched: str, tmp_path: Path, record_property
 ) -> None:
@@ -188,6 +209,15 @@ def test_ray_up_autoscales_a_worker_for_a_train_run_and_ray_down_leaves_none(
     record_property("worker_joined_after_s", watch.joined_after_s)
     assert done.returncode == 0, done.stderr[-4000:]
     assert_ranks_on_node_hosts(json.loads(done.stdout), state)  # one rank on node1 (head), one on node2 (autoscaled)
+
+    started = time.monotonic()
+    swept = _tune_sweep(state, tmp_path / "sweep")  # while the worker is still up: within its idle timeout
+    record_property("tune_sweep_s", round(time.monotonic() - started, 1))
+    assert [t["params"] for t in swept["trials"]] == [{"train.optim.lr": lr} for lr in TUNE_SPACE["train.optim.lr"]]
+    for trial in swept["trials"]:
+        assert trial["epochs"] == 1
+        assert_ranks_on_node_hosts(trial, state)  # each trial's two ranks: node1 and node2 of the launcher's cluster
+    assert swept["best"]["trial"] == 0, swept["trials"]
 
     printed = _ray(state, "exec", cluster_yaml, PRINT_NODES).stdout.splitlines()
     nodes = json.loads([line for line in printed if line.startswith("{")][-1])
