@@ -248,8 +248,12 @@ def stored_steps(stack: LocalStack, run_id: str) -> tuple[str, dict[str, str], l
 
 
 def test_postgresql_restarted_mid_flow_is_ridden_out(team_stack: LocalStack, tmp_path: Path) -> None:
+    check_postgresql_restart_ridden_out(team_stack, tmp_path)
+
+
+def check_postgresql_restart_ridden_out(team_stack: LocalStack, tmp_path: Path) -> None:
     """PostgreSQL (both servers' store) goes down between the flow's two steps and comes back while the second one
-    is retried: the flow run and the MLflow run finish, with both steps and nothing lost."""
+    is retried: the flow run and the MLflow run finish, with both steps and nothing lost (here and on the bed)."""
     postgres = team_stack.team.postgres
     assert postgres is not None
     proc = start_fault_flow(team_stack, tmp_path)
@@ -274,9 +278,15 @@ def test_postgresql_restarted_mid_flow_is_ridden_out(team_stack: LocalStack, tmp
 def test_object_store_stopped_while_a_run_logs_fails_both_runs_in_one_line(
     team_stack: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    check_object_store_outage_fails_both_runs(team_stack, tmp_path, monkeypatch)
+
+
+def check_object_store_outage_fails_both_runs(
+    team_stack: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """s3proxy stops between the flow's two steps: the second artifact's upload fails (after MLflow's retries, cut
     short here) in one line naming the store, the flow run and the MLflow run end FAILED, the first step's artifact
-    reads back once the store is up again, and the next run is clean."""
+    reads back once the store is up again, and the next run is clean (here and on the bed)."""
     s3proxy = team_stack.team.s3proxy
     assert s3proxy is not None
     quick_retries = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}

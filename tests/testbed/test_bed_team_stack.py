@@ -1,7 +1,8 @@
 """The team stack on the bed's driver host (`kbit cluster up --team-stack`): both servers refuse a request without the
 login over the bed address, a run logged from a node host stores its artifact in s3proxy's store through MLflow, and
 the nightly deployment (the bed-sized profile) run by the stack's worker ends COMPLETED, its MLflow run in PostgreSQL
-and read back by `kbit history`."""
+and read back by `kbit history`; and the one-host stack's two faults on the bed's stack (PostgreSQL restarted mid-flow,
+s3proxy stopped while a run logs)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,12 @@ from kbit_core.stack import PROJECT_ROOT, LocalStack
 from kbit_core.testbed import BedState
 from kbit_core.testbed.network import Host, in_host
 from tests.conftest import installed_or_skip
-from tests.integration.test_stack_team import database_rows, status_without_login
+from tests.integration.test_stack_team import (
+    check_object_store_outage_fails_both_runs,
+    check_postgresql_restart_ridden_out,
+    database_rows,
+    status_without_login,
+)
 
 pytestmark = [pytest.mark.prefect, pytest.mark.spark, pytest.mark.slow, pytest.mark.kafka]
 
@@ -137,3 +143,13 @@ def test_the_nightly_deployment_runs_on_the_bed_and_kbit_history_reads_it_back(
     )
     assert history.returncode == 0, history.stdout[-3000:] + history.stderr[-3000:]
     assert new[0][0] in json.dumps(json.loads(history.stdout))
+
+
+def test_postgresql_restarted_mid_flow_on_the_bed_is_ridden_out(bed_team: LocalStack, tmp_path: Path) -> None:
+    check_postgresql_restart_ridden_out(bed_team, tmp_path)
+
+
+def test_object_store_stopped_on_the_bed_fails_both_runs_in_one_line(
+    bed_team: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    check_object_store_outage_fails_both_runs(bed_team, tmp_path, monkeypatch)
