@@ -18,6 +18,14 @@ from tests.conftest import unavailable
 
 # Each broker's log directory on a filesystem of its own (test_disk_faults.py fills one): ample for the suite's topics.
 LOG_DISK_MB = 256
+# Beside a bed this session brought up itself: its pytest's process id. Only such a bed may be re-created (a bed a
+# shell brought up keeps its topics). A file, not a module variable: conftest may be imported under two names.
+SESSION_MARK = "pytest-session.pid"
+
+
+def started_by_this_session(state: BedState) -> bool:
+    mark = Path(state.bed_dir).parent / SESSION_MARK
+    return mark.is_file() and mark.read_text() == str(os.getpid())
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +49,7 @@ def testbed() -> Iterator[BedState]:
     workdir = Path(tempfile.mkdtemp(prefix="kbit-testbed-", dir="/tmp"))
     os.chmod(workdir, 0o755)
     bed_dir = workdir / "testbed"
+    (workdir / SESSION_MARK).write_text(str(os.getpid()))
     yield bring_up(bed_dir, BedOptions(log_disk_mb=LOG_DISK_MB))
     bed.down(bed_dir)
     shutil.rmtree(workdir, ignore_errors=True)

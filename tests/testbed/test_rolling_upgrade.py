@@ -25,7 +25,7 @@ from kbit_core.produce import produce_dataset
 from kbit_core.testbed import BedOptions, BedState, faults, upgrade
 from tests.conftest import unavailable
 from tests.faults.test_fault_replicated import _read_indices
-from tests.testbed.conftest import bring_up
+from tests.testbed.conftest import bring_up, started_by_this_session
 from tests.testbed.test_secured_kafka import bed_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
@@ -34,13 +34,13 @@ RECORDS = 200
 
 
 @pytest.fixture
-def older_bed(testbed: BedState, tmp_path_factory: pytest.TempPathFactory):
+def older_bed(testbed: BedState):
     """The session's bed, re-created on the previous Apache Kafka release; afterwards on kbit's release again (the
     upgrade leaves it so; a failed one is re-created)."""
     older = [v for v in installed_kafka_versions() if v != kafka_version()]
     if not older:
         unavailable("no previous Apache Kafka release is installed (`bash scripts/run.sh install` installs it)")
-    if not testbed.bed_dir.is_relative_to(tmp_path_factory.getbasetemp().resolve()):  # not the session's own
+    if not started_by_this_session(testbed):
         unavailable("the bed that is up was not started by this session; re-creating it would drop its topics")
     options = BedOptions(**testbed.options)
     bed.down(testbed.bed_dir)
