@@ -75,10 +75,13 @@ def _api(method: str, url: str, body: dict[str, Any] | None = None, login: str |
 
 def _allowed_hosts(host: str, port: int) -> list[str]:
     """MLflow's server answers 403 to a Host header outside localhost and the private ranges (its guard against DNS
-    rebinding): a stack bound to another address (e.g. 127.0.0.2, a public one) names it, and localhost for a tunnel."""
+    rebinding): a stack bound to another address (e.g. 127.0.0.2, a public one) names it, and localhost for a tunnel.
+    Its UI's own POSTs (a run search) come from that address's origin, which MLflow blocks as cross-origin unless
+    named too."""
     if host in ("127.0.0.1", "localhost"):
         return []
-    return ["--allowed-hosts", ",".join(f"{name},{name}:{port}" for name in (host, "localhost", "127.0.0.1"))]
+    names = ",".join(f"{name},{name}:{port}" for name in (host, "localhost", "127.0.0.1"))
+    return ["--allowed-hosts", names, "--cors-allowed-origins", f"http://{host}:{port}"]
 
 
 def mlflow_server(cfg: KbitConfig, team: TeamServers) -> Service:

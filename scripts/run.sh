@@ -88,6 +88,17 @@ install_sshd() {
   echo "kbit: no sshd or rsync (apt-get install openssh-server rsync): the bed's \`ray up\` test skips" >&2
 }
 
+install_chromium() {
+  # The team stack's test of what a browser sees behind the login (tests/integration/test_stack_team.py) drives headless
+  # Chromium through scripts/ui_screenshots.py. As root on Debian it comes from apt, once; elsewhere this says what to
+  # install and that test skips (fails under CI or KBIT_REQUIRE_APACHE_KAFKA=1).
+  command -v chromium >/dev/null 2>&1 && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } >/dev/null 2>&1 && return 0
+  fi
+  echo "kbit: no chromium (apt-get install chromium): the team stack's browser login test skips" >&2
+}
+
 gpu_present() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
 install() {
@@ -134,6 +145,7 @@ case "${1:-}" in
     check_java
     install_nftables
     install_sshd
+    install_chromium
     # The suite's broker is Apache Kafka. In CI (or with KBIT_REQUIRE_APACHE_KAFKA=1) a failed install fails the run;
     # elsewhere the suite falls back to Tansu, and the tests that need Apache Kafka skip.
     if ! install_kafka; then

@@ -1,14 +1,15 @@
 """The team profile's stack (deployments/profiles/team.yaml): Prefect and MLflow on kbit's PostgreSQL, MLflow's
 artifacts in s3proxy, both servers behind kbit's login; a training run logged through the login lands in the object
-store, a flow run in PostgreSQL, a wrong password is one line, and no password shows on a command line or in a log;
-a PostgreSQL restart mid-flow is ridden out, an object store stopped mid-run fails both runs in one line, and an
-initdb that cannot write its data directory is one line."""
+store, a flow run in PostgreSQL, a browser gets each UI only with the login, a wrong password is one line, and no
+password shows on a command line or in a log; a PostgreSQL restart mid-flow is ridden out, an object store stopped
+mid-run fails both runs in one line, and an initdb that cannot write its data directory is one line."""
 
 from __future__ import annotations
 
 import base64
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -23,6 +24,7 @@ from typing import Any
 
 import psycopg2
 import pytest
+from PIL import Image
 
 from kbit_core.config import KbitConfig, load_config
 from kbit_core.errors import TrackingError
@@ -32,11 +34,13 @@ from kbit_core.servers.postgres import PostgresError, data_dir, find_bindir
 from kbit_core.stack import LocalStack, StackError
 from kbit_core.tracking import make_tracker
 from kbit_core.tracking.client import mlflow_client
-from tests.conftest import free_port, installed_or_skip, processes_mentioning
+from tests.conftest import REQUIRE_APACHE_KAFKA, free_port, installed_or_skip, processes_mentioning, unavailable
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 
-PROFILE = Path(__file__).resolve().parents[2] / "deployments" / "profiles" / "team.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE = ROOT / "deployments" / "profiles" / "team.yaml"
+SCREENSHOTS = ROOT / "scripts" / "ui_screenshots.py"
 FLOW = "from prefect import flow\n@flow(name='kbit-team-check')\ndef check():\n    return 1\ncheck()\n"
 
 
@@ -155,6 +159,42 @@ def test_a_flow_run_is_recorded_in_postgresql(team_stack: LocalStack) -> None:
         ("kbit-team-check",),
     )
     assert [row[0] for row in rows] == ["COMPLETED"]
+
+
+def test_a_browser_gets_each_ui_only_with_the_login(team_stack: LocalStack, tmp_path: Path) -> None:
+    """The screenshot script's --login pass in headless Chromium, with what `kbit stack env` exports: without the
+    login MLflow answers the browser 401 and asks for a basic-auth login, and Prefect's UI shows its login page;
+    logged in (MLflow's login as a header, Prefect's auth string typed into that page), both show their first page."""
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        unavailable(
+            "no chromium on PATH (apt-get install chromium): the UIs' login is not checked", REQUIRE_APACHE_KAFKA
+        )
+    env = {**os.environ, **team_stack.prefect_env(), "MLFLOW_TRACKING_URI": team_stack.mlflow_url}
+    out = tmp_path / "shots"
+    done = subprocess.run(
+        [sys.executable, str(SCREENSHOTS), "--login", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = dict(line.split(": ", 1) for line in done.stdout.splitlines())
+    mlflow, prefect = team_stack.mlflow_url, team_stack.prefect_ui_url
+    assert (
+        seen["login_0_mlflow_without_login.png"]
+        == f'{mlflow}/ -> HTTP 401, asks for a login (Basic realm="mlflow"), at {mlflow}/'
+    )
+    assert re.fullmatch(
+        rf"{prefect}/ -> HTTP 200, at {prefect}/(v2/)?login\b.*", seen["login_1_prefect_without_login.png"]
+    )
+    assert seen["login_2_mlflow_logged_in.png"] == f"{mlflow}/ -> HTTP 200, at {mlflow}/"
+    logged_in = seen["login_3_prefect_logged_in.png"]
+    assert logged_in.startswith(f"{prefect}/ -> HTTP 200, at {prefect}/") and "login" not in logged_in
+    for name in seen:
+        with Image.open(out / name) as shot:
+            assert (shot.size, shot.mode) == ((1600, 1000), "P")
+    assert not [s for s in logins.secret_values(team_stack.run_dir) if s in done.stdout + done.stderr]
 
 
 def test_a_wrong_mlflow_password_is_one_line(team_stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> None:
