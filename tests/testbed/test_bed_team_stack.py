@@ -145,11 +145,22 @@ def test_the_nightly_deployment_runs_on_the_bed_and_kbit_history_reads_it_back(
     assert new[0][0] in json.dumps(json.loads(history.stdout))
 
 
-def test_postgresql_restarted_mid_flow_on_the_bed_is_ridden_out(bed_team: LocalStack, tmp_path: Path) -> None:
+def bed_login(bed_team: LocalStack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's MLflow login (its in-process client, the flows it starts) as the bed's stack's, whatever login
+    an earlier test of the session left in the environment."""
+    for name, value in logins.client_env(bed_team.run_dir).items():
+        monkeypatch.setenv(name, value)
+
+
+def test_postgresql_restarted_mid_flow_on_the_bed_is_ridden_out(
+    bed_team: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bed_login(bed_team, monkeypatch)
     check_postgresql_restart_ridden_out(bed_team, tmp_path)
 
 
 def test_object_store_stopped_on_the_bed_fails_both_runs_in_one_line(
     bed_team: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    bed_login(bed_team, monkeypatch)
     check_object_store_outage_fails_both_runs(bed_team, tmp_path, monkeypatch)
