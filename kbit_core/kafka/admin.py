@@ -160,6 +160,9 @@ def _create_retrying(admin: AdminClient, kcfg: KafkaConfig, topic: str, partitio
     # delete, never compact, whatever the broker's default: compaction would take records out of a manifest
     new = NewTopic(topic, partitions, replicas, config={CLEANUP_POLICY: "delete"})
     deadline, refused = time.monotonic() + kcfg.request_timeout_s, None
+    # whether a refused attempt may still have created the topic (its answer lost); too few brokers for the
+    # replication factor is a definite no, so a topic found after only such refusals is someone else's
+    answer_lost = False
     while True:
         future = admin.create_topics([new], operation_timeout=kcfg.request_timeout_s)[topic]
         try:
@@ -167,7 +170,7 @@ def _create_retrying(admin: AdminClient, kcfg: KafkaConfig, topic: str, partitio
             return
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
-        if err.code() == KafkaError.TOPIC_ALREADY_EXISTS and refused is not None:
+        if err.code() == KafkaError.TOPIC_ALREADY_EXISTS and answer_lost:
             # an earlier attempt's answer was lost (a timeout, a controller changing) after the controller committed
             # it: the topic is this call's, as no one else creates it meanwhile (produces of a topic are exclusive)
             log.warning("topic %s exists after an attempt refused with %s: created by that attempt", topic, refused)
@@ -186,6 +189,7 @@ def _create_retrying(admin: AdminClient, kcfg: KafkaConfig, topic: str, partitio
         if refused is None:
             log.warning("creating topic %s: %s: %s; asking again (a broker restarting?)", topic, err.name(), err.str())
         refused = err.name()
+        answer_lost = answer_lost or err.code() != KafkaError.INVALID_REPLICATION_FACTOR
         time.sleep(0.5)
 
 
