@@ -13,6 +13,8 @@ after another for as long as each fault lasts (fired as the first begins), again
 topic is then read back (records lost: indices missing; twice: indices read more than once). ``--stream``: continuous
 training on a stream kbit's live producer writes at ``--rate`` records a second until ``--records``
 (tests/testbed/stream_workload.py), audited by the stream ledger: every acknowledged record trained once.
+``--client confluent|kafka-python``: the workload's Kafka client (the ranks' reader and every producer); each row
+names it.
 """
 
 from __future__ import annotations
@@ -70,11 +72,22 @@ def _fire_at_step(clock: Path, step: int, *fault: Any) -> tuple[threading.Thread
     return thread, fired
 
 
+def client_sets(client: str) -> dict[str, str]:
+    """The config overrides that make ``client`` the workload's Kafka client: the ranks' reader and the producer."""
+    return {"kafka.client": client, "produce.client": client}
+
+
 def train(
-    state: bed.BedState, workdir: Path, topic: str, records: int, step_s: float, command: str = "train"
+    state: bed.BedState,
+    workdir: Path,
+    topic: str,
+    records: int,
+    step_s: float,
+    client: str,
+    command: str = "train",
 ) -> tuple[dict[str, Any], float, float, int]:
-    """One train-cluster run on ``topic`` (or with ``command`` produce, its topic only): its result (the error's tail
-    when it failed), wall seconds, longest step wait, rc."""
+    """One train-cluster run on ``topic`` (or with ``command`` produce, its topic only) with Kafka client
+    ``client``: its result (the error's tail when it failed), wall seconds, longest step wait, rc."""
     clock_dir = workdir / "clock"
     clock_dir.mkdir(parents=True)
     model = {"name": "fault_models:step_clock", "kwargs": {"clock_dir": str(clock_dir), "step_s": step_s}}
@@ -84,6 +97,7 @@ def train(
         "tracking.enabled": False,
         "train.model": model,
         "launch.spark_conf": {"spark.executorEnv.PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"},
+        **client_sets(client),
     }
     sets = [*bed_sets(state, workdir, **extra), "--set", f"produce.topic={topic}"]
     started = time.monotonic()
@@ -99,9 +113,11 @@ def _same_weights(a: dict, b: dict) -> bool:
     return ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
-def _produce_once(state: bed.BedState, workdir: Path, topic: str, records: int) -> dict[str, Any]:
-    """One produce of ``records`` records into a new ``topic``, timed, then read back: lost and twice-read indices."""
-    cfg = bed_config(state, workdir, f"dataset.num_records={records}", f"produce.topic={topic}")
+def _produce_once(state: bed.BedState, workdir: Path, topic: str, records: int, client: str) -> dict[str, Any]:
+    """One produce of ``records`` records into a new ``topic`` with ``client``, timed, then read back with it: lost
+    and twice-read indices."""
+    over = [f"{key}={value}" for key, value in client_sets(client).items()]
+    cfg = bed_config(state, workdir, f"dataset.num_records={records}", f"produce.topic={topic}", *over)
     started = time.monotonic()
     try:
         manifest = produce_dataset(cfg, progress=False)
@@ -123,7 +139,8 @@ def produce_row(state: bed.BedState, brokers: faults.BedBrokers, name: str, work
     thread, fired = _fire_at_step(workdir / "start", 0, name, brokers, topic, args.cut_off_s)
     runs: list[dict[str, Any]] = []
     while thread.is_alive() or not runs:
-        runs.append(_produce_once(state, workdir, f"kbit-bed-produce-{workdir.name}-{len(runs)}", args.records))
+        topic_n = f"kbit-bed-produce-{workdir.name}-{len(runs)}"
+        runs.append(_produce_once(state, workdir, topic_n, args.records, args.client))
     thread.join()
     return {
         "run": name,
@@ -147,6 +164,7 @@ def stream_row(state, brokers, name: str, workdir: Path, args, clean: dict) -> d
         args.records,
         rate=args.rate,
         step_s=args.step_s,
+        client=args.client,
         at_step=args.at_step,
         fire=lambda topic: _fire(name, brokers, topic, args.cut_off_s),
     )
@@ -157,7 +175,7 @@ def stream_row(state, brokers, name: str, workdir: Path, args, clean: dict) -> d
 def train_row(state, brokers, name: str, workdir: Path, args, topic: str, clean: dict, clean_s: float) -> dict:
     """One training run with fault ``name`` fired when rank 0 reaches ``args.at_step``; the row for it."""
     thread, fired = _fire_at_step(workdir / "clock" / "rank-0", args.at_step, name, brokers, topic, args.cut_off_s)
-    result, seconds, wait, rc = train(state, workdir, topic, args.records, args.step_s)
+    result, seconds, wait, rc = train(state, workdir, topic, args.records, args.step_s, args.client)
     thread.join()
     row = {
         "run": name,
@@ -187,6 +205,12 @@ def _arguments() -> argparse.Namespace:
         "--stream", action="store_true", help="the workload is continuous training on a live producer's stream"
     )
     parser.add_argument("--rate", type=float, default=40.0, help="--stream: records a second the producer appends")
+    parser.add_argument(
+        "--client",
+        choices=("confluent", "kafka-python"),
+        default="confluent",
+        help="the workload's Kafka client: the ranks' reader and the producer",
+    )
     parser.add_argument("--records", type=int, default=2000)
     parser.add_argument("--at-step", type=int, default=5)
     parser.add_argument("--cut-off-s", type=float, default=30.0)
@@ -202,6 +226,16 @@ def _arguments() -> argparse.Namespace:
     return args
 
 
+def _print_row(row: dict[str, Any], args: argparse.Namespace) -> None:
+    """One JSON line: ``row`` with the workload's client, the 1-minute load average and the time."""
+    stamp = {
+        "client": args.client,
+        "load_1min": round(os.getloadavg()[0], 1),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    print(json.dumps(row | stamp), flush=True)
+
+
 def main() -> None:
     args = _arguments()
     running = bed.running_bed_dir()
@@ -214,21 +248,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kbit-faults-") as tmp:
         topic = f"kbit-bed-faults-{Path(tmp).name[-8:]}"
         if args.stream:
-            clean_stream = run_stream(state, Path(tmp, "clean"), args.records, rate=args.rate, step_s=args.step_s)
-            print(json.dumps({"run": "undisturbed", "workload": "stream", **clean_stream}), flush=True)
+            clean_stream = run_stream(
+                state, Path(tmp, "clean"), args.records, rate=args.rate, step_s=args.step_s, client=args.client
+            )
+            _print_row({"run": "undisturbed", "workload": "stream", **clean_stream}, args)
         elif args.produce:
-            clean = _produce_once(state, Path(tmp, "clean"), f"{topic}-clean", args.records)
-            print(json.dumps({"run": "undisturbed", "workload": "produce", **clean}), flush=True)
+            clean = _produce_once(state, Path(tmp, "clean"), f"{topic}-clean", args.records, args.client)
+            _print_row({"run": "undisturbed", "workload": "produce", **clean}, args)
         else:
-            train(state, Path(tmp, "produce"), topic, args.records, 0, "produce")  # off the clock
-            clean, clean_s, clean_wait, rc = train(state, Path(tmp, "clean"), topic, args.records, args.step_s)
+            train(state, Path(tmp, "produce"), topic, args.records, 0, args.client, "produce")  # off the clock
+            clean, clean_s, clean_wait, rc = train(
+                state, Path(tmp, "clean"), topic, args.records, args.step_s, args.client
+            )
             undisturbed = {
                 "run": "undisturbed",
                 "rc": rc,
                 "seconds": round(clean_s, 1),
                 "stall_s": round(clean_wait, 2),
             }
-            print(json.dumps(undisturbed), flush=True)
+            _print_row(undisturbed, args)
         for i, name in enumerate(args.faults):  # a fault named twice runs twice
             workdir = Path(tmp, f"{name}-{i}")
             workdir.mkdir()
@@ -239,11 +277,7 @@ def main() -> None:
             else:
                 row = train_row(state, brokers, name, workdir, args, topic, clean, clean_s)
                 row["undisturbed_stall_s"] = round(clean_wait, 2)
-            stamp = {
-                "load_1min": round(os.getloadavg()[0], 1),
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            }
-            print(json.dumps(row | stamp), flush=True)
+            _print_row(row, args)
 
 
 if __name__ == "__main__":

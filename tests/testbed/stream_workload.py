@@ -25,8 +25,11 @@ GLOBAL_BATCH = 32  # 16 records a rank and step: 2,000 records are ~60 steps
 FIRST_RECORDS = 4 * GLOBAL_BATCH  # produced before the job starts; the rest while it trains
 
 
-def stream_sets(state: bed.BedState, workdir: Path, topic: str, records: int, step_s: float) -> list[str]:
-    """`--set` arguments of a continuous train-cluster run on stream ``topic`` that stops after ``records``."""
+def stream_sets(
+    state: bed.BedState, workdir: Path, topic: str, records: int, step_s: float, client: str = "confluent"
+) -> list[str]:
+    """`--set` arguments of a continuous train-cluster run on stream ``topic`` that stops after ``records``, its
+    ranks' reader and its producer Kafka client ``client``."""
     clock_dir = workdir / "clock"
     clock_dir.mkdir(parents=True, exist_ok=True)
     extra = {
@@ -43,6 +46,8 @@ def stream_sets(state: bed.BedState, workdir: Path, topic: str, records: int, st
         "checkpoint.every_steps": 20,
         "tracking.enabled": False,
         "launch.spark_conf": {"spark.executorEnv.PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"},
+        "kafka.client": client,
+        "produce.client": client,
     }
     return bed_sets(state, workdir, **extra)
 
@@ -63,13 +68,14 @@ def run_stream(
     *,
     rate: float,
     step_s: float,
+    client: str = "confluent",
     at_step: int = 0,
     fire: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
     """The live producer appends ``records`` records at ``rate`` a second to a new stream while continuous training
-    trains them; ``fire(topic)`` (a fault) runs once rank 0 reached step ``at_step``. The row for the run."""
+    trains them (``client``: the producer's and the ranks' Kafka client); ``fire(topic)`` (a fault) runs once rank 0 reached step ``at_step``. The row for the run."""
     topic = f"kbit-bed-stream-{workdir.name[-12:]}-{int(time.time())}"
-    sets = stream_sets(state, workdir, topic, records, step_s)
+    sets = stream_sets(state, workdir, topic, records, step_s, client)
     cfg = load_config(TRAIN_CLUSTER, [value for flag, value in zip(sets[::2], sets[1::2]) if flag == "--set"])
     clock, job_ended = workdir / "clock" / "rank-0", threading.Event()
     producer = Background(_produce_live, LiveProducer(cfg), clock, job_ended, rate, records)
