@@ -97,8 +97,6 @@ class StreamSource:
         self.resets = 0  # times a partition's log was found not to reach this rank's offset
         self._short = False  # within such an episode (reported once)
         self._ends_checked = 0.0
-        self._behind: dict[int, int] = {}  # at the last look at the log ends: partitions not fetched to their end
-        self.refetches = 0  # times the consumer was replaced because it stopped fetching a partition's records
 
     def __len__(self) -> int:
         # A stream has no epochs; its evaluation window stands in for one where a learning-rate schedule asks.
@@ -245,12 +243,8 @@ class StreamSource:
         return len(ends) == self.num_partitions and all(ends[p] >= self._fetch_offset(p) for p in self.partitions)
 
     def _check_log_ends(self) -> None:
-        """Starved: does the broker's log still reach where this rank reads, and does the consumer fetch what it
-        holds? librdkafka stays silent about a topic that vanished with its broker, and after a leader change it
-        may stop fetching a partition whose log goes on past this rank's offset (on the bed: the leader whose disk
-        filled, back as the leader; the last records never came), so the ends are asked for directly (at most every
-        END_CHECK_S). A partition with nothing buffered whose log ended past the same fetch offset at the last look
-        too gets a new consumer, at the same offsets: nothing is skipped or read twice."""
+        """Starved: does the broker's log still reach where this rank reads? librdkafka stays silent about a topic
+        that vanished with its broker, so the ends are asked for directly (at most every END_CHECK_S)."""
         if time.monotonic() - self._ends_checked < END_CHECK_S:
             return
         self._ends_checked = time.monotonic()
@@ -263,22 +257,6 @@ class StreamSource:
         short = [p for p in self.partitions if ends.get(p, -1) < self._fetch_offset(p)]
         if short:
             self._reset(short[0], detail)
-            return
-        behind = {p: self._fetch_offset(p) for p in self.partitions if ends[p] > self._fetch_offset(p)}
-        stuck = [p for p, offset in behind.items() if not self._queues[p] and self._behind.get(p) == offset]
-        self._behind = behind
-        if stuck and self._consumer is not None:
-            self.refetches += 1
-            log.warning(
-                "stream %s[%d]: the consumer fetched nothing for at least %.0fs although the log ends at %d, past offset %d "
-                "where this rank continues; reading on with a new consumer",
-                self.topic,
-                stuck[0],
-                END_CHECK_S,
-                ends[stuck[0]],
-                behind[stuck[0]],
-            )
-            self.close()  # the next poll assigns a new consumer at the fetch offsets
 
     def _fetch_offset(self, partition: int) -> int:
         queue = self._queues[partition]
@@ -319,7 +297,8 @@ class StreamSource:
             if ready >= want:
                 return ready
             if left <= 0:
-                self._check_log_ends()
+                if not self.buffered():
+                    self._check_log_ends()
                 return ready or min(want, self.buffered())
             self.poll(min(left, 0.05))
 
@@ -426,7 +405,6 @@ class StreamSource:
         return out
 
     def close(self) -> None:
-        self._behind = {}
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None

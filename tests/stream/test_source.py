@@ -8,14 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import Producer
 
 from kbit_core.brokers.broker import EmbeddedBroker
 from kbit_core.config import KbitConfig
 from kbit_core.datasets import open_source
 from kbit_core.formats import get_codec
 from kbit_core.kafka import admin
-from kbit_core.stream import source as stream_source
 from kbit_core.stream.live_producer import LiveProducer
 from kbit_core.stream.source import StreamGapError, StreamSource
 from tests.stream.stream_fixtures import crash_and_restart, stream_config
@@ -89,30 +88,6 @@ def test_a_record_out_of_sequence_is_an_error_naming_where(tmp_path: Path, broke
         r"train is offset 2, index 6",
     ):
         source.take(3)
-    source.close()
-
-
-def test_a_consumer_that_stops_fetching_a_partition_is_replaced_at_the_same_offsets(
-    tmp_path: Path, broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """librdkafka once stopped fetching a partition after a leader change on the bed (its leader's disk had filled)
-    while its log went on: the reader sees its log end past its offset at two looks and reads on with a new consumer.
-    Here the consumer's partition is paused, so that it fetches nothing however long the reader waits."""
-    monkeypatch.setattr(stream_source, "END_CHECK_S", 0.2)
-    cfg = stream_config(tmp_path, broker)
-    LiveProducer(cfg).run(rate=5000, records=6)
-    source = make_source(cfg, (0,))
-    source.start_fresh()
-    assert source.fill(2, timeout_s=10) == 2
-    source.take(2)  # indices 0 and 3
-    source._consumer.pause([TopicPartition(source.topic, 0)])
-    LiveProducer(cfg).run(rate=5000, records=12)  # partition 0 gets indices 6 and 9
-    deadline = time.monotonic() + 60
-    while source.fill(2, timeout_s=0.3) < 2 and time.monotonic() < deadline:
-        pass
-    assert source.refetches == 1
-    assert source.take(2).indices.tolist() == [6, 9]
-    assert (source.positions[0].offset, source.positions[0].trained) == (4, [[0, 9]])
     source.close()
 
 
