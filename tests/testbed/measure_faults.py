@@ -13,8 +13,8 @@ after another for as long as each fault lasts (fired as the first begins), again
 topic is then read back (records lost: indices missing; twice: indices read more than once). ``--stream``: continuous
 training on a stream kbit's live producer writes at ``--rate`` records a second until ``--records``
 (tests/testbed/stream_workload.py), audited by the stream ledger: every acknowledged record trained once.
-``--client confluent|kafka-python``: the workload's Kafka client (the ranks' reader and every producer); each row
-names it.
+``--client confluent|kafka-python``: the workload's Kafka client (the ranks' reader and every producer; with
+``--stream`` the live producer only: continuous training reads with confluent-kafka); each row names it.
 """
 
 from __future__ import annotations

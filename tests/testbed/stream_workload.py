@@ -28,8 +28,8 @@ FIRST_RECORDS = 4 * GLOBAL_BATCH  # produced before the job starts; the rest whi
 def stream_sets(
     state: bed.BedState, workdir: Path, topic: str, records: int, step_s: float, client: str = "confluent"
 ) -> list[str]:
-    """`--set` arguments of a continuous train-cluster run on stream ``topic`` that stops after ``records``, its
-    ranks' reader and its producer Kafka client ``client``."""
+    """`--set` arguments of a continuous train-cluster run on stream ``topic`` that stops after ``records``, its live
+    producer's Kafka client ``client``."""
     clock_dir = workdir / "clock"
     clock_dir.mkdir(parents=True, exist_ok=True)
     extra = {
@@ -46,8 +46,7 @@ def stream_sets(
         "checkpoint.every_steps": 20,
         "tracking.enabled": False,
         "launch.spark_conf": {"spark.executorEnv.PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"},
-        "kafka.client": client,
-        "produce.client": client,
+        "produce.client": client,  # the ranks read with confluent-kafka: kbit refuses continuous mode with another
     }
     return bed_sets(state, workdir, **extra)
 
@@ -73,7 +72,8 @@ def run_stream(
     fire: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
     """The live producer appends ``records`` records at ``rate`` a second to a new stream while continuous training
-    trains them (``client``: the producer's and the ranks' Kafka client); ``fire(topic)`` (a fault) runs once rank 0 reached step ``at_step``. The row for the run."""
+    trains them (``client``: the producer's Kafka client); ``fire(topic)`` (a fault) runs once rank 0 reached step
+    ``at_step``. The row for the run."""
     topic = f"kbit-bed-stream-{workdir.name[-12:]}-{int(time.time())}"
     sets = stream_sets(state, workdir, topic, records, step_s, client)
     cfg = load_config(TRAIN_CLUSTER, [value for flag, value in zip(sets[::2], sets[1::2]) if flag == "--set"])
