@@ -2,10 +2,11 @@
 
 Each iteration every rank fills its batch from its partitions (waiting at most ``stream.fill_timeout_s``), then
 the ranks exchange how many records each has and whether any must stop. If any rank has none, nobody steps (the
-others keep theirs buffered), so DDP/DeepSpeed always see equal step counts. A stop (duration, records, the stop
-file, SIGTERM/SIGINT, the launcher's exit, or ``stream.idle_timeout_s`` without data) is agreed the same way and
-ends with a final evaluation and checkpoint. Checkpoints carry every partition's next offset and trained index
-runs with the model, so a resume under any world size continues exactly there.
+others keep theirs buffered), so DDP/DeepSpeed always see equal step counts; a rank that trained fewer records than
+another takes more of what it holds, so that at a stream's end the ranks run dry together. A stop (duration,
+records, the stop file, SIGTERM/SIGINT, the launcher's exit, or ``stream.idle_timeout_s`` without data) is agreed
+the same way and ends with a final evaluation and checkpoint. Checkpoints carry every partition's next offset and
+trained index runs with the model, so a resume under any world size continues exactly there.
 """
 
 from __future__ import annotations
@@ -151,17 +152,20 @@ class StreamTrainer(Trainer):
         started = last_step = time.monotonic()
         records_before = st.records
         window, reason = _Window(), ""
+        taken = behind = 0  # records this rank trained in this run; how many fewer than the rank with the most
         with self._stop_signals():
             while not reason:
-                available = self.source.fill(per_rank, stream.fill_timeout_s)
-                counts = all_gather([available, self._local_stop(started, last_step, stop_file)], self.env)
-                reason = STOP_REASONS[max(code for _, code in counts)]
-                fewest = min(n for n, _ in counts)
+                available = self._catch_up(self.source.fill(per_rank, stream.fill_timeout_s), min(behind, per_rank))
+                counts = all_gather([available, self._local_stop(started, last_step, stop_file), taken], self.env)
+                reason = STOP_REASONS[max(code for _, code, _ in counts)]
+                fewest = min(n for n, _, _ in counts)
                 if reason or fewest == 0:
                     continue  # a starved rank keeps everyone waiting; what the others hold stays buffered
                 last_step = time.monotonic()
                 self._step(self.source.take(available), window)
-                st.records += sum(n for n, _ in counts)
+                taken += available
+                behind = max(n + before for n, _, before in counts) - taken
+                st.records += sum(n for n, _, _ in counts)
                 if st.step % stream.report_every_steps == 0:
                     self._report(window)
                     window = _Window()
@@ -184,6 +188,13 @@ class StreamTrainer(Trainer):
         if self.checkpointer is not None:
             self.checkpointer.wait()
         return self._stream_result(reason, seconds, st.records - records_before, test)
+
+    def _catch_up(self, filled: int, behind: int) -> int:
+        """How many records to take: what ``fill`` gave, and when this rank trained ``behind`` fewer records than
+        another (its steps took fewer while its partitions waited, e.g. for a new leader) that many more of what it
+        holds. Otherwise the ranks' partitions run dry at different steps: at a stream's end the last records of the
+        rank that is behind wait for records the others never get, since a starved rank keeps everyone waiting."""
+        return min(filled + behind, self.source.buffered()) if filled else 0
 
     def _local_stop(self, started: float, last_step: float, stop_file: Path) -> int:
         stream, now = self.cfg.stream, time.monotonic()

@@ -163,6 +163,49 @@ def test_the_stop_file_stops_every_rank_at_one_step_with_a_final_checkpoint(
     assert sum(result["offsets"]) == result["records"]  # positions and counts agree: nothing trained twice
 
 
+def test_a_rank_whose_steps_took_fewer_records_catches_up_so_a_stream_that_ends_trains_every_record(
+    tmp_path: Path, broker: EmbeddedBroker, fault_models_importable: None
+) -> None:
+    """Seen on the bed under a full disk: one rank's steps took fewer records while its partition waited, and at
+    the stream's end it held its last 3 records while the other rank had none, so nobody stepped again until the
+    idle timeout. Here the first step takes 2 records on rank 0 and 1 on rank 1 (all there is); the 17 records after
+    it leave rank 1 one record behind at the end unless it takes its backlog."""
+    clock_dir = tmp_path / "clock"
+    clock_dir.mkdir()
+    model = {"name": "fault_models:step_clock", "kwargs": {"clock_dir": str(clock_dir)}}
+    cfg = stream_config(
+        tmp_path,
+        broker,
+        {
+            "produce": {"partitions": 2},
+            "train": {"mode": "continuous", "global_batch_size": 8, "model": model},
+            "stream": {
+                "stop_after_records": 20,
+                "idle_timeout_s": 30,  # without the catch-up the job stops here, 19 records trained
+                "fill_timeout_s": 0.3,
+                "eval_every_steps": 1000,
+                "eval_records": 100,
+            },
+            "launch": {"num_processes": 2},
+        },
+    )
+    LiveProducer(cfg).run(rate=5000, records=3)  # partition 0: indices 0 and 2; partition 1: index 1
+
+    def the_rest_once_training() -> None:
+        deadline = time.monotonic() + 120
+        while not list(clock_dir.glob("rank-*")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        LiveProducer(cfg).run(rate=5000, records=20)  # 8 more for partition 0, 9 for partition 1, at once
+
+    producer = Background(the_rest_once_training)
+    result = train(cfg, progress=False)
+    producer.result(60)
+    assert (result["stop_reason"], result["records"]) == ("records", 20)
+    log = StreamLog.load(Path(result["stream_manifest"]))
+    ledger = audit(dict(enumerate(result["trained"])), log.runs(), log.partitions)
+    assert ledger.exactly_once, ledger.summary()
+
+
 def cmdline(process: psutil.Process) -> str:
     try:
         return " ".join(process.cmdline())
