@@ -239,21 +239,24 @@ def delete_topic(kcfg: KafkaConfig, topic: str) -> bool:
 
 def max_message_bytes(kcfg: KafkaConfig, topic: str) -> int | None:
     """The largest record batch the broker accepts into ``topic``: the topic's max.message.bytes, or for a topic not
-    created yet the broker's message.max.bytes (its default); None when the broker does not say (Tansu)."""
+    created yet the brokers' message.max.bytes (their default); None when no broker says (Tansu)."""
     admin = _admin(kcfg)
     cluster = _metadata(admin, kcfg)
     if topic in cluster.topics:
-        resource, name = ConfigResource(ResourceType.TOPIC, topic), "max.message.bytes"
+        asked = [(ConfigResource(ResourceType.TOPIC, topic), "max.message.bytes")]
     else:
-        resource, name = ConfigResource(ResourceType.BROKER, str(next(iter(cluster.brokers)))), "message.max.bytes"
-    try:
-        entries = admin.describe_configs([resource], request_timeout=METADATA_TIMEOUT_S)[resource].result(
-            timeout=METADATA_TIMEOUT_S
-        )
-        return int(entries[name].value)
-    except (KafkaException, KeyError, ValueError, TypeError) as exc:
-        log.debug("the %s does not tell its %s: %s", describe_broker(kcfg), name, exc)
-        return None
+        # A broker's own setting is answered by that broker alone, and the first one listed may be down or cut off
+        # while the others serve (on the bed a produce failed on this question's bare TimeoutError): ask the next.
+        asked = [(ConfigResource(ResourceType.BROKER, str(b)), "message.max.bytes") for b in cluster.brokers]
+    for resource, name in asked:
+        try:
+            entries = admin.describe_configs([resource], request_timeout=METADATA_TIMEOUT_S)[resource].result(
+                timeout=METADATA_TIMEOUT_S
+            )
+            return int(entries[name].value)
+        except (KafkaException, KeyError, ValueError, TypeError, TimeoutError) as exc:
+            log.debug("%s of the %s does not tell its %s: %r", resource, describe_broker(kcfg), name, exc)
+    return None
 
 
 def require_partitions(topic: str, partitions: Iterable[int], present: list[int]) -> list[int]:

@@ -285,3 +285,21 @@ def test_the_live_producer_rides_through_a_frozen_leader_without_reconnecting(
     assert (run.next_index, run.reconnects) == (1000, 0)
     log = StreamLog.load(Path(run.manifest_path))
     assert offsets.exact_end_offsets(cfg.kafka, topic_name) == log.end_offsets() == {0: 500, 1: 500}
+
+
+def test_the_broker_limit_is_read_from_a_broker_that_answers_while_others_are_frozen(on_cluster, cluster: KafkaCluster):
+    """A new topic's message size limit is a broker's own setting, which only that broker answers; with the first two
+    brokers the cluster lists frozen (SIGSTOP: connected, silent, as a cut-off broker is) the third one answers.
+    Before, the first listed was asked alone and a produce during a cut-off on the bed failed on its bare
+    TimeoutError."""
+    cfg = on_cluster()
+    listed = list(cluster.admin().list_topics(timeout=30).brokers)
+    frozen = [b for b in cluster.brokers if b.node_id in listed[:2]]
+    assert len(frozen) == 2
+    for broker in frozen:
+        os.kill(broker.service.pid(), signal.SIGSTOP)
+    try:
+        assert admin.max_message_bytes(cfg.kafka, f"{cfg.produce.topic}-not-created") == 1048588
+    finally:
+        for broker in frozen:
+            os.kill(broker.service.pid(), signal.SIGCONT)
