@@ -303,3 +303,24 @@ def test_the_broker_limit_is_read_from_a_broker_that_answers_while_others_are_fr
     finally:
         for broker in frozen:
             os.kill(broker.service.pid(), signal.SIGCONT)
+
+
+def test_a_topic_creation_no_broker_answers_fails_in_one_line(on_cluster, cluster: KafkaCluster, monkeypatch):
+    """Every broker frozen once the cluster's metadata was read: CreateTopics gets no answer, and the creation fails
+    in one line naming the wait (it was a bare TimeoutError)."""
+    cfg = on_cluster(kafka__request_timeout_s=3)
+    read_metadata = admin._metadata
+
+    def then_freeze(*args):
+        cluster_metadata = read_metadata(*args)
+        for broker in cluster.brokers:
+            os.kill(broker.service.pid(), signal.SIGSTOP)
+        return cluster_metadata
+
+    monkeypatch.setattr(admin, "_metadata", then_freeze)
+    try:
+        with pytest.raises(TopicError, match=r"gave no answer within 3s \(kafka.request_timeout_s\)$"):
+            admin.create_topic(cfg.kafka, cfg.produce.topic, 2)
+    finally:
+        for broker in cluster.brokers:
+            os.kill(broker.service.pid(), signal.SIGCONT)

@@ -122,7 +122,7 @@ def _produce_once(state: bed.BedState, workdir: Path, topic: str, records: int, 
     try:
         manifest = produce_dataset(cfg, progress=False)
     except Exception as exc:  # the row says how it failed
-        return {"seconds": round(time.monotonic() - started, 1), "error": str(exc).splitlines()[0][:300]}
+        return {"seconds": round(time.monotonic() - started, 1), "error": (str(exc) or repr(exc)).splitlines()[0][:300]}
     seconds = time.monotonic() - started
     read = _read_indices(cfg, manifest)
     return {
