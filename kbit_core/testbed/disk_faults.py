@@ -31,6 +31,8 @@ def shutdown_cause(broker: ApacheKafkaBroker) -> str | None:
     at = next(
         (i for i in range(len(lines) - 1, -1, -1) if "log dirs in" in lines[i] and "have failed" in lines[i]), None
     )
+    if at is None:  # the active controller's metadata log failed first: its raft thread ends the process instead
+        at = next((i for i in range(len(lines) - 1, -1, -1) if "Encountered fatal fault" in lines[i]), None)
     if at is None:
         return None
     # the I/O error the log directory failed with: the exception line under the last such error before it
