@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from contextlib import ExitStack
 from pathlib import Path
 from unittest import mock
@@ -101,7 +102,7 @@ def test_one_full_broker_during_a_produce_loses_and_duplicates_nothing(
     broker down, the idempotent producer goes on with the new leader; freed and restarted, the broker catches up,
     and the topic holds every record once."""
     records = 4000
-    topic = f"kbit-bed-disk-{tmp_path.name[-8:]}"
+    topic = f"kbit-bed-disk-{uuid.uuid4().hex[:10]}"  # own topics: the bed outlives a session
     cfg = bed_config(
         testbed, tmp_path, f"dataset.num_records={records}", "produce.partitions=3", f"produce.topic={topic}"
     )
@@ -116,10 +117,11 @@ def test_one_full_broker_during_a_produce_loses_and_duplicates_nothing(
 def test_two_full_brokers_fail_a_produce_in_one_line_and_lose_nothing_acknowledged(
     testbed: BedState, brokers: faults.BedBrokers, tmp_path: Path, record_property
 ):
-    """One broker's disk full (Kafka shuts it down, the controller fences it), then a second's: an acks=all produce
+    """One broker's disk full (Kafka shuts it down, the controller fences it), then a second's (neither the active
+    controller, whichever broker leads the quorum): an acks=all produce
     fails within its delivery timeout (flush's deadline), in one line naming each partition; freed and restarted,
     the records acknowledged before are all there."""
-    topic = f"kbit-bed-disks-{tmp_path.name[-8:]}"
+    topic = f"kbit-bed-disks-{uuid.uuid4().hex[:10]}"  # own topics: the bed outlives a session
     cfg = bed_config(
         testbed, tmp_path, "dataset.num_records=500", f"produce.topic={topic}", "kafka.request_timeout_s=3"
     )
@@ -128,7 +130,10 @@ def test_two_full_brokers_fail_a_produce_in_one_line_and_lose_nothing_acknowledg
     scratch = produce_dataset(
         cfg.override({"produce.topic": f"{topic}-more", "dataset.num_records": 64}), progress=False
     )
-    first, second, _last = brokers.cluster.brokers
+    # Neither victim is the active KRaft controller: a full disk there fails its metadata log's write and ends the
+    # process from the raft thread at once, and the produce would fail before the second broker went down
+    controller = faults.active_controller(brokers)
+    first, second = [broker for broker in brokers.cluster.brokers if broker is not controller]
     report = faults.FaultReport("fill-disk")
     producer = make_producer(cfg.kafka, cfg.produce, "none", "confluent")
     ledger = DeliveryLedger(scratch.topic, 2, cfg.kafka)
@@ -139,6 +144,8 @@ def test_two_full_brokers_fail_a_produce_in_one_line_and_lose_nothing_acknowledg
                 producer.send(scratch.topic, i % 2, b"k", b"more", ledger.callback(1, 4))
             producer.flush(delivery_timeout_ms(cfg.kafka) / 1000 + 10)
             failed_after = time.monotonic() - started
+            # the replicas the message names are down: Kafka shut both brokers down before the block frees them
+            disk_faults.wait_stopped([first, second], faults.WHOLE_AGAIN_S)
             with pytest.raises(BrokerError) as caught:
                 ledger.raise_errors()
     finally:
