@@ -27,6 +27,7 @@ from kbit_core.kafka.settings import confluent_options
 from kbit_core.service import Service
 from kbit_core.testbed import log_disks, network, ray_cluster, ray_launcher, shaping, ssh_hosts
 from kbit_core.testbed.certs import BedCertificates, certificate_paths, make_certificates
+from kbit_core.testbed.faults import CUT_OFF_TABLE, heal_cut_offs
 from kbit_core.testbed.kafka_bed import TRAIN_USER, BedKafkaPorts, bed_kafka, create_users_and_acls, password_path
 from kbit_core.testbed.marked import MARKER_ENV, hostname_of, marked_pids, running_bed_dir, terminate
 from kbit_core.testbed.network import Host, TestbedError, Topology
@@ -421,6 +422,8 @@ def down(bed_dir: Path | None = None) -> list[str]:
         terminate(leftovers)
         removed.append(f"{len(set(leftovers))} leftover process(es)")
     removed += log_disks.unmount_log_disks()  # once no broker holds one
+    # a cut-off left by a process that ended mid-fault: the nodes' tables go with their namespaces, the driver's not
+    removed += [f"nftables table {CUT_OFF_TABLE} ({host})" for host in heal_cut_offs((Topology.build().driver,))]
     removed += network.destroy()
     removed += shaping.remove_loss_tables("kbit-")  # the root-side veth ends are kbit-<node> (Host.veth)
     if bed_dir is not None:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,39 +37,10 @@ from kbit_core.testbed import disk_faults, faults, upgrade
 from kbit_core.train import checkpoint as ckpt
 from tests.conftest import FAULT_MODELS_DIR, REPO
 from tests.faults.test_fault_replicated import _read_indices
+from tests.testbed.fault_firing import ALL_FAULTS, FaultAtStep, end_measuring, exit_on_sigterm, fire
 from tests.testbed.stream_workload import longest_step_wait, run_stream
 from tests.testbed.test_cluster_e2e import TRAIN_CLUSTER, bed_sets, run_kbit
 from tests.testbed.test_secured_kafka import bed_config
-
-ALL_FAULTS = (*faults.FAULTS, *disk_faults.DISK_FAULTS, upgrade.UPGRADE)
-
-
-def _fire(name: str, brokers: faults.BedBrokers, topic: str, cut_off_s: float) -> faults.FaultReport:
-    if name == upgrade.UPGRADE:
-        return upgrade.rolling_upgrade(Path(brokers.cluster.run_dir).parent)  # the bed's run dir is <bed_dir>/run
-    if name == "rolling-restart":
-        return faults.rolling_restart(brokers)
-    if name == "kill-controller":
-        return faults.kill_controller(brokers)
-    victim, host = brokers.leader_of(topic, 0)  # the leader of rank 0's first partition
-    if name == "fill-disk":  # until Kafka shut that broker down
-        return disk_faults.fill_disk(brokers, [victim])
-    return faults.cut_off(brokers, victim, host, cut_off_s)
-
-
-def _fire_at_step(clock: Path, step: int, *fault: Any) -> tuple[threading.Thread, list[faults.FaultReport]]:
-    """A thread that fires ``_fire(*fault)`` once ``clock`` counts ``step`` steps (step 0: at once); the list gets its
-    report."""
-    fired: list[faults.FaultReport] = []
-
-    def wait_then_fire() -> None:
-        while step and (not clock.exists() or len(clock.read_text().splitlines()) < step):
-            time.sleep(0.1)
-        fired.append(_fire(*fault))
-
-    thread = threading.Thread(target=wait_then_fire, daemon=True)
-    thread.start()
-    return thread, fired
 
 
 def client_sets(client: str) -> dict[str, str]:
@@ -77,29 +48,29 @@ def client_sets(client: str) -> dict[str, str]:
     return {"kafka.client": client, "produce.client": client}
 
 
+def user_sets(args: argparse.Namespace) -> list[str]:
+    """``--set`` arguments of the workload's kbit config from ``--set KEY=VALUE`` (last, so they win)."""
+    return [arg for key_value in args.set for arg in ("--set", key_value)]
+
+
 def train(
-    state: bed.BedState,
-    workdir: Path,
-    topic: str,
-    records: int,
-    step_s: float,
-    client: str,
-    command: str = "train",
+    state: bed.BedState, workdir: Path, topic: str, args: argparse.Namespace, step_s: float, command: str = "train"
 ) -> tuple[dict[str, Any], float, float, int]:
-    """One train-cluster run on ``topic`` (or with ``command`` produce, its topic only) with Kafka client
-    ``client``: its result (the error's tail when it failed), wall seconds, longest step wait, rc."""
+    """One train-cluster run of ``args.records`` records on ``topic`` (or with ``command`` produce, its topic only)
+    with Kafka client ``args.client`` and ``args.set``: its result (the error's tail when it failed), wall seconds,
+    longest step wait, rc."""
     clock_dir = workdir / "clock"
     clock_dir.mkdir(parents=True)
     model = {"name": "fault_models:step_clock", "kwargs": {"clock_dir": str(clock_dir), "step_s": step_s}}
     extra = {
-        "dataset.num_records": records,
+        "dataset.num_records": args.records,
         "train.epochs": 1,
         "tracking.enabled": False,
         "train.model": model,
         "launch.spark_conf": {"spark.executorEnv.PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"},
-        **client_sets(client),
+        **client_sets(args.client),
     }
-    sets = [*bed_sets(state, workdir, **extra), "--set", f"produce.topic={topic}"]
+    sets = [*bed_sets(state, workdir, **extra), "--set", f"produce.topic={topic}", *user_sets(args)]
     started = time.monotonic()
     done = run_kbit(
         command, "--config", str(TRAIN_CLUSTER), "--json", *sets, env={"PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"}
@@ -113,11 +84,12 @@ def _same_weights(a: dict, b: dict) -> bool:
     return ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
-def _produce_once(state: bed.BedState, workdir: Path, topic: str, records: int, client: str) -> dict[str, Any]:
-    """One produce of ``records`` records into a new ``topic`` with ``client``, timed, then read back with it: lost
-    and twice-read indices."""
-    over = [f"{key}={value}" for key, value in client_sets(client).items()]
-    cfg = bed_config(state, workdir, f"dataset.num_records={records}", f"produce.topic={topic}", *over)
+def _produce_once(state: bed.BedState, workdir: Path, topic: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One produce of ``args.records`` records into a new ``topic`` with ``args.client`` and ``args.set``, timed,
+    then read back with it: lost and twice-read indices."""
+    records = args.records
+    over = [f"{key}={value}" for key, value in client_sets(args.client).items()]
+    cfg = bed_config(state, workdir, f"dataset.num_records={records}", f"produce.topic={topic}", *over, *args.set)
     started = time.monotonic()
     try:
         manifest = produce_dataset(cfg, progress=False)
@@ -136,12 +108,12 @@ def _produce_once(state: bed.BedState, workdir: Path, topic: str, records: int, 
 def produce_row(state: bed.BedState, brokers: faults.BedBrokers, name: str, workdir: Path, args, topic: str) -> dict:
     """Produces one after another while fault ``name`` runs (fired as the first begins, on the leader of ``topic``'s
     partition 0 where it takes one broker); the row for them."""
-    thread, fired = _fire_at_step(workdir / "start", 0, name, brokers, topic, args.cut_off_s)
+    fault = FaultAtStep(workdir / "start", 0, name, brokers, topic, args.cut_off_s)
     runs: list[dict[str, Any]] = []
-    while thread.is_alive() or not runs:
+    while fault.is_alive() or not runs:
         topic_n = f"kbit-bed-produce-{workdir.name}-{len(runs)}"
-        runs.append(_produce_once(state, workdir, topic_n, args.records, args.client))
-    thread.join()
+        runs.append(_produce_once(state, workdir, topic_n, args))
+    fault.join()
     return {
         "run": name,
         "workload": "produce",
@@ -151,7 +123,7 @@ def produce_row(state: bed.BedState, brokers: faults.BedBrokers, name: str, work
         "lost": sum(r.get("lost", 0) for r in runs),
         "twice": sum(r.get("twice", 0) for r in runs),
         "all_exact": all(r.get("exact") for r in runs),
-        "fault": fired[0].to_dict() if fired else None,
+        "fault": fault.row(),
     }
 
 
@@ -166,7 +138,8 @@ def stream_row(state, brokers, name: str, workdir: Path, args, clean: dict) -> d
         step_s=args.step_s,
         client=args.client,
         at_step=args.at_step,
-        fire=lambda topic: _fire(name, brokers, topic, args.cut_off_s),
+        fire=lambda topic: fire(name, brokers, topic, args.cut_off_s),
+        sets=user_sets(args),
     )
     extra = {"extra_s": round(row["seconds"] - clean["seconds"], 1), "undisturbed_stall_s": clean["stall_s"]}
     return {"run": name, "workload": "stream", **row, **extra}
@@ -174,9 +147,9 @@ def stream_row(state, brokers, name: str, workdir: Path, args, clean: dict) -> d
 
 def train_row(state, brokers, name: str, workdir: Path, args, topic: str, clean: dict, clean_s: float) -> dict:
     """One training run with fault ``name`` fired when rank 0 reaches ``args.at_step``; the row for it."""
-    thread, fired = _fire_at_step(workdir / "clock" / "rank-0", args.at_step, name, brokers, topic, args.cut_off_s)
-    result, seconds, wait, rc = train(state, workdir, topic, args.records, args.step_s, args.client)
-    thread.join()
+    fault = FaultAtStep(workdir / "clock" / "rank-0", args.at_step, name, brokers, topic, args.cut_off_s)
+    result, seconds, wait, rc = train(state, workdir, topic, args, args.step_s)
+    fault.join()
     row = {
         "run": name,
         "rc": rc,
@@ -187,9 +160,32 @@ def train_row(state, brokers, name: str, workdir: Path, args, topic: str, clean:
         "same_loss_curve": rc == 0 and result["loss_curve"] == clean["loss_curve"],
         "skipped": result.get("data", {}).get("train", {}).get("skipped_messages"),
         "gaps": result.get("data", {}).get("train", {}).get("gaps"),
-        "fault": fired[0].to_dict() if fired else None,
+        "fault": fault.row(),
+        "ranks_during_fault": steps_around(workdir / "clock", fault),
     }
     return row | ({"stderr": result["stderr"]} if rc != 0 else {})
+
+
+def steps_around(clock_dir: Path, fault: FaultAtStep) -> dict[str, dict[str, Any]] | None:
+    """Per rank, from its step clock: the steps it took after the fault began and before it ended, after it began,
+    and its longest wait between two steps while it lasted (a rank still fetching when the fault fires shows there
+    how long its reads waited for the cluster)."""
+    if fault.fired_at is None or fault.report is None:
+        return None
+    began, ended = fault.fired_at, fault.fired_at + fault.report.seconds
+    ranks = {}
+    for clock in sorted(clock_dir.glob("rank-*")):
+        times = [float(t) for t in clock.read_text().split()]
+        during = [t for t in times if began <= t <= ended]
+        waits = [b - a for a, b in zip(times, times[1:]) if b >= began and a <= ended]
+        ranks[clock.name] = {
+            "steps": len(times),
+            "steps_during": len(during),
+            "steps_after_began": sum(t >= began for t in times),
+            "last_step_after_began_s": round(times[-1] - began, 1) if times else None,
+            "longest_wait_during_s": round(max(waits, default=0.0), 2),
+        }
+    return ranks
 
 
 def _arguments() -> argparse.Namespace:
@@ -212,12 +208,22 @@ def _arguments() -> argparse.Namespace:
         help="the workload's Kafka client: the ranks' reader and the producer",
     )
     parser.add_argument("--records", type=int, default=2000)
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override of the workload's kbit config, e.g. reader.fetch_max_bytes=65536 (repeatable)",
+    )
     parser.add_argument("--at-step", type=int, default=5)
     parser.add_argument("--cut-off-s", type=float, default=30.0)
     parser.add_argument(
         "--step-s", type=float, default=2.0, help="each step at least this long: training spans the fault"
     )
     args = parser.parse_args()
+    for key_value in args.set:
+        if "=" not in key_value:
+            parser.error(f"--set {key_value!r}: expected KEY=VALUE")
     for name in set(args.faults) - set(ALL_FAULTS):
         parser.error(f"unknown fault {name!r}; one of: {', '.join(ALL_FAULTS)}")
     args.faults = args.faults or [*faults.FAULTS, *disk_faults.DISK_FAULTS]
@@ -245,39 +251,50 @@ def main() -> None:
     if upgrade.UPGRADE in args.faults and not state.options.get("kafka_version"):
         raise SystemExit(f"{upgrade.UPGRADE} needs a bed on an older release: `kbit cluster up --kafka-version 4.3.1`")
     brokers = faults.BedBrokers.from_state(state)
-    with tempfile.TemporaryDirectory(prefix="kbit-faults-") as tmp:
-        topic = f"kbit-bed-faults-{Path(tmp).name[-8:]}"
+    exit_on_sigterm()
+    try:
+        with tempfile.TemporaryDirectory(prefix="kbit-faults-") as tmp:
+            measure(state, brokers, Path(tmp), args)
+    finally:
+        healed = end_measuring(brokers)
+        if healed:
+            print(f"removed a cut-off left in place on {', '.join(healed)}", file=sys.stderr)
+
+
+def measure(state: bed.BedState, brokers: faults.BedBrokers, tmp: Path, args: argparse.Namespace) -> None:
+    """The undisturbed run, then a run per fault of ``args.faults``; a JSON line for each."""
+    topic = f"kbit-bed-faults-{tmp.name[-8:]}"
+    if args.stream:
+        clean = run_stream(
+            state,
+            tmp / "clean",
+            args.records,
+            rate=args.rate,
+            step_s=args.step_s,
+            client=args.client,
+            sets=user_sets(args),
+        )
+        _print_row({"run": "undisturbed", "workload": "stream", **clean}, args)
+    elif args.produce:
+        clean = _produce_once(state, tmp / "clean", f"{topic}-clean", args)
+        _print_row({"run": "undisturbed", "workload": "produce", **clean}, args)
+    else:
+        train(state, tmp / "produce", topic, args, 0, "produce")  # off the clock
+        clean, clean_s, clean_wait, rc = train(state, tmp / "clean", topic, args, args.step_s)
+        _print_row(
+            {"run": "undisturbed", "rc": rc, "seconds": round(clean_s, 1), "stall_s": round(clean_wait, 2)}, args
+        )
+    for i, name in enumerate(args.faults):  # a fault named twice runs twice
+        workdir = tmp / f"{name}-{i}"
+        workdir.mkdir()
         if args.stream:
-            clean_stream = run_stream(
-                state, Path(tmp, "clean"), args.records, rate=args.rate, step_s=args.step_s, client=args.client
-            )
-            _print_row({"run": "undisturbed", "workload": "stream", **clean_stream}, args)
+            row = stream_row(state, brokers, name, workdir, args, clean)
         elif args.produce:
-            clean = _produce_once(state, Path(tmp, "clean"), f"{topic}-clean", args.records, args.client)
-            _print_row({"run": "undisturbed", "workload": "produce", **clean}, args)
+            row = produce_row(state, brokers, name, workdir, args, f"{topic}-clean")
         else:
-            train(state, Path(tmp, "produce"), topic, args.records, 0, args.client, "produce")  # off the clock
-            clean, clean_s, clean_wait, rc = train(
-                state, Path(tmp, "clean"), topic, args.records, args.step_s, args.client
-            )
-            undisturbed = {
-                "run": "undisturbed",
-                "rc": rc,
-                "seconds": round(clean_s, 1),
-                "stall_s": round(clean_wait, 2),
-            }
-            _print_row(undisturbed, args)
-        for i, name in enumerate(args.faults):  # a fault named twice runs twice
-            workdir = Path(tmp, f"{name}-{i}")
-            workdir.mkdir()
-            if args.stream:
-                row = stream_row(state, brokers, name, workdir, args, clean_stream)
-            elif args.produce:
-                row = produce_row(state, brokers, name, workdir, args, f"{topic}-clean")
-            else:
-                row = train_row(state, brokers, name, workdir, args, topic, clean, clean_s)
-                row["undisturbed_stall_s"] = round(clean_wait, 2)
-            _print_row(row, args)
+            row = train_row(state, brokers, name, workdir, args, topic, clean, clean_s)
+            row["undisturbed_stall_s"] = round(clean_wait, 2)
+        _print_row(row, args)
 
 
 if __name__ == "__main__":

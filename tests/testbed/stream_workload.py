@@ -70,22 +70,25 @@ def run_stream(
     client: str = "confluent",
     at_step: int = 0,
     fire: Callable[[str], Any] | None = None,
+    sets: list[str] | None = None,
 ) -> dict[str, Any]:
     """The live producer appends ``records`` records at ``rate`` a second to a new stream while continuous training
     trains them (``client``: the producer's Kafka client); ``fire(topic)`` (a fault) runs once rank 0 reached step
-    ``at_step``. The row for the run."""
+    ``at_step``; ``sets``: more ``--set`` arguments of the job's config. The row for the run."""
     topic = f"kbit-bed-stream-{workdir.name[-12:]}-{int(time.time())}"
-    sets = stream_sets(state, workdir, topic, records, step_s, client)
+    sets = [*stream_sets(state, workdir, topic, records, step_s, client), *(sets or [])]
     cfg = load_config(TRAIN_CLUSTER, [value for flag, value in zip(sets[::2], sets[1::2]) if flag == "--set"])
     clock, job_ended = workdir / "clock" / "rank-0", threading.Event()
     producer = Background(_produce_live, LiveProducer(cfg), clock, job_ended, rate, records)
     fault = Background(_fire_at, clock, at_step, job_ended, lambda: fire(topic)) if fire else None
     started = time.monotonic()
-    done = run_kbit(
-        "train", "--config", str(TRAIN_CLUSTER), "--json", *sets, env={"PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"}
-    )
+    try:
+        done = run_kbit(
+            "train", "--config", str(TRAIN_CLUSTER), "--json", *sets, env={"PYTHONPATH": f"{FAULT_MODELS_DIR}:{REPO}"}
+        )
+    finally:  # also when the job could not be run: the producer stops, a fault not yet fired never fires
+        job_ended.set()
     seconds = time.monotonic() - started
-    job_ended.set()
     try:
         produced = producer.result(600)
     except Exception as exc:  # the row says how the producer failed; the next fault still runs
