@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from kbit_core.config import ClientName, KafkaConfig, ReaderConfig
+from kbit_core.data.allocator import keep_freed_memory
 from kbit_core.data.decode_pool import DecodePool
 from kbit_core.errors import BrokerError, CorruptRecordError, OffsetRangeError, ReadTimeoutError, SchemaRegistryError
 from kbit_core.formats.confluent.source import at_record
@@ -107,6 +108,8 @@ class RangeReader:
         metadata: bool | None = None,
     ) -> None:
         self.kafka_cfg, self.reader_cfg, self.topic, self.codec = kafka_cfg, reader_cfg, topic, codec
+        if reader_cfg.keep_freed_memory:
+            keep_freed_memory()
         self.client: ClientName = client or kafka_cfg.client
         self.stats = ReaderStats()
         self._consumer: ConsumerBackend | None = None

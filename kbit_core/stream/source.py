@@ -24,6 +24,7 @@ import numpy as np
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kbit_core.config import KbitConfig
+from kbit_core.data.allocator import keep_freed_memory
 from kbit_core.data.batching import Batch, to_batch
 from kbit_core.errors import BrokerError, ConfigError, CorruptRecordError, SchemaRegistryError, TopicError
 from kbit_core.formats import Codec
@@ -86,6 +87,8 @@ class StreamSource:
     ) -> None:
         self.cfg, self.codec, self.topic = cfg, codec, topic
         self.partitions, self.num_partitions = partitions, num_partitions
+        if cfg.reader.keep_freed_memory:
+            keep_freed_memory()
         # Offsets the stream never trains below (a user's topic: its held-out records come first).
         self.first_offsets = first_offsets or {}
         self.skipped = 0  # bad records left out under reader.bad_records=skip (a user's topic)
