@@ -108,12 +108,15 @@ def run_stream(
         else {"failed": failure},
         "fault": report.to_dict() if report else None,
     }
-    if done.returncode != 0:
-        return row | {"stderr": done.stderr[-2000:]}
-    result = json.loads(done.stdout)
+    return row | ({"stderr": done.stderr[-2000:]} if done.returncode != 0 else _audited(json.loads(done.stdout)))
+
+
+def _audited(result: dict[str, Any]) -> dict[str, Any]:
+    """The job's outcome and the stream ledger's audit: every record the producer acknowledged against every index
+    the ranks trained."""
     log = StreamLog.load(Path(result["stream_manifest"]))
     ledger = audit(dict(enumerate(result["trained"])), log.runs(), log.partitions)
-    return row | {
+    return {
         "restarts": result.get("restarts"),
         "stop_reason": result.get("stop_reason"),
         "acknowledged": ledger.produced,
