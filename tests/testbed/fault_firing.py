@@ -17,6 +17,9 @@ from kbit_core.testbed import disk_faults, faults, upgrade
 ALL_FAULTS = (*faults.FAULTS, *disk_faults.DISK_FAULTS, upgrade.UPGRADE)
 # Set once the measuring ends: a fault thread still waiting for its step gives up instead of firing
 MEASURING_ENDED = threading.Event()
+# The name of every thread that fires a fault starts so (the measuring's end waits for those alone: a client library's
+# idle worker threads never end)
+FAULT_THREAD = "fault "
 
 
 def fire(name: str, brokers: faults.BedBrokers, topic: str, cut_off_s: float) -> faults.FaultReport:
@@ -40,7 +43,7 @@ class FaultAtStep(threading.Thread):
     ``error`` what it raised."""
 
     def __init__(self, clock: Path, step: int, name: str, brokers: faults.BedBrokers, topic: str, cut_off_s: float):
-        super().__init__(name=f"fault {name}")  # not a daemon: see the module's docstring
+        super().__init__(name=f"{FAULT_THREAD}{name}")  # not a daemon: see the module's docstring
         self._clock, self._step, self._fault = clock, step, (name, brokers, topic, cut_off_s)
         self.fired_at: float | None = None
         self.report: faults.FaultReport | None = None
@@ -74,7 +77,7 @@ def end_measuring(brokers: faults.BedBrokers) -> list[str]:
     then remove any cut-off's nftables table left on a host (a process killed mid-cut); the hosts healed so."""
     MEASURING_ENDED.set()
     deadline = time.monotonic() + faults.WHOLE_AGAIN_S
-    for thread in threading.enumerate():  # the stream workload's fault and producer threads end with its job
-        if thread is not threading.current_thread():
+    for thread in threading.enumerate():
+        if thread.name.startswith(FAULT_THREAD) and thread is not threading.current_thread():
             thread.join(max(0.0, deadline - time.monotonic()))
     return faults.heal_cut_offs(brokers.hosts)

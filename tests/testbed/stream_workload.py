@@ -81,6 +81,8 @@ def run_stream(
     clock, job_ended = workdir / "clock" / "rank-0", threading.Event()
     producer = Background(_produce_live, LiveProducer(cfg), clock, job_ended, rate, records)
     fault = Background(_fire_at, clock, at_step, job_ended, lambda: fire(topic)) if fire else None
+    if fault:  # the measuring's end waits for it (tests/testbed/fault_firing.py)
+        fault.name = f"fault at step {at_step}"
     started = time.monotonic()
     try:
         done = run_kbit(
