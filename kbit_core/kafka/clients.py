@@ -89,8 +89,23 @@ def consumer_options(kcfg: KafkaConfig, use: ConsumerUse, client: ClientName) ->
     if client not in _CLIENT_OPTIONS:
         raise ConfigError(f"unknown Kafka client {client!r}; choose one of {sorted(_CLIENT_OPTIONS)}")
     opts = {**_CLIENT_OPTIONS[client](kcfg, use), **_chosen(use, client), **use.tuning}
+    if client == "confluent":
+        _fit_request_limit(opts)
     log.debug("%s consumer (%s) options: %s", client, use.purpose, mask(_plain(opts)))
     return opts
+
+
+LIBRDKAFKA_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
+LIBRDKAFKA_MIN_MESSAGE_MAX_BYTES = 1_000  # the least it accepts
+
+
+def _fit_request_limit(opts: dict[str, Any]) -> None:
+    """librdkafka refuses a ``fetch.max.bytes`` below its ``message.max.bytes``, which bounds the requests it sends
+    (a consumer's are a few hundred bytes): a consumer asked for smaller fetches (``reader.fetch_max_bytes``) gets
+    that bound lowered with them, unless it was set (``kafka.extra``)."""
+    fetch = opts.get("fetch.max.bytes")
+    if fetch is not None and "message.max.bytes" not in opts and fetch < LIBRDKAFKA_MESSAGE_MAX_BYTES:
+        opts["message.max.bytes"] = max(LIBRDKAFKA_MIN_MESSAGE_MAX_BYTES, fetch)
 
 
 def _confluent(kcfg: KafkaConfig, use: ConsumerUse) -> dict[str, Any]:

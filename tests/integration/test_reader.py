@@ -60,6 +60,21 @@ def test_reader_yields_exactly_the_requested_ranges(produce_topic: Produce, clie
     assert reader.stats.messages == sum(len(r) for r in ranges) and reader.stats.gaps == 0
 
 
+@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
+def test_fetches_smaller_than_librdkafka_s_default_request_limit_read_every_range(produce_topic: Produce, client):
+    # 4 KiB fetches: five 808-byte records each; librdkafka (the confluent reader, and kafka-python's offset probe)
+    # refused any fetch.max.bytes under its 1,000,000-byte message.max.bytes before kbit lowered that with it
+    cfg, manifest = produce_topic(RAW, 60, partitions=2, reader__fetch_max_bytes=4096)
+    codec = get_codec("raw", "bytes", manifest.dataset.image_shape)
+    ranges = [OffsetRange(p, start, stop) for p, (start, stop) in manifest.ranges().items()]
+    with RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec, client) as reader:
+        got = list(reader.read_raw(ranges))
+    assert [(x.partition, x.offset) for _, records in got for x in records] == [
+        (r.partition, o) for r in ranges for o in r.offsets()
+    ]
+    assert reader.stats.messages == 60 and reader.stats.gaps == 0
+
+
 @pytest.mark.parametrize(("partitions", "world_size"), [(2, 2), (1, 2), (3, 2), (4, 3)])
 def test_every_sample_is_read_exactly_once_per_split_and_epoch(produce_topic: Produce, partitions, world_size):
     cfg, manifest = produce_topic(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import confluent_kafka
 import pytest
 
 from kbit_core.config import KafkaConfig
@@ -45,3 +46,18 @@ def test_the_use_s_own_tuning_comes_last_and_an_unknown_client_is_named() -> Non
     assert (opts["queued.min.messages"], opts["fetch.wait.max.ms"]) == (9, 3)
     with pytest.raises(ConfigError, match="unknown Kafka client 'librdkafka'"):
         consumer_options(KafkaConfig(), use, "librdkafka")  # type: ignore[arg-type]
+
+
+def test_a_confluent_consumer_takes_fetches_smaller_than_librdkafka_s_request_limit() -> None:
+    # librdkafka refuses fetch.max.bytes below message.max.bytes (1,000,000 by default): the bound is lowered with
+    # the fetch, so a reader (or kafka-python's confluent offset probe) with reader.fetch_max_bytes 64 KiB starts
+    small = ConsumerUse(purpose="reader", fetch_max_bytes=65536, partition_fetch_bytes=65536)
+    opts = consumer_options(KafkaConfig(), small, "confluent")
+    assert opts["message.max.bytes"] == 65536
+    confluent_kafka.Consumer(opts).close()
+    assert "message.max.bytes" not in consumer_options(KafkaConfig(), ConsumerUse(purpose="reader"), "confluent")
+    # one the user set is theirs: librdkafka then names the conflict itself
+    chosen = consumer_options(KafkaConfig(extra={"message.max.bytes": 2_000_000}), small, "confluent")
+    assert chosen["message.max.bytes"] == 2_000_000
+    with pytest.raises(confluent_kafka.KafkaException, match="fetch.max.bytes"):
+        confluent_kafka.Consumer(chosen)
