@@ -22,7 +22,7 @@ from kbit_core.brokers.schema_registry import local_registry
 from kbit_core.config import KbitConfig
 from kbit_core.servers import logins
 from kbit_core.servers.team import TeamServers
-from kbit_core.service import Service, ServiceError, ServiceStatus, http_ok
+from kbit_core.service import Service, ServiceError, ServiceStatus, http_ok, start_together
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +271,8 @@ class LocalStack:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def up(self, broker_only: bool = False, ray: bool = False) -> list[ServiceStatus]:
-        """Start what is not running yet, create the work pool, deploy prefect.yaml, then start the worker.
+        """Start what is not running yet (the Prefect and MLflow servers side by side), create the work pool, start
+        the worker and deploy prefect.yaml.
 
         ``ray`` also starts the local Ray head that ``launch.engine=ray`` runs join.
         """
@@ -285,13 +286,11 @@ class LocalStack:
             self.record()
             return self.status()
         self.team.start()
-        if not self.remote_prefect:
-            self.prefect_server.start()
-        if not self.remote_mlflow:
-            self.mlflow_server.start()
+        servers = ((self.prefect_server, self.remote_prefect), (self.mlflow_server, self.remote_mlflow))
+        start_together([server for server, remote in servers if not remote])
         self.ensure_work_pool()
+        self.worker.start()  # it registers with its pool while prefect.yaml deploys
         self.deploy()
-        self.worker.start()
         self.wait_for_worker()
         self.record()
         return self.status()
