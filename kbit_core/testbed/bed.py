@@ -20,23 +20,20 @@ from confluent_kafka.admin import AdminClient
 
 from kbit_core import ray_env
 from kbit_core.brokers.apache_broker import kafka_libs
-from kbit_core.brokers.schema_registry import local_registry
-from kbit_core.config import LocalRegistryConfig
 from kbit_core.errors import BrokerError
 from kbit_core.kafka.settings import confluent_options
 from kbit_core.service import Service
 from kbit_core.testbed import log_disks, network, ray_cluster, ray_launcher, shaping, ssh_hosts
-from kbit_core.testbed.certs import BedCertificates, certificate_paths, make_certificates
-from kbit_core.testbed.kafka_bed import TRAIN_USER, BedKafkaPorts, bed_kafka, create_users_and_acls, password_path
-from kbit_core.testbed.marked import MARKER_ENV, hostname_of, marked_pids, running_bed_dir, terminate
-from kbit_core.testbed.network import Host, TestbedError, Topology
+from kbit_core.testbed.bed_processes import BedProcesses
+from kbit_core.testbed.certs import BedCertificates, make_certificates
+from kbit_core.testbed.kafka_bed import TRAIN_USER, create_users_and_acls, password_path
+from kbit_core.testbed.marked import hostname_of, marked_pids, running_bed_dir, terminate
+from kbit_core.testbed.network import TestbedError
 from kbit_core.testbed.spark_standalone import (
     alive_workers,
     java_missing,
-    master_service,
     spark_home,
     wait_for_workers,
-    worker_service,
 )
 from kbit_core.testbed.state import (
     DEFAULT_SUBNET,
@@ -79,90 +76,8 @@ def _check_prerequisites(options: BedOptions) -> None:
         raise TestbedError("the multi-host test bed cannot run on this machine; missing: " + "; ".join(missing))
 
 
-class _Processes:
-    """The bed's processes (as Services) for a bed directory and options; used by up, status and down alike."""
-
-    def __init__(self, bed_dir: Path, options: BedOptions) -> None:
-        self.options = options
-        self.topology = Topology.build(options.subnet, options.nodes)
-        run_dir = Path(bed_dir).resolve() / "run"
-        marker = {MARKER_ENV: str(Path(bed_dir).resolve())}
-        driver = self.topology.driver
-        ports = BedKafkaPorts(options.broker_port, options.broker_internal_port, options.broker_controller_port)
-        self.certs = certificate_paths(Path(bed_dir).resolve() / "certs")
-        self.kafka = bed_kafka(
-            run_dir, self.topology.hosts, ports, self.certs, options.client_auth, marker, options.kafka_version
-        )
-        self.master = master_service(run_dir, driver, options.master_port, options.master_webui_port, marker)
-        # on the driver host's bed address: the node hosts reach it over the bridge, nothing outside the machine does
-        local = LocalRegistryConfig(host=driver.address, port=options.registry_port)
-        self.registry = local_registry(run_dir, local, marker) if options.registry else None
-        self.workers = [
-            worker_service(
-                run_dir,
-                node,
-                self.master.url or "",
-                options.worker_port,
-                options.worker_webui_port,
-                options.worker_cores,
-                options.worker_memory,
-                marker,
-            )
-            for node in self.topology.nodes
-        ]
-        self.delay_relays = shaping.delay_relays(run_dir, self.topology.nodes, options, marker)
-        self.sshds = [
-            ssh_hosts.sshd_service(Path(bed_dir).resolve(), run_dir, node, options.ssh_port, marker)
-            for node in (self.topology.nodes if options.ssh else ())
-        ]
-        head_node, *worker_nodes = self.topology.nodes
-        self.ray_head_address = f"{head_node.address}:{options.ray_head_port}"
-        self.ray_token = ray_env.own_token_file(Path(bed_dir).resolve())
-        # the head first, then a worker per further node
-        self.ray_nodes: list[Service] = (
-            [
-                ray_cluster.head_service(
-                    run_dir,
-                    head_node,
-                    options.ray_head_port,
-                    options.ray_client_port,
-                    options.worker_cores,
-                    options.ray_object_store_mb,
-                    marker,
-                    self.ray_token,
-                ),
-                *[
-                    ray_cluster.worker_service(
-                        run_dir,
-                        node,
-                        self.ray_head_address,
-                        options.worker_cores,
-                        options.ray_object_store_mb,
-                        marker,
-                        self.ray_token,
-                    )
-                    for node in worker_nodes
-                ],
-            ]
-            if options.ray
-            else []
-        )
-
-    def all(self) -> list[tuple[Service, Host]]:
-        driver = self.topology.driver
-        return [
-            *((b.service, h) for b, h in zip(self.kafka.brokers, self.topology.hosts)),
-            (self.master, driver),
-            *zip(self.workers, self.topology.nodes),
-            *zip(self.ray_nodes, self.topology.nodes),
-            *zip(self.delay_relays, self.topology.nodes),
-            *([(self.registry, driver)] if self.registry else []),
-            *zip(self.sshds, self.topology.nodes),
-        ]
-
-
 def _bed_state(
-    bed_dir: Path, procs: _Processes, certs: BedCertificates, kafka_up_s: float, registry_up_s: float | None
+    bed_dir: Path, procs: BedProcesses, certs: BedCertificates, kafka_up_s: float, registry_up_s: float | None
 ) -> BedState:
     """What a running bed's clients need: addresses, the brokers' bootstrap and credentials, Spark and Ray."""
     topo, options = procs.topology, procs.options
@@ -209,7 +124,7 @@ def up(bed_dir: Path, options: BedOptions = BedOptions(), timeout_s: float = 180
         )
     if current.state is not None or current.bridge or current.namespaces or _leftover_processes_or_disks():
         down(bed_dir)
-    procs = _Processes(bed_dir, options)
+    procs = BedProcesses(bed_dir, options)
     topo = procs.topology
     try:
         network.create(topo)
@@ -269,9 +184,9 @@ def reshape(bed_dir: Path, link: str | None) -> BedState:
     options = replace(old, link=link)
     shape = shaping.LinkShape.parse(link) if link else None
     _check_prerequisites(options)
-    for relay in _Processes(bed_dir, old).delay_relays:
+    for relay in BedProcesses(bed_dir, old).delay_relays:
         relay.stop()
-    procs = _Processes(bed_dir, options)
+    procs = BedProcesses(bed_dir, options)
     links = [shaping.link_ends(n) for n in procs.topology.nodes]
     for ends in links:
         for end in ends:
@@ -283,7 +198,7 @@ def reshape(bed_dir: Path, link: str | None) -> BedState:
     return state
 
 
-def _start_kafka(procs: _Processes, bed_dir: Path, timeout_s: float) -> float:
+def _start_kafka(procs: BedProcesses, bed_dir: Path, timeout_s: float) -> float:
     """The brokers, then the SCRAM users and ACLs; the seconds that took."""
     started = time.monotonic()
     procs.kafka.start(timeout_s=max(timeout_s, 240.0))
@@ -291,7 +206,7 @@ def _start_kafka(procs: _Processes, bed_dir: Path, timeout_s: float) -> float:
     return time.monotonic() - started
 
 
-def _start_registry(procs: _Processes, timeout_s: float) -> float | None:
+def _start_registry(procs: BedProcesses, timeout_s: float) -> float | None:
     """The Schema Registry on the driver host, when the options ask for it; the seconds its start took."""
     if procs.registry is None:
         return None
@@ -305,7 +220,7 @@ def _running_registry(bed_dir: Path) -> tuple[BedState, Service]:
     state = load_state(bed_dir)
     if state is None:
         raise TestbedError(f"no test bed is up at {bed_dir}: `kbit cluster up` first")
-    registry = _Processes(bed_dir, replace(BedOptions(**state.options), registry=True)).registry
+    registry = BedProcesses(bed_dir, replace(BedOptions(**state.options), registry=True)).registry
     assert registry is not None
     return state, registry
 
@@ -337,7 +252,7 @@ def _record_registry(bed_dir: Path, state: BedState, url: str | None, up_s: floa
     return state
 
 
-def _start_ray(procs: _Processes, timeout_s: float) -> None:
+def _start_ray(procs: BedProcesses, timeout_s: float) -> None:
     """The Ray head, then the other nodes together; wait until every node host has joined."""
     ray_head, *ray_workers = procs.ray_nodes
     ray_head.start(timeout_s=timeout_s)
@@ -348,7 +263,7 @@ def _start_ray(procs: _Processes, timeout_s: float) -> None:
     )
 
 
-def _probe_broker(state: BedState, procs: _Processes, timeout_s: float = 15.0) -> None:
+def _probe_broker(state: BedState, procs: BedProcesses, timeout_s: float = 15.0) -> None:
     """A metadata request over TLS and SCRAM, as the training user, must list every broker."""
     kafka = state.kafka_config()
     try:
@@ -373,7 +288,7 @@ def status(bed_dir: Path) -> BedStatus:
     if state is None:
         return result
     options = BedOptions(**state.options)
-    procs = _Processes(bed_dir, options)
+    procs = BedProcesses(bed_dir, options)
     for service, host in procs.all():
         pid = service.pid()
         result.processes.append(
@@ -411,7 +326,7 @@ def down(bed_dir: Path | None = None) -> list[str]:
     removed: list[str] = []
     state = load_state(bed_dir) if bed_dir is not None else None
     if state is not None:
-        procs = _Processes(Path(bed_dir), BedOptions(**state.options))
+        procs = BedProcesses(Path(bed_dir), BedOptions(**state.options))
         removed += [f"process {name}" for name in procs.kafka.stop(timeout_s=10)]
         for service, _host in procs.all()[len(procs.kafka.brokers) :]:
             if service.stop(timeout_s=10):
