@@ -234,10 +234,14 @@ class Service:
             return "<no log>"
 
 
-def start_together(services: Sequence[Service], timeout_s: float = 90.0) -> list[ServiceStatus]:
-    """Start ``services`` side by side, then wait until each is healthy: their start-ups (seconds of imports each on
-    a small machine) overlap instead of adding up."""
+def start_together(
+    services: Sequence[Service], meanwhile: Callable[[], object] = lambda: None, timeout_s: float = 90.0
+) -> list[ServiceStatus]:
+    """Start ``services`` side by side, call ``meanwhile`` (e.g. another start that waits on its own), then wait until
+    each service is healthy: their start-ups (seconds of imports each on a small machine) overlap instead of adding
+    up."""
     started = [(service, service.spawn()) for service in services]
+    meanwhile()
     return [service.wait_started(proc, timeout_s) for service, proc in started]
 
 
