@@ -13,7 +13,7 @@ import sys
 
 import psutil
 
-from kbit_core.testbed.bed import MARKER_ENV
+from kbit_core.testbed.marked import MARKER_ENV
 from kbit_core.testbed.ssh_hosts import HOST_VARIABLE
 
 

@@ -21,7 +21,7 @@ import pytest
 from kbit_core import ray_env
 from kbit_core import testbed as bed
 from kbit_core.testbed import BedState, ray_cluster, ray_launcher, ssh_hosts
-from kbit_core.testbed.bed import MARKER_ENV
+from kbit_core.testbed.marked import MARKER_ENV
 from tests.conftest import unavailable
 from tests.testbed.test_cluster_e2e import TRAIN_CLUSTER, assert_ranks_on_node_hosts, bed_sets, run_kbit
 

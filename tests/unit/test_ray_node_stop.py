@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from kbit_core.testbed.bed import MARKER_ENV
+from kbit_core.testbed.marked import MARKER_ENV
 from kbit_core.testbed.ray_node_stop import stop
 from kbit_core.testbed.ssh_hosts import HOST_VARIABLE
 
