@@ -10,7 +10,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,9 +150,18 @@ class Service:
 
     def start(self, timeout_s: float = 90.0) -> ServiceStatus:
         """Start unless ours already runs; wait until healthy. A port held by anything else is an error."""
+        return self.wait_started(self.spawn(), timeout_s)
+
+    def wait_started(self, proc: subprocess.Popen[bytes] | None, timeout_s: float = 90.0) -> ServiceStatus:
+        """Wait until the service :meth:`spawn` started as ``proc`` (None: ours already ran) is healthy."""
+        self._wait_healthy(timeout_s, proc)
+        return self.status()
+
+    def spawn(self) -> subprocess.Popen[bytes] | None:
+        """Start the process unless ours already runs (then None), without waiting for it to be healthy: services
+        that need not wait for each other start side by side (:func:`start_together`)."""
         if self.pid() is not None:
-            self._wait_healthy(timeout_s)
-            return self.status()
+            return None
         taken = [
             port
             for port in (self.port, *self.ready_ports)
@@ -182,8 +191,7 @@ class Service:
             time.sleep(0.005)
         self.pid_path.write_text(str(proc.pid))
         log.info("%s started (pid %d), log %s", self.name, proc.pid, self.log_path)
-        self._wait_healthy(timeout_s, proc)
-        return self.status()
+        return proc
 
     def _wait_healthy(self, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
         deadline = time.monotonic() + timeout_s
@@ -224,6 +232,17 @@ class Service:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "<no log>"
+
+
+def start_together(
+    services: Sequence[Service], meanwhile: Callable[[], object] = lambda: None, timeout_s: float = 90.0
+) -> list[ServiceStatus]:
+    """Start ``services`` side by side, call ``meanwhile`` (e.g. another start that waits on its own), then wait until
+    each service is healthy: their start-ups (seconds of imports each on a small machine) overlap instead of adding
+    up."""
+    started = [(service, service.spawn()) for service in services]
+    meanwhile()
+    return [service.wait_started(proc, timeout_s) for service, proc in started]
 
 
 def _reap(pid: int) -> None:

@@ -22,7 +22,7 @@ from kbit_core.brokers.schema_registry import local_registry
 from kbit_core.config import KbitConfig
 from kbit_core.servers import logins
 from kbit_core.servers.team import TeamServers
-from kbit_core.service import Service, ServiceError, ServiceStatus, http_ok
+from kbit_core.service import Service, ServiceError, ServiceStatus, http_ok, start_together
 
 log = logging.getLogger(__name__)
 
@@ -271,30 +271,36 @@ class LocalStack:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def up(self, broker_only: bool = False, ray: bool = False) -> list[ServiceStatus]:
-        """Start what is not running yet, create the work pool, deploy prefect.yaml, then start the worker.
+        """Start what is not running yet (the broker while the Prefect and MLflow servers boot side by side), create
+        the work pool, start the worker and deploy prefect.yaml.
 
         ``ray`` also starts the local Ray head that ``launch.engine=ray`` runs join.
         """
+        if broker_only:
+            self._start_data_side(ray)
+            self.record()
+            return self.status()
+        self.team.start()
+        servers = ((self.prefect_server, self.remote_prefect), (self.mlflow_server, self.remote_mlflow))
+        # neither side needs the other: the broker's start-up overlaps the servers'
+        start_together(
+            [server for server, remote in servers if not remote], meanwhile=lambda: self._start_data_side(ray)
+        )
+        self.ensure_work_pool()
+        self.worker.start()  # it registers with its pool while prefect.yaml deploys
+        self.deploy()
+        self.wait_for_worker()
+        self.record()
+        return self.status()
+
+    def _start_data_side(self, ray: bool) -> None:
+        """The embedded broker, the local Schema Registry and (``ray``) the Ray head, each unless it runs already."""
         if self.cfg.kafka.uses_embedded:
             self.broker.start()
         if self.registry is not None:
             self.registry.start()
         if ray:
             self.ray_head.start()
-        if broker_only:
-            self.record()
-            return self.status()
-        self.team.start()
-        if not self.remote_prefect:
-            self.prefect_server.start()
-        if not self.remote_mlflow:
-            self.mlflow_server.start()
-        self.ensure_work_pool()
-        self.deploy()
-        self.worker.start()
-        self.wait_for_worker()
-        self.record()
-        return self.status()
 
     def record(self) -> None:
         """Write what this stack serves now into the machine-local record (:mod:`kbit_core.stack_record`), where

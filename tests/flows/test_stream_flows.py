@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,8 @@ from tests.conftest import Background
 from tests.flows.helpers import delete_topics, flow_overrides, topic_prefix
 
 pytestmark = pytest.mark.kafka
+
+STEP_REPORT = re.compile(r"^step \d+: \d+ records", re.MULTILINE)  # a stream report line (stream_trainer._report)
 
 
 @pytest.fixture(autouse=True)
@@ -171,9 +174,12 @@ def test_a_cancelled_train_stream_run_stops_its_ranks_with_a_final_checkpoint_th
 ) -> None:
     """A `train_stream` flow run through a process worker (as the deployments run), cancelled through the API
     while its ranks train on a live stream."""
-    # No periodic checkpoints: any checkpoint was written as the ranks stopped.
+    # No periodic checkpoints: any checkpoint was written as the ranks stopped. A report every step: the first one
+    # in the worker's log says the ranks train.
     overrides = deep_merge(
-        stream_overrides(broker, tmp_path, eval_records=100, eval_every_steps=1000, idle_timeout_s=120),
+        stream_overrides(
+            broker, tmp_path, eval_records=100, eval_every_steps=1000, idle_timeout_s=120, report_every_steps=1
+        ),
         {"checkpoint": {"dir": "ckpt", "every_steps": None}},
     )
     cfg = load_run_config("train-stream", overrides)
@@ -192,9 +198,9 @@ def test_a_cancelled_train_stream_run_stops_its_ranks_with_a_final_checkpoint_th
             flow_run = client.create_flow_run_from_deployment(
                 deployment, parameters={"profile": "train-stream", "overrides": overrides}
             )
-            # rank 0 opens its lineage as it starts; a few seconds later it trains
+            # rank 0 opens its lineage as it starts, and reports each step it trains
             wait_for(lambda: list(lineage_dir.glob("*/lineage.json")), 240, "checkpoint lineage")
-            time.sleep(8)
+            wait_for(lambda: STEP_REPORT.search((tmp_path / "worker.log").read_text()), 240, "first training step")
             client.set_flow_run_state(flow_run.id, State(type=StateType.CANCELLING))
             final_states = {StateType.CANCELLED, StateType.COMPLETED, StateType.FAILED, StateType.CRASHED}
             wait_for(lambda: client.read_flow_run(flow_run.id).state_type in final_states, 180, "final flow-run state")

@@ -32,7 +32,7 @@ SMALL = {
     "dataset.num_records": 2000,
     "train.epochs": 1,
     "stream.duration_s": 15,
-    "stream.idle_timeout_s": 10,
+    "stream.idle_timeout_s": 5,  # how long the ranks wait after the stream's last record before they stop
     "stream.eval_records": 500,
 }
 # Variables of the user's shell that would point the blocks at other services, tokens or settings.

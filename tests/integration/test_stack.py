@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from kbit_core.cli import app
 from kbit_core.config import KbitConfig
-from kbit_core.service import http_ok, pid_alive
+from kbit_core.service import http_ok, pid_alive, start_together
 from kbit_core.stack import LocalStack, StackError
 from tests.conftest import free_port
 
@@ -77,8 +77,7 @@ def test_stale_pid_file_of_an_unrelated_process_is_neither_ours_nor_killed(stack
 @pytest.mark.slow
 def test_services_start_report_reuse_and_stop(stack: LocalStack) -> None:
     stack.broker.start()
-    stack.prefect_server.start()
-    stack.mlflow_server.start()
+    start_together([stack.prefect_server, stack.mlflow_server])  # as `up` starts them
     stack.ensure_work_pool()
     stack.worker.start()
     stack.wait_for_worker()

@@ -19,7 +19,8 @@ def refuse(what: str) -> NoReturn:
 
 @pytest.fixture(autouse=True)
 def no_service_starts(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Service, "start", lambda self, *args, **kwargs: refuse(f"the {self.name} service"))
+    # every start goes through spawn: Service.start and start_together alike
+    monkeypatch.setattr(Service, "spawn", lambda self, *args, **kwargs: refuse(f"the {self.name} service"))
 
 
 def _refusing(name: str) -> Callable[[], Any]:
