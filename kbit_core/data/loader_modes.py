@@ -26,8 +26,9 @@ from kbit_core.data.schedule import ShardSchedule
 from kbit_core.kafka.manifest import Manifest, manifest_codec
 from kbit_core.sharding import OffsetRange
 
-# The smallest fetch a loader's reader asks for: librdkafka refuses a fetch.max.bytes below its message.max.bytes
-# (1,000,000 by default).
+# The smallest fetch a loader's reader asks for, as measured (docs/data_plane_benchmark.md, a loader's fetch sized
+# to its blocks); chosen when librdkafka refused fetches under its 1,000,000-byte message.max.bytes, which kbit's
+# consumers now lower with the fetch (kafka.clients): a smaller floor is possible, not measured.
 MIN_LOADER_FETCH_BYTES = 1024 * 1024
 
 

@@ -95,17 +95,23 @@ def consumer_options(kcfg: KafkaConfig, use: ConsumerUse, client: ClientName) ->
     return opts
 
 
-LIBRDKAFKA_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
+LIBRDKAFKA_MAX_MESSAGE_BYTES = 1_000_000  # librdkafka's default message.max.bytes
 LIBRDKAFKA_MIN_MESSAGE_MAX_BYTES = 1_000  # the least it accepts
 
 
 def _fit_request_limit(opts: dict[str, Any]) -> None:
     """librdkafka refuses a ``fetch.max.bytes`` below its ``message.max.bytes``, which bounds the requests it sends
     (a consumer's are a few hundred bytes): a consumer asked for smaller fetches (``reader.fetch_max_bytes``) gets
-    that bound lowered with them, unless it was set (``kafka.extra``)."""
-    fetch = opts.get("fetch.max.bytes")
-    if fetch is not None and "message.max.bytes" not in opts and fetch < LIBRDKAFKA_MESSAGE_MAX_BYTES:
-        opts["message.max.bytes"] = max(LIBRDKAFKA_MIN_MESSAGE_MAX_BYTES, fetch)
+    that bound lowered with them; one set in ``kafka.extra`` above the fetch is a ConfigError naming both."""
+    fetch, bound = opts.get("fetch.max.bytes"), opts.get("message.max.bytes")
+    if fetch is None or fetch >= (bound or LIBRDKAFKA_MAX_MESSAGE_BYTES):
+        return
+    if bound is not None:
+        raise ConfigError(
+            f"a consumer's fetch.max.bytes={fetch} (reader.fetch_max_bytes) is below kafka.extra's "
+            f"message.max.bytes={bound}, which librdkafka refuses: raise the one or lower the other"
+        )
+    opts["message.max.bytes"] = max(LIBRDKAFKA_MIN_MESSAGE_MAX_BYTES, fetch)
 
 
 def _confluent(kcfg: KafkaConfig, use: ConsumerUse) -> dict[str, Any]:

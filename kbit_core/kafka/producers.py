@@ -25,7 +25,7 @@ from kafka.metrics.stats import Total
 from kbit_core.config import ClientName, Compression, KafkaConfig, ProduceConfig
 from kbit_core.errors import BrokerError, ConfigError, TopicError
 from kbit_core.kafka import admin, replicas
-from kbit_core.kafka.clients import client_options
+from kbit_core.kafka.clients import LIBRDKAFKA_MAX_MESSAGE_BYTES, client_options
 from kbit_core.kafka.manifest import PartitionManifest, digest_hex, record_digest
 from kbit_core.kafka.settings import kafka_python_options
 
@@ -37,8 +37,7 @@ BUFFER_BYTES = 64 * 1024 * 1024
 STATS_INTERVAL_MS = 200
 # flush() waits in slices this long, checking in between whether the broker is lost.
 FLUSH_SLICE_S = 0.5
-# The clients' default message.max.bytes and max_request_size.
-LIBRDKAFKA_MAX_MESSAGE_BYTES = 1_000_000
+# kafka-python's default max_request_size (librdkafka's message.max.bytes: clients.LIBRDKAFKA_MAX_MESSAGE_BYTES)
 KAFKA_PYTHON_MAX_REQUEST_SIZE = 1_048_576
 
 # (partition, offset, error or None): how a backend reports one delivered (or failed) message.

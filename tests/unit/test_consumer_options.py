@@ -56,8 +56,9 @@ def test_a_confluent_consumer_takes_fetches_smaller_than_librdkafka_s_request_li
     assert opts["message.max.bytes"] == 65536
     confluent_kafka.Consumer(opts).close()
     assert "message.max.bytes" not in consumer_options(KafkaConfig(), ConsumerUse(purpose="reader"), "confluent")
-    # one the user set is theirs: librdkafka then names the conflict itself
-    chosen = consumer_options(KafkaConfig(extra={"message.max.bytes": 2_000_000}), small, "confluent")
-    assert chosen["message.max.bytes"] == 2_000_000
-    with pytest.raises(confluent_kafka.KafkaException, match="fetch.max.bytes"):
-        confluent_kafka.Consumer(chosen)
+    # one the user set is theirs: above the fetch it is refused in one line naming both settings
+    fitting = consumer_options(KafkaConfig(extra={"message.max.bytes": 32768}), small, "confluent")
+    assert fitting["message.max.bytes"] == 32768
+    confluent_kafka.Consumer(fitting).close()
+    with pytest.raises(ConfigError, match=r"fetch.max.bytes=65536 \(reader.fetch_max_bytes\) is below kafka.extra's "):
+        consumer_options(KafkaConfig(extra={"message.max.bytes": 2_000_000}), small, "confluent")
