@@ -170,11 +170,15 @@ def _create_retrying(admin: AdminClient, kcfg: KafkaConfig, topic: str, partitio
             return
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
-        except TimeoutError:  # no answer at all (the brokers cut off or frozen): there is nothing to ask again
+        except TimeoutError:
+            err = KafkaError(KafkaError._TIMED_OUT)
+        if err.code() == KafkaError._TIMED_OUT:
+            # no answer at all (the brokers cut off or frozen), whether librdkafka's own wait for the controller
+            # (operation_timeout) ended first or this one: the wait is over, there is nothing to ask again
             raise TopicError(
                 f"cannot create topic {topic!r} ({partitions} partitions, replication factor {replicas}): the "
                 f"{describe_broker(kcfg)} gave no answer within {kcfg.request_timeout_s:g}s (kafka.request_timeout_s)"
-            ) from None
+            )
         if err.code() == KafkaError.TOPIC_ALREADY_EXISTS and answer_lost:
             # an earlier attempt's answer was lost (a timeout, a controller changing) after the controller committed
             # it: the topic is this call's, as no one else creates it meanwhile (produces of a topic are exclusive)

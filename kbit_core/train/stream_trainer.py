@@ -144,50 +144,62 @@ class StreamTrainer(Trainer):
     # ---- the loop ----------------------------------------------------------------------------------------
 
     def fit(self) -> dict[str, Any]:
-        stream, st = self.cfg.stream, self.stream
+        """Train until the ranks agree to stop, then evaluate on the test split and write the final checkpoint.
+
+        SIGTERM/SIGINT stay caught until that checkpoint is written: a stop agreed for another reason is often
+        followed by one (a cancelled driver drops the stop file as its launcher forwards the SIGTERM it got), which
+        would otherwise end the rank between the stop and its checkpoint.
+        """
         if not self.resumed:
             self.source.start_fresh()
+        records_before = self.stream.records
+        started = time.monotonic()
+        with self._stop_signals():
+            reason = self._train_until_stopped(started)
+            seconds = time.monotonic() - started
+            test = self._evaluate("test") if self.loaders.test is not None else None
+            if self.cfg.checkpoint.dir:
+                self.save()
+            else:
+                self._gather_positions()
+            if self.checkpointer is not None:
+                self.checkpointer.wait()
+        return self._stream_result(reason, seconds, self.stream.records - records_before, test)
+
+    def _train_until_stopped(self, started: float) -> str:
+        """Step on what arrives until a stop is agreed; its reason."""
+        stream, st = self.cfg.stream, self.stream
         per_rank = max(1, self.cfg.train.global_batch_size // self.env.world_size)
         stop_file = stop_file_path(self.cfg)
-        started = last_step = time.monotonic()
-        records_before = st.records
+        last_step = started
         window, reason = _Window(), ""
         taken = behind = 0  # records this rank trained in this run; how many fewer than the rank with the most
-        with self._stop_signals():
-            while not reason:
-                available = self._catch_up(self.source.fill(per_rank, stream.fill_timeout_s), min(behind, per_rank))
-                counts = all_gather([available, self._local_stop(started, last_step, stop_file), taken], self.env)
-                reason = STOP_REASONS[max(code for _, code, _ in counts)]
-                fewest = min(n for n, _, _ in counts)
-                if reason or fewest == 0:
-                    continue  # a starved rank keeps everyone waiting; what the others hold stays buffered
-                last_step = time.monotonic()
-                self._step(self.source.take(available), window)
-                taken += available
-                behind = max(n + before for n, _, before in counts) - taken
-                st.records += sum(n for n, _, _ in counts)
-                if st.step % stream.report_every_steps == 0:
-                    self._report(window)
-                    window = _Window()
-                if self.loaders.val is not None and st.step % stream.eval_every_steps == 0:
-                    st.evals.append({"step": st.step, **self._evaluate("val")})
-                if (
-                    self.cfg.checkpoint.dir
-                    and self.cfg.checkpoint.every_steps
-                    and st.step % self.cfg.checkpoint.every_steps == 0
-                ):
-                    self.save()
+        while not reason:
+            available = self._catch_up(self.source.fill(per_rank, stream.fill_timeout_s), min(behind, per_rank))
+            counts = all_gather([available, self._local_stop(started, last_step, stop_file), taken], self.env)
+            reason = STOP_REASONS[max(code for _, code, _ in counts)]
+            fewest = min(n for n, _, _ in counts)
+            if reason or fewest == 0:
+                continue  # a starved rank keeps everyone waiting; what the others hold stays buffered
+            last_step = time.monotonic()
+            self._step(self.source.take(available), window)
+            taken += available
+            behind = max(n + before for n, _, before in counts) - taken
+            st.records += sum(n for n, _, _ in counts)
+            if st.step % stream.report_every_steps == 0:
+                self._report(window)
+                window = _Window()
+            if self.loaders.val is not None and st.step % stream.eval_every_steps == 0:
+                st.evals.append({"step": st.step, **self._evaluate("val")})
+            if (
+                self.cfg.checkpoint.dir
+                and self.cfg.checkpoint.every_steps
+                and st.step % self.cfg.checkpoint.every_steps == 0
+            ):
+                self.save()
         if window.steps:
             self._report(window)
-        seconds = time.monotonic() - started
-        test = self._evaluate("test") if self.loaders.test is not None else None
-        if self.cfg.checkpoint.dir:
-            self.save()
-        else:
-            self._gather_positions()
-        if self.checkpointer is not None:
-            self.checkpointer.wait()
-        return self._stream_result(reason, seconds, st.records - records_before, test)
+        return reason
 
     def _catch_up(self, filled: int, behind: int) -> int:
         """How many records to take: what ``fill`` gave, and when this rank trained ``behind`` fewer records than
@@ -210,7 +222,8 @@ class StreamTrainer(Trainer):
 
     @contextmanager
     def _stop_signals(self) -> Iterator[None]:
-        """SIGTERM/SIGINT ask for a clean stop (agreed with the other ranks at the next step)."""
+        """SIGTERM/SIGINT ask for a clean stop (agreed with the other ranks at the next step); once one is agreed, they
+        are only noted."""
 
         def request(signum: int, _frame: Any) -> None:
             self._signal = signum

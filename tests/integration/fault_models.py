@@ -175,3 +175,24 @@ def step_clock(*, image_shape: tuple[int, ...], num_classes: int, clock_dir: str
     """The CNN, each rank's training steps timed from outside (tests/testbed/measure_faults.py fires an operator's
     fault on the bed at a step and measures the longest wait between two steps)."""
     return StepClock(_cnn(image_shape, num_classes), clock_dir, step_s)
+
+
+class SignalInEvaluation(nn.Module):
+    """The wrapped model, except that its first evaluation forward call sends this process SIGTERM."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self._signalled = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training and not self._signalled:
+            self._signalled = True
+            os.kill(os.getpid(), signal.SIGTERM)
+        return self.inner(x)
+
+
+def sigterm_in_first_evaluation(*, image_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Every rank gets SIGTERM in its first evaluation: in a stream run that evaluates only at its end, after the
+    ranks agreed to stop, as a launcher's forwarded SIGTERM arrives after the stop file a cancelled driver drops."""
+    return SignalInEvaluation(_cnn(image_shape, num_classes))

@@ -206,6 +206,32 @@ def test_a_rank_whose_steps_took_fewer_records_catches_up_so_a_stream_that_ends_
     assert ledger.exactly_once, ledger.summary()
 
 
+def test_a_sigterm_after_the_ranks_agreed_to_stop_does_not_cost_the_final_checkpoint(
+    tmp_path: Path, broker: EmbeddedBroker, fault_models_importable: None
+) -> None:
+    """Seen in CI: a cancelled run's ranks stopped on the stop file its driver dropped, and the SIGTERM their agent
+    forwarded came after that, while they evaluated: it ended them without a final checkpoint. Here every rank
+    sends itself SIGTERM in the final test evaluation, after a stop agreed on ``stream.stop_after_records``."""
+    model = {"name": "fault_models:sigterm_in_first_evaluation"}
+    cfg = stream_config(
+        tmp_path,
+        broker,
+        {
+            "produce": {"partitions": 2},
+            "train": {"mode": "continuous", "global_batch_size": 8, "model": model},
+            "stream": {"stop_after_records": 16, "idle_timeout_s": 60, "eval_every_steps": 1000, "eval_records": 100},
+            "checkpoint": {"dir": "ckpt"},
+            "launch": {"num_processes": 2},
+        },
+    )
+    LiveProducer(cfg).run(rate=5000, records=16)
+    result = train(cfg, progress=False)
+    assert (result["stop_reason"], result["records"], result["steps"]) == ("records", 16, 2)
+    assert result["test_accuracy"] is not None  # the evaluation the signal came in went on
+    final = Path(result["checkpoint"])
+    assert final.name == ckpt.checkpoint_name(result["steps"]) + ".pt" and final.is_file()
+
+
 def cmdline(process: psutil.Process) -> str:
     try:
         return " ".join(process.cmdline())
