@@ -144,6 +144,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """host:port of a server that neither accepts nor refuses: a listener whose accept queue (backlog 0) one
+    connection fills, so the kernel drops every later SYN, as a firewall that drops a cut-off broker's packets does."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    filler = socket.create_connection(listener.getsockname(), timeout=5)
+    yield f"127.0.0.1:{listener.getsockname()[1]}"
+    filler.close()
+    listener.close()
+
+
 # The suite's broker: Apache Kafka (the default local broker), or Tansu with KBIT_TEST_BROKER=tansu.
 BROKERS = ("apache-kafka", "tansu")
 

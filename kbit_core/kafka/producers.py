@@ -239,14 +239,15 @@ class KafkaPythonProducer(ProducerBackend):
 
     def __init__(self, kcfg: KafkaConfig, pcfg: ProduceConfig, compression: Compression) -> None:
         timeout_ms = delivery_timeout_ms(kcfg)
+        connection = kafka_python_options(kcfg)
         self._producer = kafka.KafkaProducer(
-            **kafka_python_options(kcfg),
+            **connection,
             acks="all",
             enable_idempotence=True,
             compression_type=None if compression == "none" else compression,
             linger_ms=pcfg.linger_ms,
             batch_size=pcfg.batch_size_bytes,
-            delivery_timeout_ms=max(timeout_ms, pcfg.linger_ms + kafka_python_options(kcfg)["request_timeout_ms"]),
+            delivery_timeout_ms=max(timeout_ms, pcfg.linger_ms + connection["request_timeout_ms"]),
             max_block_ms=timeout_ms,
         )
         # The 'batch-size' sensor sees every compressed batch but only exposes avg/max; add a running total.

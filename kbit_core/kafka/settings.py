@@ -21,6 +21,7 @@ from typing import Any
 
 from kbit_core.config import KafkaConfig, is_secret_option, mask_credentials
 from kbit_core.errors import BrokerError, ConfigError
+from kbit_core.kafka.bootstrap import answering
 from kbit_core.kafka.scram import HASHES, ScramRefused, scram_exchange
 
 TLS_CHECK_TIMEOUT_S = 10.0
@@ -280,10 +281,12 @@ def confluent_options(cfg: KafkaConfig) -> dict[str, Any]:
 
 
 def kafka_python_options(cfg: KafkaConfig) -> dict[str, Any]:
-    """kafka-python connection keyword arguments equivalent to :func:`confluent_options`."""
+    """kafka-python connection keyword arguments equivalent to :func:`confluent_options`; the bootstrap servers are
+    those that accept a connection now (:func:`kbit_core.kafka.bootstrap.answering`: kafka-python bootstraps from one
+    it picks at random)."""
     check_security(cfg)
     opts: dict[str, Any] = {
-        "bootstrap_servers": cfg.resolved_bootstrap().split(","),
+        "bootstrap_servers": answering(cfg.resolved_bootstrap().split(",")),
         "security_protocol": cfg.security_protocol,
         "request_timeout_ms": int(cfg.request_timeout_s * 1000) + 1000,
     }

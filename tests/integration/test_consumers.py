@@ -13,6 +13,7 @@ from kbit_core.config import KbitConfig
 from kbit_core.errors import ConfigError, TopicError
 from kbit_core.kafka import admin, offsets, tansu
 from kbit_core.kafka.consumers import ConfluentConsumer, KafkaPythonConsumer, RawRecord, make_consumer
+from kbit_core.kafka.producers import make_producer
 from tests.conftest import embedded_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.both_brokers]
@@ -158,3 +159,17 @@ def test_make_consumer_picks_the_configured_client(make_config: Callable[..., Kb
         assert isinstance(default, KafkaPythonConsumer) and isinstance(c, ConfluentConsumer)
     with pytest.raises(ConfigError, match="unknown Kafka client 'librdkafka'"):
         make_consumer(cfg.kafka, cfg.reader, "librdkafka")  # type: ignore[arg-type]
+
+
+def test_kafka_python_clients_bootstrap_past_a_server_that_drops_connections(
+    make_config: Callable[..., KbitConfig], topic: str, broker: EmbeddedBroker, silent_server: str
+):
+    """kafka-python bootstraps from one server it picks at random and spent its whole 30 s bootstrap deadline on a
+    server that drops connections (a cut-off broker on the test bed); kbit hands it those that accept. Three
+    consumers and three producers: each used to pick the silent server with even odds."""
+    cfg = make_config(kafka__bootstrap_servers=f"{silent_server},{broker.bootstrap}")
+    for _ in range(3):
+        with make_consumer(cfg.kafka, cfg.reader, "kafka-python") as consumer:
+            consumer.assign(topic, {0: 0})
+            assert [r.value for r in poll_until(consumer, 2)[:2]] == [b"0:0", b"0:1"]
+        make_producer(cfg.kafka, cfg.produce, "none", "kafka-python").close()  # its constructor bootstraps
