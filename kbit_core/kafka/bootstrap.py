@@ -44,20 +44,20 @@ def _first_accepting(servers: list[str], timeout_s: float) -> list[str]:
         for server in servers:
             sock = _dial(server)
             if sock is not None:
-                selector.register(sock, selectors.EVENT_WRITE, server)
+                selector.register(sock, selectors.EVENT_WRITE, (server, sock))
         deadline = time.monotonic() + timeout_s
         accepted: list[str] = []
         while not accepted and selector.get_map() and (left := deadline - time.monotonic()) > 0:
             for key, _ in selector.select(left):
-                sock = key.fileobj
+                server, sock = key.data
                 selector.unregister(sock)
-                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:  # type: ignore[union-attr]
-                    accepted.append(key.data)
-                sock.close()  # type: ignore[union-attr]
+                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                    accepted.append(server)
+                sock.close()
         return accepted
     finally:
         for key in list(selector.get_map().values()):
-            key.fileobj.close()  # type: ignore[union-attr]
+            key.data[1].close()
         selector.close()
 
 
