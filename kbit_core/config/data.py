@@ -198,6 +198,13 @@ class ReaderConfig(Section):
         description="fast: kbit's schema-aware decoders (bit-for-bit the stock results); stock: the format's "
         "own library (what the format costs without kbit).",
     )
+    fetch: Literal["messages", "batches"] = Field(
+        "messages",
+        description="How ranges are fetched. messages: through kafka.client's consumer, one Python object per "
+        "message; batches: kbit's own Fetch requests, whose record batches are parsed into columns over the "
+        "fetched bytes (no object per record; the values of fixed-size records reach the decoder as one matrix). "
+        "Bounds are still asked through confluent-kafka.",
+    )
     prefetch_batches: int = Field(4, ge=1, description="Bounded queue of decoded batches per rank.")
     workers: Literal["thread", "process", "partitions"] = Field(
         "thread",

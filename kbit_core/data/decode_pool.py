@@ -48,6 +48,7 @@ class DecodePool:
         runs = min(self.processes + 1, len(values) // MIN_RUN_VALUES)
         if runs < 2 or self._closed or self._deaths >= MAX_DEATHS or not all(isinstance(v, bytes) for v in values):
             return self.codec.decode(values)  # (a value that is not bytes gets the codec's own error)
+        values = values if isinstance(values, list) else list(values)  # a fetched column: its runs go as bytes
         cuts = np.linspace(0, len(values), runs + 1).astype(int).tolist()
         with self._lock:
             try:

@@ -39,7 +39,9 @@ def loader_reader(cfg: KbitConfig, manifest: Manifest, client: ClientName | None
     fetched ahead, up to twice a fetch: at 16 MiB fetches and 3.3 MB blocks that was ten blocks' worth of fetching
     per block read (measured: the loader's process CPU per single-record message fell by about a third)."""
     block_bytes = cfg.shard.block_records * manifest.value_bytes // max(1, manifest.num_records)
-    # a manifest without its bytes counted (0) keeps reader.fetch_max_bytes
+    # a manifest without its bytes counted (0) keeps reader.fetch_max_bytes; so does reader.fetch: batches, whose
+    # consumer asks each fetch for the bytes its range still needs and fetches nothing ahead
+    block_bytes = 0 if cfg.reader.fetch == "batches" else block_bytes
     fetch = min(cfg.reader.fetch_max_bytes, max(MIN_LOADER_FETCH_BYTES, block_bytes // 4)) if block_bytes else None
     reader_cfg = cfg.reader.model_copy(update={"fetch_max_bytes": fetch}) if fetch else cfg.reader
     codec = codec if codec is not None else manifest_codec(manifest, cfg.reader.decoder, cfg.registry)

@@ -24,7 +24,9 @@ from kbit_core.data.allocator import keep_freed_memory
 from kbit_core.data.decode_pool import DecodePool
 from kbit_core.errors import BrokerError, CorruptRecordError, OffsetRangeError, ReadTimeoutError, SchemaRegistryError
 from kbit_core.formats.confluent.source import at_record
+from kbit_core.kafka.batch_consumer import BatchConsumer
 from kbit_core.kafka.consumers import ConsumerBackend, RawRecord, make_consumer
+from kbit_core.kafka.record_columns import RecordColumns
 from kbit_core.sharding import OffsetRange
 
 log = logging.getLogger(__name__)
@@ -38,9 +40,21 @@ def continues_at(batch: Sequence[RawRecord], partition: int, offset: int) -> boo
     """Whether ``batch`` holds exactly the offsets ``offset, offset + 1, ...`` of ``partition``, in order (a poll
     without gaps, re-deliveries or other partitions): checked over columns, without a Python step per record."""
     count = len(batch)
+    if isinstance(batch, RecordColumns):  # one partition, offsets rising: whole when its ends are
+        offsets = batch.offsets
+        return (
+            batch.partition == partition and bool(count) and offsets[0] == offset and offsets[-1] == offset + count - 1
+        )
     partitions = np.fromiter(map(operator.itemgetter(0), batch), np.int64, count)
     offsets = np.fromiter(map(operator.itemgetter(1), batch), np.int64, count)
     return bool((partitions == partition).all()) and np.array_equal(offsets, np.arange(offset, offset + count))
+
+
+def _joined(parts: Sequence[Sequence[RawRecord]]) -> Sequence[RawRecord]:
+    """One range's polled parts as one sequence: fetched columns stay columns."""
+    if parts and all(isinstance(part, RecordColumns) for part in parts):
+        return RecordColumns.concat([part for part in parts if len(part)] or list(parts[:1]))  # type: ignore[arg-type]
+    return [record for part in parts for record in part]
 
 
 class _CollectorPause:
@@ -133,7 +147,10 @@ class RangeReader:
 
     def _open(self) -> ConsumerBackend:
         if self._consumer is None:
-            self._consumer = make_consumer(self.kafka_cfg, self.reader_cfg, self.client, metadata=self.metadata)
+            if self.reader_cfg.fetch == "batches":
+                self._consumer = BatchConsumer(self.kafka_cfg, self.reader_cfg, metadata=self.metadata)
+            else:
+                self._consumer = make_consumer(self.kafka_cfg, self.reader_cfg, self.client, metadata=self.metadata)
             self.stats.kafka_clients += 1
         return self._consumer
 
@@ -174,7 +191,7 @@ class RangeReader:
 
     # -- raw fetch ---------------------------------------------------------------------------------
 
-    def read_raw(self, ranges: Sequence[OffsetRange]) -> Iterator[tuple[OffsetRange, list[RawRecord]]]:
+    def read_raw(self, ranges: Sequence[OffsetRange]) -> Iterator[tuple[OffsetRange, Sequence[RawRecord]]]:
         """Yield each non-empty range with its records, in the order given, after :meth:`check`."""
         self.check(ranges)
         try:
@@ -198,16 +215,16 @@ class RangeReader:
             self._carry = []
         return consumer
 
-    def _fetch(self, rng: OffsetRange) -> list[RawRecord]:
+    def _fetch(self, rng: OffsetRange) -> Sequence[RawRecord]:
         with self._lock, _COLLECTOR_PAUSE:
             return self._fetch_locked(rng)
 
-    def _fetch_locked(self, rng: OffsetRange) -> list[RawRecord]:
+    def _fetch_locked(self, rng: OffsetRange) -> Sequence[RawRecord]:
         t0 = time.perf_counter()
         consumer = self._consumer_at(rng.partition, rng.start)
         self._position = None  # unknown until this range completes
         cfg = self.reader_cfg
-        records: list[RawRecord] = []
+        parts: list[Sequence[RawRecord]] = []
         next_offset = rng.start
         pending, self._carry = self._carry, []
         last_progress, backoff, last_error = time.monotonic(), 0.05, None
@@ -226,11 +243,14 @@ class RangeReader:
             before = next_offset
             if batch and continues_at(batch, rng.partition, next_offset):
                 take = min(len(batch), rng.stop - next_offset)
-                records += batch[:take]
+                parts.append(batch[:take])
                 self._carry = batch[take:]
                 next_offset += take
+            elif isinstance(batch, RecordColumns):
+                next_offset = self._take_columns(rng, batch, next_offset, parts)
             else:
-                next_offset = self._take_each(rng, batch, next_offset, records)
+                parts.append([])
+                next_offset = self._take_each(rng, batch, next_offset, parts[-1])
             if not batch and next_offset < rng.stop and (consumer.position(rng.partition) or 0) >= rng.stop:
                 # The consumer moved past the range's end without delivering its last offsets: they hold
                 # control records (a transaction's marker at the log end) or were compacted away.
@@ -247,8 +267,12 @@ class RangeReader:
                     offset=next_offset,
                 )
         self._position = (rng.partition, rng.stop)
+        records = _joined(parts)
         self.stats.messages += len(records)
-        self.stats.bytes += sum(map(len, filter(None, map(_VALUE, records))))  # None (no value) counts no bytes
+        if isinstance(records, RecordColumns):
+            self.stats.bytes += records.value_bytes
+        else:
+            self.stats.bytes += sum(map(len, filter(None, map(_VALUE, records))))  # None (no value) counts no bytes
         self.stats.fetch_seconds += time.perf_counter() - t0
         return records
 
@@ -263,6 +287,25 @@ class RangeReader:
                 return self._gap(rng, next_offset, rng.stop)
             records.append(rec)
             next_offset = self._gap(rng, next_offset, rec.offset) + 1
+        return next_offset
+
+    def _take_columns(
+        self, rng: OffsetRange, batch: RecordColumns, next_offset: int, parts: list[Sequence[RawRecord]]
+    ) -> int:
+        """:meth:`_take_each` for fetched columns (one partition, offsets rising), without a step per record."""
+        if batch.partition != rng.partition:
+            return next_offset
+        low, high = np.searchsorted(batch.offsets, [next_offset, rng.stop]).tolist()
+        taken = batch[low:high]
+        offsets = taken.offsets
+        before = np.concatenate(([next_offset - 1], offsets[:-1]))
+        for after, found in zip(before[offsets - before > 1].tolist(), offsets[offsets - before > 1].tolist()):
+            self._gap(rng, after + 1, found)
+        parts.append(taken)
+        next_offset = int(offsets[-1]) + 1 if len(offsets) else next_offset
+        if high < len(batch):
+            self._carry = batch[high:]
+            return self._gap(rng, next_offset, rng.stop)
         return next_offset
 
     def _gap(self, rng: OffsetRange, expected: int, found: int) -> int:

@@ -207,9 +207,13 @@ class Codec(ABC):
     # ---- decode -------------------------------------------------------------------------------
 
     def decode_inputs(self, records: Sequence[Any]) -> Sequence[Any]:
-        """What :meth:`decode` takes of polled ``records``: their values, or the records themselves when the codec
-        reads message metadata."""
-        return records if self.reads_metadata else list(map(_VALUE, records))
+        """What :meth:`decode` takes of polled ``records``: their values (a fetched column's own value column, which
+        makes no object per value until one is asked for), or the records themselves when the codec reads message
+        metadata."""
+        if self.reads_metadata:
+            return records
+        column = getattr(records, "values", None)
+        return column if column is not None else list(map(_VALUE, records))
 
     def decode(self, values: Sequence[bytes]) -> DecodedBatch:
         """Decode message values into one batch, or raise CorruptRecordError; never returns partial data."""
@@ -366,6 +370,13 @@ class RecordCodec(Codec):
             np.array(columns.labels, dtype=np.int64),
             pixels.reshape(n, *self.image_shape),
         )
+
+
+def value_lengths(values: Sequence[bytes]) -> np.ndarray:
+    """Each value's length: a fetched value column (``kbit_core.kafka.record_columns.ValueColumn``) has them as an
+    array, so no value is sliced out to be measured."""
+    lengths = getattr(values, "lengths", None)
+    return lengths if lengths is not None else np.fromiter(map(len, values), dtype=np.int64, count=len(values))
 
 
 def canonical_json(obj: Any) -> str:

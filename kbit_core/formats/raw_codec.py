@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from kbit_core.errors import ConfigError
-from kbit_core.formats.base import Codec, DecodedBatch, canonical_json
+from kbit_core.formats.base import Codec, DecodedBatch, canonical_json, value_lengths
 
 MAGIC = b"KB"
 VERSIONS = {"uint8": 1, "uint16": 2}  # by element type
@@ -63,11 +63,19 @@ class RawCodec(Codec):
             for i in range(0, len(indices), step)
         ]
 
+    def _full_messages(self, values: Sequence[bytes]) -> np.ndarray:
+        """Full-group values as one array of messages: a fetched column's rows are viewed where they lie, others
+        joined first."""
+        rows = values.matrix() if hasattr(values, "matrix") and len(values) else None
+        if rows is None:
+            return np.frombuffer(b"".join(values), dtype=self._full_message)
+        return rows.view(self._full_message)[:, 0]
+
     def _decode(self, values: Sequence[bytes]) -> DecodedBatch:
         full = self._full_message.itemsize
-        if all(len(v) == full for v in values):
+        if (value_lengths(values) == full).all():
             # Every value is a full group: one join, one frombuffer, one vectorised header check.
-            messages = np.frombuffer(b"".join(values), dtype=self._full_message)
+            messages = self._full_messages(values)
             bad = np.flatnonzero((messages["header"] != np.frombuffer(self._full_header, np.uint8)).any(axis=1))
             if bad.size:
                 raise ValueError(self._header_problem(values[bad[0]]) or "bad header")

@@ -86,3 +86,12 @@ def extended(manifest: Manifest, partition: int, extra: int) -> Manifest:
             "num_records": manifest.num_records + extra,
         }
     )
+
+
+# How a RangeReader fetches: through each client's consumer, and by kbit's own Fetch requests (reader.fetch: batches)
+READERS = ["confluent", "kafka-python", "batches"]
+
+
+def reader_settings(reader: str) -> tuple[str, dict[str, Any]]:
+    """A :data:`READERS` entry as (the client RangeReader is given, config overrides in ``__`` form)."""
+    return ("confluent", {"reader__fetch": "batches"}) if reader == "batches" else (reader, {})

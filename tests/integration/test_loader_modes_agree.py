@@ -1,4 +1,4 @@
-"""Every loader mode (reader.workers thread / process / partitions, reader.mode eager) gives the same batches in the same
+"""Every loader mode (reader.workers thread / process / partitions, reader.mode eager, reader.fetch batches) gives the same batches in the same
 order, and a rank trained on each, with the same seed, follows the same loss curve: through the real broker."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ MODES = {
     "process": {"reader.workers": "process"},
     "partitions": {"reader.workers": "partitions"},
     "eager": {"reader.mode": "eager"},
+    "fetched batches": {"reader.fetch": "batches"},
 }
 GROUPED_LZ4 = {"format": "raw", "layout": "bytes", "compression": "lz4", "records_per_message": 4}
 RAW_LZ4 = {"format": "raw", "layout": "bytes", "compression": "lz4"}

@@ -21,11 +21,12 @@ from kbit_core.errors import ManifestMismatchError, OffsetRangeError, TopicError
 from kbit_core.formats import get_codec
 from kbit_core.jobs import train as train_job
 from kbit_core.kafka import admin, offsets
+from kbit_core.kafka.manifest import manifest_codec
 from kbit_core.kafka.producers import DeliveryLedger
 from kbit_core.produce import produce_dataset
 from kbit_core.sharding import OffsetRange
 from tests.conftest import SMALL_TRAINING
-from tests.integration.dataplane_fixtures import Produce
+from tests.integration.dataplane_fixtures import READERS, Produce, reader_settings
 
 pytestmark = pytest.mark.kafka
 
@@ -94,11 +95,12 @@ def raw_values(codec: Any, indices: range) -> list[bytes]:
     return codec.encode(np.array(indices), images, np.array(indices) % 10)
 
 
-@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
+@pytest.mark.parametrize("reader", READERS)
 def test_aborted_transactions_are_never_read_and_their_offsets_are_gaps(
-    make_config: Callable[..., KbitConfig], topic_name: str, client: str
+    make_config: Callable[..., KbitConfig], topic_name: str, reader: str
 ):
-    cfg = make_config()
+    client, fetch = reader_settings(reader)
+    cfg = make_config(**fetch)
     codec = get_codec("raw", "bytes", (1, 28, 28))
     admin.create_topic(cfg.kafka, topic_name, 1)
     producer = Producer({"bootstrap.servers": cfg.kafka.resolved_bootstrap(), "transactional.id": topic_name})
@@ -135,3 +137,18 @@ def test_a_compacted_topic_is_refused(produce_topic: Produce):
         future.result(30)
     with pytest.raises(TopicError, match=rf"topic '{manifest.topic}' has cleanup.policy=compact: compaction removes"):
         produce_dataset(cfg, DataVariant(**RAW), progress=False)
+
+
+def test_records_deleted_after_the_check_are_an_error_naming_partition_and_offset(produce_topic: Produce):
+    """kbit's own Fetch requests (reader.fetch: batches) meet the broker's OFFSET_OUT_OF_RANGE themselves."""
+    cfg, manifest = produce_topic(RAW, 100, partitions=1, reader__fetch="batches")
+    codec = manifest_codec(manifest, cfg.reader.decoder, cfg.registry)
+    with RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec) as reader:
+        reader.check([OffsetRange(0, 0, 100)])
+        client = admin_client(cfg)
+        futures = client.delete_records([TopicPartition(manifest.topic, 0, 40)])
+        assert [f.result(30).low_watermark for f in futures.values()] == [40]
+        with pytest.raises(OffsetRangeError, match="offset out of range") as raised:
+            list(reader.read_raw([OffsetRange(0, 0, 100)]))
+    message = str(raised.value)
+    assert f"topic={manifest.topic}" in message and "partition=0" in message and "\n" not in message

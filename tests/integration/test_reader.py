@@ -17,7 +17,7 @@ from kbit_core.errors import ConfigError
 from kbit_core.formats import get_codec
 from kbit_core.kafka import offsets
 from kbit_core.sharding import OffsetRange
-from tests.integration.dataplane_fixtures import Produce
+from tests.integration.dataplane_fixtures import READERS, Produce, reader_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.both_brokers]
 
@@ -38,9 +38,10 @@ def split_indices(manifest, cfg, split: str) -> set[int]:
     return {o * num_partitions + r.partition for r in p.splits[split] for o in r.offsets()}
 
 
-@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
-def test_reader_yields_exactly_the_requested_ranges(produce_topic: Produce, client):
-    cfg, manifest = produce_topic(RAW, 120, partitions=2, reader__max_poll_records=7)
+@pytest.mark.parametrize("reader", READERS)
+def test_reader_yields_exactly_the_requested_ranges(produce_topic: Produce, reader):
+    client, fetch = reader_settings(reader)
+    cfg, manifest = produce_topic(RAW, 120, partitions=2, reader__max_poll_records=7, **fetch)
     codec = get_codec("raw", "bytes", manifest.dataset.image_shape)
     # contiguous, backwards, across partitions, single offsets, empty
     ranges = [
@@ -60,11 +61,12 @@ def test_reader_yields_exactly_the_requested_ranges(produce_topic: Produce, clie
     assert reader.stats.messages == sum(len(r) for r in ranges) and reader.stats.gaps == 0
 
 
-@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
-def test_fetches_smaller_than_librdkafka_s_default_request_limit_read_every_range(produce_topic: Produce, client):
+@pytest.mark.parametrize("reader", READERS)
+def test_fetches_smaller_than_librdkafka_s_default_request_limit_read_every_range(produce_topic: Produce, reader):
     # 4 KiB fetches: five 808-byte records each; librdkafka (the confluent reader, and kafka-python's offset probe)
     # refused any fetch.max.bytes under its 1,000,000-byte message.max.bytes before kbit lowered that with it
-    cfg, manifest = produce_topic(RAW, 60, partitions=2, reader__fetch_max_bytes=4096)
+    client, fetch = reader_settings(reader)
+    cfg, manifest = produce_topic(RAW, 60, partitions=2, reader__fetch_max_bytes=4096, **fetch)
     codec = get_codec("raw", "bytes", manifest.dataset.image_shape)
     ranges = [OffsetRange(p, start, stop) for p, (start, stop) in manifest.ranges().items()]
     with RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec, client) as reader:
@@ -268,11 +270,12 @@ def append_transaction(cfg, topic: str, partition: int, values: list[bytes]) -> 
     return written
 
 
-@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
-def test_offsets_missing_at_the_end_of_a_range_are_counted_as_gaps(produce_topic: Produce, client):
+@pytest.mark.parametrize("reader", READERS)
+def test_offsets_missing_at_the_end_of_a_range_are_counted_as_gaps(produce_topic: Produce, reader):
     # A range whose last offsets never arrive (a transaction marker at the log end; compaction likewise) must end
     # with those offsets counted as gaps, not wait out the reader's deadline.
-    cfg, manifest = produce_topic(RAW, 20, partitions=1, reader__deadline_s=10.0)
+    client, fetch = reader_settings(reader)
+    cfg, manifest = produce_topic(RAW, 20, partitions=1, reader__deadline_s=10.0, **fetch)
     codec = get_codec("raw", "bytes", manifest.dataset.image_shape)
     end = manifest.partitions[0].stop_offset
     extra = codec.encode(

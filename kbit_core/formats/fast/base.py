@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kbit_core.formats.base import DecodedBatch
+from kbit_core.formats.base import DecodedBatch, value_lengths
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,11 @@ def key_groups(keys: np.ndarray) -> Iterator[tuple[int, slice | np.ndarray]]:
 
 
 def byte_matrix(values: Sequence[bytes]) -> np.ndarray:
-    """Values of one length as the rows of a uint8 matrix."""
+    """Values of one length as the rows of a uint8 matrix (a fetched column's own matrix, maybe a view of the
+    fetched bytes, when it has one)."""
+    rows = values.matrix() if hasattr(values, "matrix") else None
+    if rows is not None:
+        return rows
     return np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), len(values[0]))
 
 
@@ -91,12 +95,16 @@ def by_key(keys: np.ndarray, decode: Callable[[int, slice | np.ndarray], Columns
 def by_length(values: Sequence[bytes], decode_group: Callable[[list[bytes]], Columns]) -> Columns:
     """``by_key`` over the values' lengths: ``decode_group`` gets values of one length (for a template decoder,
     one byte matrix), at most ``GROUP_BYTES`` of them."""
-    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    lengths, column = value_lengths(values), hasattr(values, "lengths")
     return by_key(
         lengths,
-        lambda _, at: decode_group(list(values[at]) if isinstance(at, slice) else [values[i] for i in at.tolist()]),  # type: ignore[index]
+        lambda _, at: decode_group(values[at] if column else _listed(values, at)),  # type: ignore[index]
         max(1, GROUP_BYTES // max(1, int(lengths.max()))),
     )
+
+
+def _listed(values: Sequence[bytes], at: slice | np.ndarray) -> list[bytes]:
+    return list(values[at]) if isinstance(at, slice) else [values[i] for i in at.tolist()]
 
 
 class FastPath:
