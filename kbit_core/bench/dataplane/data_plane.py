@@ -42,6 +42,7 @@ from kbit_core.kafka.manifest import Manifest, manifest_codec
 from kbit_core.sharding import OffsetRange, block_order, plan
 
 # Targets the results are reported against (see docs/data_plane_benchmark.md).
+BATCH_FETCH_LABEL = "kbit batches"  # the client column under reader.fetch: batches (kbit's own Fetch requests)
 TARGET_DECODE_RATIO = {"bytes": 0.8, "list": 0.5}  # read+decode vs. the fetch rate of the same topic and client
 TARGET_SPEEDUP = {("avro", "list"): 20.0, ("json", "list"): 5.0}  # fast read+decode over the stock library's
 TARGET_CONFLUENT_RAW_RECORDS_PER_S = 100_000
@@ -89,7 +90,7 @@ class DataPlaneRow:
     layout: str
     compression: str
     records_per_message: int
-    client: str
+    client: str  # the client whose consumer fetched, or BATCH_FETCH_LABEL (reader.fetch: batches)
     records: int
     value_mb: float
     bytes_per_record: float
@@ -209,7 +210,7 @@ def _row(
         layout=v.layout,
         compression=v.compression,
         records_per_message=v.records_per_message,
-        client=client,
+        client=client if cfg.reader.fetch == "messages" else BATCH_FETCH_LABEL,
         records=n,
         value_mb=round(mb, 3),
         bytes_per_record=round(manifest.value_bytes / max(n, 1), 1),
