@@ -194,12 +194,23 @@ class RangeReader:
     def read_raw(self, ranges: Sequence[OffsetRange]) -> Iterator[tuple[OffsetRange, Sequence[RawRecord]]]:
         """Yield each non-empty range with its records, in the order given, after :meth:`check`."""
         self.check(ranges)
+        planned = [r for r in ranges if len(r)]
         try:
-            for r in ranges:
-                if len(r):
-                    yield r, self._fetch(r)
+            for r, following in zip(planned, [*planned[1:], None]):
+                records = self._fetch(r)
+                if following is not None:
+                    self._fetch_ahead(following)
+                yield r, records
         finally:
             self._release()
+
+    def _fetch_ahead(self, rng: OffsetRange) -> None:
+        """Have a consumer that can (reader.fetch: batches) ask for ``rng`` now, unless the position continues
+        into it: the broker answers while this range is decoded."""
+        with self._lock:
+            consumer = self._consumer
+            if isinstance(consumer, BatchConsumer) and self._position != (rng.partition, rng.start):
+                consumer.fetch_ahead(rng.partition, rng.start, len(rng))
 
     def _release(self) -> None:
         # An idle assigned consumer keeps prefetching past the last range and polling the log end.

@@ -61,6 +61,7 @@ class BatchConsumer(ConsumerBackend):
         self._ready: dict[int, RecordColumns] = {}  # partition -> fetched records not yet delivered
         self._last_error: str | None = None
         self._record_bytes: float | None = None  # fetched bytes per record delivered, in the last response
+        self._ahead: tuple[int, int, int, int] | None = None  # a Fetch sent ahead: partition, offset, node, id
 
     def open(self) -> None:
         if self._options is None:
@@ -85,7 +86,7 @@ class BatchConsumer(ConsumerBackend):
             try:
                 self._ready[partition] = self._fetch(partition, timeout_s, max_records)
             except BrokerError as exc:
-                self._last_error, self._leaders = str(exc), {}  # ask for the leaders again
+                self._last_error, self._leaders, self._ahead = str(exc), {}, None  # ask for the leaders again
                 self._drop(partition)
                 raise
         if partition is None:
@@ -153,9 +154,18 @@ class BatchConsumer(ConsumerBackend):
             return limit
         return min(limit, max(MIN_FETCH_BYTES, int(records * self._record_bytes * 1.1)))
 
-    def _fetch(self, partition: int, timeout_s: float, records: int) -> RecordColumns:
-        offset, fetch_bytes = self._positions[partition], self._fetch_bytes(records)
-        connection = self._connection(self._leader(partition))
+    def fetch_ahead(self, partition: int, offset: int, records: int) -> None:
+        """Send the Fetch for ``records`` records of ``partition`` from ``offset`` now: the broker answers while the
+        caller works on what it has, and the poll after an ``assign`` there reads the answer. Another assignment
+        reads it and drops it."""
+        if self._ahead is None:
+            self._ahead = self._send(partition, offset, self.reader_cfg.poll_timeout_s, records)
+
+    def _send(self, partition: int, offset: int, timeout_s: float, records: int) -> tuple[int, int, int, int]:
+        """Send one Fetch; (partition, offset, node, correlation id)."""
+        fetch_bytes = self._fetch_bytes(records)
+        node = self._leader(partition)
+        connection = self._connection(node)
         fetch_partition = FetchRequest.FetchTopic.FetchPartition(
             partition=partition,
             current_leader_epoch=-1,
@@ -178,7 +188,14 @@ class BatchConsumer(ConsumerBackend):
         version = connection.version(FetchRequest, MAX_FETCH_VERSION)
         if version < MIN_FETCH_VERSION:
             raise BrokerError(f"broker {connection.address} speaks Fetch up to v{version}; read_committed needs v4")
-        response = connection.request(request, FetchResponse, version)
+        return partition, offset, node, connection.send(request, version)
+
+    def _fetch(self, partition: int, timeout_s: float, records: int) -> RecordColumns:
+        offset, ahead, self._ahead = self._positions[partition], self._ahead, None
+        if ahead is not None and ahead[:2] != (partition, offset):
+            self._receive(ahead)  # sent for a read that did not come: the connection's next answer, dropped
+            ahead = None
+        response = self._receive(ahead or self._send(partition, offset, timeout_s, records))
         data = response.responses[0].partitions[0]
         self._check(partition, offset, data.error_code)
         try:
@@ -189,6 +206,11 @@ class BatchConsumer(ConsumerBackend):
         if len(parsed.fields.offsets):
             self._record_bytes = len(data.records) / len(parsed.fields.offsets)
         return RecordColumns(partition, parsed.buffer, parsed.fields, self.metadata)
+
+    def _receive(self, sent: tuple[int, int, int, int]) -> Any:
+        _, _, node, correlation = sent
+        connection = self._connections[node]
+        return connection.receive(FetchResponse, connection.version(FetchRequest, MAX_FETCH_VERSION), correlation)
 
     def _check(self, partition: int, offset: int, code: int) -> None:
         if not code:

@@ -63,16 +63,27 @@ class FetchConnection:
 
     def request(self, request: Any, response_class: Any, version: int) -> Any:
         """Send ``request`` at ``version`` and return its decoded response."""
+        return self.receive(response_class, version, self.send(request, version))
+
+    def send(self, request: Any, version: int) -> int:
+        """Send ``request`` without waiting for its answer (:meth:`receive` reads it); returns its correlation id."""
         self._correlation += 1
         request.with_header(correlation_id=self._correlation, client_id=CLIENT_ID)
         try:
             self._sock.sendall(request.encode(version=version, header=True, framed=True))
+        except (OSError, ssl.SSLError) as exc:
+            raise BrokerError(f"cannot send {type(request).__name__} to broker {self.address}: {exc}") from None
+        return self._correlation
+
+    def receive(self, response_class: Any, version: int, correlation: int) -> Any:
+        """The response to the request sent as ``correlation`` (the next one on the connection)."""
+        try:
             frame = self._read_frame()
         except (OSError, ssl.SSLError) as exc:
-            raise BrokerError(f"broker {self.address} did not answer {type(request).__name__}: {exc}") from None
-        (correlation,) = _SIZE.unpack_from(frame)
-        if correlation != self._correlation:
-            raise BrokerError(f"broker {self.address} answered request {correlation}, not {self._correlation}")
+            raise BrokerError(f"broker {self.address} did not answer {response_class.__name__}: {exc}") from None
+        (answered,) = _SIZE.unpack_from(frame)
+        if answered != correlation:
+            raise BrokerError(f"broker {self.address} answered request {answered}, not {correlation}")
         # The header is read here: kafka-python's decode copies the whole frame to read it. A flexible response
         # header ends with its tagged fields, of which brokers send none (a count of 0).
         body = _SIZE.size

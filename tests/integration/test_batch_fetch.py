@@ -74,3 +74,17 @@ def test_a_reader_whose_leader_stops_answering_names_the_range_after_its_deadlin
         with pytest.raises(ReadTimeoutError, match=r"no progress for 2s reading planned range \[0, 40\)") as raised:
             list(reader.read_raw([OffsetRange(0, 0, 40)]))
     assert "cannot connect to broker 127.0.0.1" in str(raised.value)
+
+
+def test_a_fetch_sent_ahead_for_a_range_never_read_is_dropped_not_delivered(produce_topic: Produce):
+    cfg, manifest = produce_topic(VARIANTS["raw-lz4"], 60, partitions=2, reader__fetch="batches")
+    codec = manifest_codec(manifest, cfg.reader.decoder, cfg.registry)
+    with RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec) as reader:
+        reads = reader.read_raw([OffsetRange(0, 0, 10), OffsetRange(1, 5, 15)])
+        _, records = next(reads)  # partition 1's Fetch is sent before this range is handed over
+        assert [r.offset for r in records] == list(range(10))
+        reads.close()  # ... and is never read by this call
+        ((_, records),) = list(reader.read_raw([OffsetRange(0, 20, 30)]))
+        assert [(r.partition, r.offset) for r in records] == [(0, o) for o in range(20, 30)]
+        ((_, records),) = list(reader.read_raw([OffsetRange(1, 5, 15)]))
+        assert [(r.partition, r.offset) for r in records] == [(1, o) for o in range(5, 15)]
