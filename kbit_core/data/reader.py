@@ -195,22 +195,34 @@ class RangeReader:
         """Yield each non-empty range with its records, in the order given, after :meth:`check`."""
         self.check(ranges)
         planned = [r for r in ranges if len(r)]
+        # where the run of ranges each continuing the one before ends, per range: a fetch ahead asks for all of it
+        run_stops = [r.stop for r in planned]
+        for i in range(len(planned) - 2, -1, -1):
+            if (planned[i + 1].partition, planned[i + 1].start) == (planned[i].partition, planned[i].stop):
+                run_stops[i] = run_stops[i + 1]
         try:
-            for r, following in zip(planned, [*planned[1:], None]):
+            for i, r in enumerate(planned):
                 records = self._fetch(r)
-                if following is not None:
-                    self._fetch_ahead(following)
+                if i + 1 < len(planned):
+                    self._fetch_ahead(planned[i + 1], run_stops[i + 1])
                 yield r, records
         finally:
             self._release()
 
-    def _fetch_ahead(self, rng: OffsetRange) -> None:
-        """Have a consumer that can (reader.fetch: batches) ask for ``rng`` now, unless the position continues
-        into it: the broker answers while this range is decoded."""
+    def _fetch_ahead(self, rng: OffsetRange, run_stop: int) -> None:
+        """Have a consumer that can (reader.fetch: batches) ask for ``rng`` and the ranges that continue it, up to
+        ``run_stop``, now, so that the broker answers while this range is decoded: from its start, or, when the last
+        range ends where it starts, from where the consumer stopped fetching (what it fetched past that range's end
+        is carried into this one)."""
         with self._lock:
             consumer = self._consumer
-            if isinstance(consumer, BatchConsumer) and self._position != (rng.partition, rng.start):
-                consumer.fetch_ahead(rng.partition, rng.start, len(rng))
+            if not isinstance(consumer, BatchConsumer):
+                return
+            start = rng.start
+            if self._position == (rng.partition, rng.start):
+                start = consumer.position(rng.partition) or rng.start
+            if start < rng.stop:
+                consumer.fetch_ahead(rng.partition, start, run_stop - start)
 
     def _release(self) -> None:
         # An idle assigned consumer keeps prefetching past the last range and polling the log end.

@@ -183,6 +183,8 @@ class RecordFields:
     value_lengths: np.ndarray
     header_counts: np.ndarray
     header_starts: np.ndarray
+    record_starts: np.ndarray  # where each record (its length prefix) starts, and where it ends
+    record_ends: np.ndarray
 
 
 def record_fields(
@@ -190,7 +192,7 @@ def record_fields(
 ) -> RecordFields:
     """Every field of the records at ``starts`` (see :func:`record_starts`), decoded column by column; the bases are
     their batches' (one, or one per record)."""
-    _, prefix = _checked(*varints_at(data, starts))
+    lengths, prefix = _checked(*varints_at(data, starts))
     at = starts + prefix + 1  # past the length and the record's attributes byte
     timestamp_delta, n = _checked(*varints_at(data, at, _MAX_VARLONG))
     at += n
@@ -212,6 +214,8 @@ def record_fields(
         value_lengths=value_lengths,
         header_counts=header_counts,
         header_starts=at + n,
+        record_starts=starts,
+        record_ends=starts + prefix + lengths,
     )
 
 
@@ -265,7 +269,7 @@ def parse_batches(
         base_offsets = np.repeat([h.base_offset for h, _ in counted], counts)
         timestamps = np.repeat([_base_timestamp(buf, start) for start, h in kept if h.record_count], counts)
         fields = record_fields(data, starts, base_offsets, timestamps)
-        _check_records(data, starts, fields, np.repeat([h.last_offset for h, _ in counted], counts))
+        _check_records(fields, np.repeat([h.last_offset for h, _ in counted], counts))
     except (RecordBatchError, IndexError) as exc:
         raise RecordBatchError(f"record batches from offset {counted[0][0].base_offset} do not parse: {exc}") from None
     keep = fields.offsets >= from_offset
@@ -302,15 +306,13 @@ def _base_timestamp(buf: bytes, start: int) -> int:
     return struct.unpack_from(">q", buf, start + 27)[0]
 
 
-def _check_records(data: np.ndarray, starts: np.ndarray, fields: RecordFields, last_offsets: np.ndarray) -> None:
+def _check_records(fields: RecordFields, last_offsets: np.ndarray) -> None:
     """Offsets rising and inside their batches, and each record's fields inside its length."""
     offsets = fields.offsets
     if np.any(np.diff(offsets) <= 0) or np.any(offsets > last_offsets):
         raise RecordBatchError("record offsets out of order or outside their batch")
-    lengths, prefixes = varints_at(data, starts)
-    record_ends = starts + prefixes + lengths
     value_ends = fields.value_starts + np.maximum(fields.value_lengths, 0)
-    if np.any(fields.header_starts > record_ends) or np.any(value_ends > record_ends):
+    if np.any(fields.header_starts > fields.record_ends) or np.any(value_ends > fields.record_ends):
         raise RecordBatchError("a record's fields overrun its length")
 
 
@@ -332,4 +334,4 @@ def _concat(columns: list[RecordFields]) -> RecordFields:
 
 def _empty_fields() -> RecordFields:
     empty = np.empty(0, np.int64)
-    return RecordFields(*(empty for _ in range(8)))
+    return RecordFields(*(empty for _ in range(10)))

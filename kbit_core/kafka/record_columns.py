@@ -40,22 +40,17 @@ class ValueColumn(Sequence[bytes | None]):
 
     def matrix(self) -> np.ndarray | None:
         """The values as rows of a uint8 matrix when they are all equally long (as a producer's fixed-size records
-        are); otherwise None. Rows equally spaced in the buffer are a view of it, else copied run by run."""
+        are); otherwise None. Rows equally spaced in the buffer are a view of it, others are gathered in one copy."""
         count = len(self.starts)
         if not count or self.lengths[0] < 0 or (self.lengths != self.lengths[0]).any():
             return None
         width, data = int(self.lengths[0]), np.frombuffer(self.buffer, np.uint8)
-        gaps = np.diff(self.starts)
-        cuts = [0, *(np.flatnonzero(gaps[1:] != gaps[:-1]) + 1).tolist(), count]
-        runs = [self._rows(data, a, b, width) for a, b in zip(cuts[:-1], cuts[1:])]
-        return runs[0] if len(runs) == 1 else np.concatenate(runs)
-
-    def _rows(self, data: np.ndarray, first: int, end: int, width: int) -> np.ndarray:
-        """Rows ``first`` to ``end`` (equally spaced) as a view of the buffer."""
-        start = int(self.starts[first])
-        stride = int(self.starts[first + 1] - start) if end - first > 1 else width
-        shape, strides = (end - first, width), (stride, 1)
-        return np.lib.stride_tricks.as_strided(data[start:], shape=shape, strides=strides, writeable=False)
+        first = int(self.starts[0])
+        stride = int(self.starts[1]) - first if count > 1 else width
+        if count == 1 or (np.diff(self.starts) == stride).all():
+            shape, strides = (count, width), (stride, 1)
+            return np.lib.stride_tricks.as_strided(data[first:], shape=shape, strides=strides, writeable=False)
+        return np.lib.stride_tricks.sliding_window_view(data, width)[self.starts]
 
     def joined(self) -> bytes:
         """Every value, concatenated (nulls add nothing)."""
@@ -109,17 +104,20 @@ class RecordColumns(Sequence[RawRecord]):
 
     @classmethod
     def concat(cls, parts: Sequence[RecordColumns]) -> RecordColumns:
-        """One set of columns holding ``parts`` in order (of one partition): their buffers joined, positions moved."""
+        """One set of columns holding ``parts`` in order (of one partition): the bytes of their records, and only
+        those (a fetch's buffer also holds what other ranges read), joined, their positions moved."""
         if len(parts) == 1:
             return parts[0]
-        buffers, shifted, size = [], [], 0
+        pieces, shifted, size = [], [], 0
         for part in parts:
+            fields = part.fields
+            first, end = (int(fields.record_starts[0]), int(fields.record_ends[-1])) if len(part) else (0, 0)
             moved = {
-                name: column + size if name.endswith("_starts") else column
-                for name, column in vars(part.fields).items()
+                name: column + (size - first) if name.endswith("_starts") or name == "record_ends" else column
+                for name, column in vars(fields).items()
             }
-            buffers.append(part.buffer)
+            pieces.append(memoryview(part.buffer)[first:end])
             shifted.append(moved)
-            size += len(part.buffer)
+            size += end - first
         fields = RecordFields(**{name: np.concatenate([m[name] for m in shifted]) for name in shifted[0]})
-        return cls(parts[0].partition, b"".join(buffers), fields, parts[0].metadata)
+        return cls(parts[0].partition, b"".join(pieces), fields, parts[0].metadata)
