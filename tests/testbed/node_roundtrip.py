@@ -1,5 +1,5 @@
 """Run on a test-bed host: produce a small dataset with one client over the configured (TLS) connection, read it back
-with both clients, delete the topic, and print one JSON line: hostname, records produced and read per client.
+with both clients and with kbit's own Fetch requests, delete the topic, and print one JSON line: hostname, records produced and read per client.
 
 usage: python node_roundtrip.py PRODUCE_CLIENT WORKDIR KEY=VALUE...   (dotted kbit config overrides)
 """
@@ -36,9 +36,15 @@ def main(produce_client: str, workdir: str, *overrides: str) -> None:
     codec = get_codec(v.format, v.layout, manifest.dataset.image_shape, v.records_per_message)
     ranges = [OffsetRange(p, a, b) for p, (a, b) in manifest.ranges().items()]
     read = {}
-    for client in ("confluent", "kafka-python"):
-        with RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec, client) as reader:
-            read[client] = sum(len(batch.labels) for _, batch in reader.read(ranges))
+    # each client's consumer, and kbit's own Fetch requests (reader.fetch: batches: TLS and SCRAM set up by kbit)
+    for name, client, fetch in (
+        ("confluent", "confluent", "messages"),
+        ("kafka-python", "kafka-python", "messages"),
+        ("batches", "confluent", "batches"),
+    ):
+        fetch_cfg = cfg.override({"reader.fetch": fetch})
+        with RangeReader(fetch_cfg.kafka, fetch_cfg.reader, manifest.topic, codec, client) as reader:
+            read[name] = sum(len(batch.labels) for _, batch in reader.read(ranges))
     admin.delete_topic(cfg.kafka, manifest.topic)
     print(json.dumps({"hostname": socket.gethostname(), "produced": manifest.num_records, "read": read}))
 

@@ -84,24 +84,6 @@ def test_every_client_works_over_mutual_tls(testbed: BedState, tmp_path: Path, c
     CLIENT_STEPS[step](cfg, client)
 
 
-def test_fetched_batches_read_over_mutual_tls_and_scram_as_the_consumer_does(testbed: BedState, tmp_path: Path):
-    """``reader.fetch: batches`` opens connections of its own to each partition's leader (TLS with the client's
-    certificate, then SCRAM-SHA-512): it reads what the client's consumer reads."""
-    cfg = bed_config(testbed, tmp_path)
-    manifest = produce_dataset(cfg, progress=False, recreate=True)
-    v = manifest.variant
-    codec = get_codec(v.format, v.layout, manifest.dataset.image_shape, v.records_per_message)
-    ranges = [OffsetRange(p, a, b) for p, (a, b) in manifest.ranges().items()]
-    read = {}
-    for fetch in ("messages", "batches"):
-        fetch_cfg = cfg.override({"reader.fetch": fetch})
-        with RangeReader(fetch_cfg.kafka, fetch_cfg.reader, manifest.topic, codec) as reader:
-            read[fetch] = [(r, b.indices.tolist(), b.labels.tolist()) for r, b in reader.read(ranges)]
-    assert read["batches"] == read["messages"]
-    assert sum(len(indices) for _, indices, _ in read["batches"]) == 64
-    admin.delete_topic(cfg.kafka, manifest.topic)
-
-
 @pytest.mark.parametrize(
     "mistake",
     [

@@ -83,7 +83,11 @@ def test_a_node_produces_and_reads_over_mutual_tls(testbed: BedState, tmp_path: 
     proc = _run_on(testbed, 0, [sys.executable, str(ROUNDTRIP), client, str(tmp_path), *_overrides(testbed)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result == {"hostname": testbed.nodes[0].name, "produced": 64, "read": {"confluent": 64, "kafka-python": 64}}
+    assert result == {
+        "hostname": testbed.nodes[0].name,
+        "produced": 64,
+        "read": {"confluent": 64, "kafka-python": 64, "batches": 64},
+    }
 
 
 @pytest.mark.parametrize(
