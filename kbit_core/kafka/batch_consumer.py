@@ -157,9 +157,14 @@ class BatchConsumer(ConsumerBackend):
     def fetch_ahead(self, partition: int, offset: int, records: int) -> None:
         """Send the Fetch for ``records`` records of ``partition`` from ``offset`` now: the broker answers while the
         caller works on what it has, and the poll after an ``assign`` there reads the answer. Another assignment
-        reads it and drops it."""
-        if self._ahead is None:
+        reads it and drops it. Only a head start: a failure to send is left to that poll, which retries it as any
+        fetch (this is called outside the reader's retries)."""
+        if self._ahead is not None:
+            return
+        try:
             self._ahead = self._send(partition, offset, self.reader_cfg.poll_timeout_s, records)
+        except (BrokerError, TopicError) as exc:
+            log.debug("no Fetch sent ahead for topic %s partition %d: %s", self.topic, partition, exc)
 
     def _send(self, partition: int, offset: int, timeout_s: float, records: int) -> tuple[int, int, int, int]:
         """Send one Fetch; (partition, offset, node, correlation id)."""
@@ -231,7 +236,7 @@ class BatchConsumer(ConsumerBackend):
     def close(self) -> None:
         for connection in self._connections.values():
             connection.close()
-        self._connections = {}
+        self._connections, self._ahead = {}, None
 
 
 def _aborted(data: Any) -> list[tuple[int, int]]:
