@@ -137,6 +137,13 @@ class RangeReader:
         # key, headers and timestamps are polled only for a codec that reads them (a mapping naming @key...)
         self.metadata = bool(getattr(codec, "reads_metadata", False)) if metadata is None else metadata
 
+    @property
+    def fetched_by(self) -> str:
+        """What fetches the ranges, for messages: the client's consumer, or kbit's own Fetch requests."""
+        return (
+            self.client if self.reader_cfg.fetch == "messages" else "kbit's own Fetch requests (reader.fetch: batches)"
+        )
+
     def connect(self, ranges: Sequence[OffsetRange] = ()) -> None:
         """Check ``ranges`` through the consumer and have it connected, so the reads that follow make no set-up
         round trip of their own (the check's fetch already connected a confluent consumer to the partition
@@ -283,7 +290,7 @@ class RangeReader:
             elif time.monotonic() - last_progress > cfg.deadline_s:
                 raise ReadTimeoutError(
                     f"no progress for {cfg.deadline_s:g}s reading planned range [{rng.start}, {rng.stop}) with "
-                    f"{self.client}: {next_offset - rng.start} of {len(rng)} offsets read, expecting offset "
+                    f"{self.fetched_by}: {next_offset - rng.start} of {len(rng)} offsets read, expecting offset "
                     f"{next_offset} next; last client error: {last_error or consumer.last_error or 'none'}",
                     topic=self.topic,
                     partition=rng.partition,

@@ -74,6 +74,7 @@ def test_a_reader_whose_leader_stops_answering_names_the_range_after_its_deadlin
         monkeypatch.setattr(BatchConsumer, "_ask_metadata", leader_that_refuses)
         with pytest.raises(ReadTimeoutError, match=r"no progress for 2s reading planned range \[0, 40\)") as raised:
             list(reader.read_raw([OffsetRange(0, 0, 40)]))
+    assert "with kbit's own Fetch requests (reader.fetch: batches)" in str(raised.value)
     assert "cannot connect to broker 127.0.0.1" in str(raised.value)
 
 
