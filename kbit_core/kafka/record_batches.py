@@ -325,13 +325,6 @@ def _control_type(buf: bytes, start: int, header: BatchHeader) -> int:
     return marker
 
 
-def _concat(columns: list[RecordFields]) -> RecordFields:
-    if len(columns) == 1:
-        return columns[0]
-    names = vars(columns[0]).keys()
-    return RecordFields(**{name: np.concatenate([getattr(c, name) for c in columns]) for name in names})
-
-
 def _empty_fields() -> RecordFields:
     empty = np.empty(0, np.int64)
     return RecordFields(*(empty for _ in range(10)))
