@@ -82,8 +82,11 @@ def test_a_rank_trained_in_every_mode_follows_the_same_loss_curve(
         tracking__enabled=False,
     )
     torch.set_num_threads(1)
+    # reader.fetch: batches changes only how the same records are fetched: its batches are compared above
+    trained = {name: mode for name, mode in MODES.items() if "reader.fetch" not in mode}
     results = {
-        name: train_one_rank(cfg.override(mode), manifest, tmp_path / name, monkeypatch) for name, mode in MODES.items()
+        name: train_one_rank(cfg.override(mode), manifest, tmp_path / name, monkeypatch)
+        for name, mode in trained.items()
     }
     expected = results.pop("thread")
     assert len(expected["loss_curve"]) == 2 * (320 // 16)  # two epochs of the 320 train records
