@@ -40,7 +40,7 @@ def loader_reader(cfg: KbitConfig, manifest: Manifest, client: ClientName | None
     per block read (measured: the loader's process CPU per single-record message fell by about a third)."""
     block_bytes = cfg.shard.block_records * manifest.value_bytes // max(1, manifest.num_records)
     # a manifest without its bytes counted (0) keeps reader.fetch_max_bytes; so does reader.fetch: batches, whose
-    # consumer asks each fetch for the bytes its range still needs and fetches nothing ahead
+    # consumer sizes each Fetch to the records its ranges still need and has no prefetch queue to bound
     block_bytes = 0 if cfg.reader.fetch == "batches" else block_bytes
     fetch = min(cfg.reader.fetch_max_bytes, max(MIN_LOADER_FETCH_BYTES, block_bytes // 4)) if block_bytes else None
     reader_cfg = cfg.reader.model_copy(update={"fetch_max_bytes": fetch}) if fetch else cfg.reader

@@ -20,6 +20,7 @@ import numpy as np
 
 from kbit_core.errors import ConfigError
 from kbit_core.formats.base import Codec, DecodedBatch, canonical_json, value_lengths
+from kbit_core.formats.fast.base import byte_matrix
 
 MAGIC = b"KB"
 VERSIONS = {"uint8": 1, "uint16": 2}  # by element type
@@ -64,12 +65,10 @@ class RawCodec(Codec):
         ]
 
     def _full_messages(self, values: Sequence[bytes]) -> np.ndarray:
-        """Full-group values as one array of messages: a fetched column's rows are viewed where they lie, others
-        joined first."""
-        rows = values.matrix() if hasattr(values, "matrix") and len(values) else None
-        if rows is None:
-            return np.frombuffer(b"".join(values), dtype=self._full_message)
-        return rows.view(self._full_message)[:, 0]
+        """Full-group values as one array of messages (a fetched column's rows viewed where they lie)."""
+        if not len(values):
+            return np.empty(0, dtype=self._full_message)
+        return byte_matrix(values).view(self._full_message)[:, 0]
 
     def _decode(self, values: Sequence[bytes]) -> DecodedBatch:
         full = self._full_message.itemsize

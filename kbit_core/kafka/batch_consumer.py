@@ -130,8 +130,8 @@ class BatchConsumer(ConsumerBackend):
                 errors.append(str(exc))
                 continue
             try:
-                request = MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=self.topic)])
-                request.allow_auto_topic_creation = False
+                topics = [MetadataRequest.MetadataRequestTopic(name=self.topic)]
+                request = MetadataRequest(topics=topics, allow_auto_topic_creation=False)  # never makes a topic
                 response = connection.request(
                     request, MetadataResponse, connection.version(MetadataRequest, MAX_METADATA_VERSION)
                 )

@@ -129,7 +129,7 @@ class ConsumerBackend(ABC):
         self.close()
 
 
-def reader_use(reader_cfg: ReaderConfig, fetch_wait_ms: int, tuning: dict[str, Any]) -> ConsumerUse:
+def _reader_use(reader_cfg: ReaderConfig, fetch_wait_ms: int, tuning: dict[str, Any]) -> ConsumerUse:
     """The reader's consumer, either client. Both skip the records of aborted transactions and stop at the last
     stable offset: nothing a producer aborted is ever trained on. Their offsets, and those of the transaction
     markers, are the reader's counted gaps."""
@@ -152,7 +152,7 @@ class ConfluentConsumer(ConsumerBackend):
         self._starts: dict[int, int] = {}  # the current assignment's start offsets
         # The reader knows where its ranges end; a long poll at the log end would only delay the next assign by up
         # to 500 ms (measured: 0.5 s per re-seek with the default, ~15 ms with 10 ms).
-        use = reader_use(
+        use = _reader_use(
             reader_cfg,
             LOG_END_WAIT_MS,
             {
@@ -272,7 +272,7 @@ class KafkaPythonConsumer(ConsumerBackend):
             import crc32c  # noqa: F401  (kafka-python checks CRCs in pure Python without it: 10x slower)
         except ImportError:
             log.warning("the crc32c package is missing: kafka-python will verify CRCs very slowly")
-        use = reader_use(reader_cfg, FETCH_WAIT_MS, {"max_poll_records": reader_cfg.max_poll_records})
+        use = _reader_use(reader_cfg, FETCH_WAIT_MS, {"max_poll_records": reader_cfg.max_poll_records})
         self._opts = consumer_options(kafka_cfg, use, "kafka-python")
         self._kafka_consumer: Any = None
 
