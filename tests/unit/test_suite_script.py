@@ -12,14 +12,7 @@ import pytest
 
 from tests.conftest import REPO
 
-BESIDE = [
-    "tests/unit",
-    "tests/faults",
-    "tests/stream",
-    "tests/flows/test_benchmark_flow.py",
-    "tests/ray",
-    "tests/testbed",
-]
+BESIDE = ["tests/testbed", "tests/ray", "tests/faults", "tests/unit"]
 STAND_IN = """#!/usr/bin/env bash
 echo "$(basename "$TMPDIR") $*" >> "$CALLS"
 echo "collected something"
