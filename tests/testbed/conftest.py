@@ -58,7 +58,7 @@ def testbed() -> Iterator[BedState]:
 def bring_up(bed_dir: Path, options: BedOptions) -> BedState:
     """`bed.up` as the session does it."""
     with pytest.MonkeyPatch.context() as patch:
-        # As in a driver that already ran a local Ray runtime (the Ray tests run first in the suite): its environment
+        # As in a driver that already ran a local Ray runtime (the suite's Ray tests, in another session): its environment
         # turns Ray's multi-node mode off, which the bed's Ray nodes must not inherit.
         for name, value in ray_env.ray_env(None, loopback=True).items():
             patch.setenv(name, value)
