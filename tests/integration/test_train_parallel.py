@@ -210,8 +210,9 @@ def test_zero_run_keeps_the_best_epoch_and_consolidates_its_fp32_weights(tmp_pat
 @pytest.mark.slow
 def test_activation_checkpointing_benchmark_measures_less_peak_memory() -> None:
     """The benchmark's two fresh processes: the checkpointed step peaks lower (the blocks' activations are
-    recomputed in backward, not kept)."""
+    recomputed in backward, not kept). Measured 0.58× at this size, ±0.1 MB from run to run, idle or beside two busy
+    cores; the heap's own caching, which made the peaks cross, is kept out (docs/training.md)."""
     report = activation_memory.run(dim=64, depth=4, batch=256)
     plain, checkpointed = report["plain"], report["checkpointed"]
     assert 0 < checkpointed["peak_above_start_mb"] < plain["peak_above_start_mb"]
-    assert report["memory_saved_mb"] > 0 and report["memory_ratio"] < 1
+    assert report["memory_saved_mb"] > 20 and report["memory_ratio"] < 0.75
