@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from tests.conftest import unavailable
 
 # Each broker's log directory on a filesystem of its own (test_disk_faults.py fills one): ample for the suite's topics.
 LOG_DISK_MB = 256
+HERE = Path(__file__).resolve().parent
 # Beside a bed this session brought up itself: its pytest's process id. Only such a bed may be re-created (a bed a
 # shell brought up keeps its topics). A file, not a module variable: conftest may be imported under two names.
 SESSION_MARK = "pytest-session.pid"
@@ -33,7 +34,7 @@ def testbed() -> Iterator[BedState]:
     """The bed's state: master URL, broker bootstrap, CA and client certificate, hosts (``state.kafka_overrides()``).
 
     A bed that is already up (`kbit cluster up` in a shell) is used as it is and left running;
-    otherwise the session brings one up and takes it down at the end.
+    otherwise the session brings one up and takes it down after its last bed test.
     """
     missing = bed.missing_prerequisites()
     if missing:
@@ -50,16 +51,44 @@ def testbed() -> Iterator[BedState]:
     os.chmod(workdir, 0o755)
     bed_dir = workdir / "testbed"
     (workdir / SESSION_MARK).write_text(str(os.getpid()))
+    _take_down.append(lambda: _down_and_remove(bed_dir, workdir))
     yield bring_up(bed_dir, BedOptions(log_disk_mb=LOG_DISK_MB))
+    take_the_bed_down()
+
+
+# How to take down the bed this session brought up, until it is down. The fixture is the session's (a directory
+# without __init__.py has no package scope), but the bed goes down after the session's last bed test: its idle
+# brokers, Spark and Ray nodes took 17.5 % of a core, which the tests after it (the other session's too) need.
+_take_down: list[Callable[[], None]] = []
+
+
+def _down_and_remove(bed_dir: Path, workdir: Path) -> None:
     bed.down(bed_dir)
     shutil.rmtree(workdir, ignore_errors=True)
+
+
+def take_the_bed_down() -> None:
+    while _take_down:
+        _take_down.pop()()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After this directory's last test in the session's order (pytest may regroup items by parameter) and its
+    fixtures' teardown, which may still use the bed, the bed goes down."""
+    yield
+    if nextitem is not None and HERE in nextitem.path.parents:
+        return
+    later = item.session.items[item.session.items.index(item) + 1 :]
+    if not any(HERE in test.path.parents for test in later):
+        take_the_bed_down()
 
 
 def bring_up(bed_dir: Path, options: BedOptions) -> BedState:
     """`bed.up` as the session does it."""
     with pytest.MonkeyPatch.context() as patch:
-        # As in a driver that already ran a local Ray runtime (the suite's Ray tests, in another session): its environment
-        # turns Ray's multi-node mode off, which the bed's Ray nodes must not inherit.
+        # As in a driver whose environment a local Ray runtime already set (the suite's Ray tests, wherever they run):
+        # it turns Ray's multi-node mode off, which the bed's Ray nodes must not inherit.
         for name, value in ray_env.ray_env(None, loopback=True).items():
             patch.setenv(name, value)
         return bed.up(bed_dir, options)
