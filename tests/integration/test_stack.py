@@ -7,7 +7,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,13 +32,17 @@ def stack_config(workdir: Path) -> KbitConfig:
     )
 
 
-def wait_gone(pid: int, timeout_s: float) -> bool:
+def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not pid_alive(pid):
+        if condition():
             return True
         time.sleep(0.1)
     return False
+
+
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    return wait_until(lambda: not pid_alive(pid), timeout_s)
 
 
 @pytest.fixture
@@ -88,7 +92,10 @@ def test_services_start_report_reuse_and_stop(stack: LocalStack) -> None:
     assert http_ok(f"{stack.prefect_api_url}/health") and http_ok(f"{stack.mlflow_url}/health")
     for name in ("prefect-server", "prefect-worker", "mlflow-server"):
         assert (stack.run_dir / f"{name}.pid").read_text() == str(services[name].pid)
-        assert (stack.run_dir / f"{name}.log").stat().st_size > 0
+        # polled: the worker registers with the server before it prints its first line (a loaded CI run found its
+        # log still empty here)
+        log = stack.run_dir / f"{name}.log"
+        assert wait_until(lambda log=log: log.stat().st_size > 0, 30.0), f"{log} stayed empty"
     assert (stack.run_dir / "prefect" / "prefect.db").is_file()  # PREFECT_HOME is inside the run dir
     assert (stack.run_dir / "mlflow.db").is_file()
 
