@@ -92,8 +92,8 @@ def test_services_start_report_reuse_and_stop(stack: LocalStack) -> None:
     assert http_ok(f"{stack.prefect_api_url}/health") and http_ok(f"{stack.mlflow_url}/health")
     for name in ("prefect-server", "prefect-worker", "mlflow-server"):
         assert (stack.run_dir / f"{name}.pid").read_text() == str(services[name].pid)
-        # polled: the worker registers with the server before it prints its first line (a loaded CI run found its
-        # log still empty here)
+        # polled: the worker registers with the server before it prints its first line (a loaded run of the whole
+        # suite found its log still empty here)
         log = stack.run_dir / f"{name}.log"
         assert wait_until(lambda log=log: log.stat().st_size > 0, 30.0), f"{log} stayed empty"
     assert (stack.run_dir / "prefect" / "prefect.db").is_file()  # PREFECT_HOME is inside the run dir

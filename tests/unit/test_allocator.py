@@ -12,12 +12,12 @@ import pytest
 # In a fresh process: the setting named by argv[1], then a 16 MiB block written, freed; the resident set (MiB) before
 # the block, with it, and after it was freed.
 PROBE = """
-import json, sys
+import json, os, sys
 from kbit_core.data import allocator
 
 def resident_mb():
     with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * 4096 / 2**20
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 took = allocator.keep_freed_memory() if sys.argv[1] == "keep" else allocator.unmap_freed_blocks(64 * 1024)
 before = resident_mb()

@@ -3,7 +3,8 @@
 
 Each configuration runs in a fresh process of its own (a one-rank gloo group), so one's peak cannot hide the
 other's. On CPU the peak is the process's peak resident set size (VmHWM) above its resident set just before
-the first step, with glibc returning each freed tensor at once; on CUDA it is ``torch.cuda.max_memory_allocated`` above the allocation before it.
+the first step, with glibc returning each freed tensor at once; on CUDA it is ``torch.cuda.max_memory_allocated``
+above the allocation before it.
 
     python -m kbit_core.bench.training.activation_memory [--dim 128 --depth 6 --batch 256] [-o FILE]
 """
