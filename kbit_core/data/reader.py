@@ -209,22 +209,30 @@ class RangeReader:
                 run_stops[i] = run_stops[i + 1]
         try:
             for i, r in enumerate(planned):
+                following = planned[i + 1] if i + 1 < len(planned) else None
+                # This range's Fetch, then the next range's, go out before this range is read, so the broker reads
+                # the next while this one is parsed and handed over; a next range continuing this one starts where
+                # this range's fetch stops, known only once it is read.
+                continues = following is not None and (following.partition, following.start) == (r.partition, r.stop)
+                self._fetch_ahead(r, run_stops[i])
+                if following is not None and not continues:
+                    self._fetch_ahead(following, run_stops[i + 1])
                 records = self._fetch(r)
-                if i + 1 < len(planned):
-                    self._fetch_ahead(planned[i + 1], run_stops[i + 1])
+                if continues:
+                    self._fetch_ahead(following, run_stops[i + 1])  # type: ignore[arg-type]
                 yield r, records
         finally:
             self._release()
 
     def _fetch_ahead(self, rng: OffsetRange, run_stop: int) -> None:
         """Have a consumer that can (reader.fetch: batches) ask for ``rng`` and the ranges that continue it, up to
-        ``run_stop``, now, so that the broker answers while this range is decoded: from its start, or, when the last
-        range ends where it starts, from where the consumer stopped fetching (what it fetched past that range's end
-        is carried into this one)."""
+        ``run_stop``, now, so that the broker answers while the ranges before it are read and decoded: from its
+        start, or, when the last range read ends where it starts, from where the consumer stopped fetching (what it
+        fetched past that range's end is carried into this one). Nothing is sent twice."""
         with self._lock:
             consumer = self._consumer
-            if not isinstance(consumer, BatchConsumer):
-                return
+            if not isinstance(consumer, BatchConsumer) or consumer.topic != self.topic:
+                return  # a consumer not yet assigned this topic (before the first range is read) has nowhere to send
             start = rng.start
             if self._position == (rng.partition, rng.start):
                 start = consumer.position(rng.partition) or rng.start

@@ -5,6 +5,7 @@ record."""
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +29,9 @@ READ_COMMITTED = 1
 MIN_FETCH_VERSION, MAX_FETCH_VERSION = 4, 12
 MAX_METADATA_VERSION = 12
 MIN_FETCH_BYTES = 64 * 1024
+# Fetches in flight at most: the one being read and the next, which the broker answers while the first is parsed
+# and handed over (a broker reads a connection's next request only after it has answered the one before).
+FETCHES_IN_FLIGHT = 2
 _DECOMPRESS = {
     1: kafka.codec.gzip_decode,
     2: kafka.codec.snappy_decode,
@@ -61,7 +65,7 @@ class BatchConsumer(ConsumerBackend):
         self._ready: dict[int, RecordColumns] = {}  # partition -> fetched records not yet delivered
         self._last_error: str | None = None
         self._record_bytes: float | None = None  # fetched bytes per record delivered, in the last response
-        self._ahead: tuple[int, int, int, int] | None = None  # a Fetch sent ahead: partition, offset, node, id
+        self._sent: deque[tuple[int, int, int, int]] = deque()  # Fetches sent ahead: partition, offset, node, id
 
     def open(self) -> None:
         if self._options is None:
@@ -86,7 +90,8 @@ class BatchConsumer(ConsumerBackend):
             try:
                 self._ready[partition] = self._fetch(partition, timeout_s, max_records)
             except BrokerError as exc:
-                self._last_error, self._leaders, self._ahead = str(exc), {}, None  # ask for the leaders again
+                self._last_error, self._leaders = str(exc), {}  # ask for the leaders again
+                self._sent.clear()  # their connections are closed below
                 self._drop(partition)
                 raise
         if partition is None:
@@ -155,14 +160,15 @@ class BatchConsumer(ConsumerBackend):
         return min(limit, max(MIN_FETCH_BYTES, int(records * self._record_bytes * 1.1)))
 
     def fetch_ahead(self, partition: int, offset: int, records: int) -> None:
-        """Send the Fetch for ``records`` records of ``partition`` from ``offset`` now: the broker answers while the
-        caller works on what it has, and the poll after an ``assign`` there reads the answer. Another assignment
-        reads it and drops it. Only a head start: a failure to send is left to that poll, which retries it as any
-        fetch (this is called outside the reader's retries)."""
-        if self._ahead is not None:
+        """Send the Fetch for ``records`` records of ``partition`` from ``offset`` now (unless it is in flight, or
+        :data:`FETCHES_IN_FLIGHT` are): the broker answers while the caller works on what it has, and the poll that
+        reads from there takes the answer. A poll that reads elsewhere first reads and drops the answers sent ahead of
+        its own. Only a head start: a failure to send is left to that poll, which retries it as any fetch (this is
+        called outside the reader's retries)."""
+        if len(self._sent) >= FETCHES_IN_FLIGHT or any(sent[:2] == (partition, offset) for sent in self._sent):
             return
         try:
-            self._ahead = self._send(partition, offset, self.reader_cfg.poll_timeout_s, records)
+            self._sent.append(self._send(partition, offset, self.reader_cfg.poll_timeout_s, records))
         except (BrokerError, TopicError) as exc:
             log.debug("no Fetch sent ahead for topic %s partition %d: %s", self.topic, partition, exc)
 
@@ -196,11 +202,11 @@ class BatchConsumer(ConsumerBackend):
         return partition, offset, node, connection.send(request, version)
 
     def _fetch(self, partition: int, timeout_s: float, records: int) -> RecordColumns:
-        offset, ahead, self._ahead = self._positions[partition], self._ahead, None
-        if ahead is not None and ahead[:2] != (partition, offset):
-            self._receive(ahead)  # sent for a read that did not come: the connection's next answer, dropped
-            ahead = None
-        response = self._receive(ahead or self._send(partition, offset, timeout_s, records))
+        offset = self._positions[partition]
+        while self._sent and self._sent[0][:2] != (partition, offset):
+            self._receive(self._sent.popleft())  # sent for a read that did not come: its connection's next answer
+        sent = self._sent.popleft() if self._sent else self._send(partition, offset, timeout_s, records)
+        response = self._receive(sent)
         data = response.responses[0].partitions[0]
         self._check(partition, offset, data.error_code)
         try:
@@ -236,7 +242,8 @@ class BatchConsumer(ConsumerBackend):
     def close(self) -> None:
         for connection in self._connections.values():
             connection.close()
-        self._connections, self._ahead = {}, None
+        self._connections = {}
+        self._sent.clear()
 
 
 def _aborted(data: Any) -> list[tuple[int, int]]:

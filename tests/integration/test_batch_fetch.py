@@ -90,3 +90,39 @@ def test_a_fetch_sent_ahead_for_a_range_never_read_is_dropped_not_delivered(prod
         assert [(r.partition, r.offset) for r in records] == [(0, o) for o in range(20, 30)]
         ((_, records),) = list(reader.read_raw([OffsetRange(1, 5, 15)]))
         assert [(r.partition, r.offset) for r in records] == [(1, o) for o in range(5, 15)]
+
+
+def test_the_next_ranges_fetch_is_sent_before_this_ranges_answer_is_read(
+    produce_topic: Produce, monkeypatch: pytest.MonkeyPatch
+):
+    cfg, manifest = produce_topic(VARIANTS["raw-lz4"], 60, partitions=2, reader__fetch="batches")
+    codec = manifest_codec(manifest, cfg.reader.decoder, cfg.registry)
+    events: list[tuple[str, int, int]] = []
+    send, receive = BatchConsumer._send, BatchConsumer._receive
+
+    def logged_send(self: BatchConsumer, partition: int, offset: int, *args: Any) -> tuple[int, int, int, int]:
+        events.append(("send", partition, offset))
+        return send(self, partition, offset, *args)
+
+    def logged_receive(self: BatchConsumer, sent: tuple[int, int, int, int]) -> Any:
+        events.append(("receive", *sent[:2]))
+        return receive(self, sent)
+
+    monkeypatch.setattr(BatchConsumer, "_send", logged_send)
+    monkeypatch.setattr(BatchConsumer, "_receive", logged_receive)
+    ranges = [OffsetRange(0, 0, 10), OffsetRange(1, 5, 15), OffsetRange(0, 15, 22), OffsetRange(0, 22, 27)]
+    with RangeReader(cfg.kafka, cfg.reader, manifest.topic, codec) as reader:
+        read = [(r, [rec.offset for rec in records]) for r, records in reader.read_raw(ranges)]
+    assert read == [(r, list(range(r.start, r.stop))) for r in ranges]
+    # the first range's Fetch goes out as it is read (the consumer has no assignment before); then each range's
+    # Fetch and the next range's are in flight before the range's answer is read. The last range continues the one
+    # before, whose Fetch asked for both (and the 64 KiB a Fetch asks for at least holds all 30 of the partition's
+    # records): no Fetch of its own.
+    assert events == [
+        ("send", 0, 0),
+        ("receive", 0, 0),
+        ("send", 1, 5),
+        ("send", 0, 15),
+        ("receive", 1, 5),
+        ("receive", 0, 15),
+    ]
