@@ -218,8 +218,8 @@ class RangeReader:
                 if following is not None and not continues:
                     self._fetch_ahead(following, run_stops[i + 1])
                 records = self._fetch(r)
-                if continues:
-                    self._fetch_ahead(following, run_stops[i + 1])  # type: ignore[arg-type]
+                if following is not None and continues:
+                    self._fetch_ahead(following, run_stops[i + 1])
                 yield r, records
         finally:
             self._release()
