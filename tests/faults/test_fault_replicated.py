@@ -81,6 +81,24 @@ def every_broker_listed(cluster: KafkaCluster, timeout_s: float = 120) -> None:
         time.sleep(0.5)
 
 
+def every_node_agrees(cluster: KafkaCluster, topic: str, timeout_s: float = 60) -> None:
+    """Wait until each node's own metadata names the same leader and all nodes in sync for each of ``topic``'s
+    partitions. A leader thawed after a freeze (SIGSTOP) still serves the metadata and log end it had before it,
+    itself the leader, until it has caught up with the controller: a ListOffsets that reached it at once answered the
+    log end from before the freeze (seen on CI, 2026-12-06)."""
+    deadline = time.monotonic() + timeout_s
+    everyone = sorted(b.node_id for b in cluster.brokers)
+    while True:
+        views = []
+        for node in cluster.nodes:
+            partitions = cluster.admin([node]).list_topics(topic, timeout=30).topics[topic].partitions
+            views.append({p: (m.leader, sorted(m.isrs)) for p, m in partitions.items()})
+        if all(view == views[0] for view in views) and all(isr == everyone for _, isr in views[0].values()):
+            return
+        assert time.monotonic() < deadline, f"the nodes' metadata of {topic} still differs: {views}"
+        time.sleep(0.5)
+
+
 def _read_indices(cfg, manifest: Manifest) -> list[int]:
     v = manifest.variant
     codec = get_codec(v.format, v.layout, manifest.dataset.image_shape, v.records_per_message)
@@ -296,6 +314,7 @@ def test_the_live_producer_rides_through_a_frozen_leader_without_reconnecting(
     run = appending.result(180)
     assert (run.next_index, run.reconnects) == (1000, 0)
     log = StreamLog.load(Path(run.manifest_path))
+    every_node_agrees(cluster, topic_name)
     assert offsets.exact_end_offsets(cfg.kafka, topic_name) == log.end_offsets() == {0: 500, 1: 500}
 
 
