@@ -1,6 +1,7 @@
 """A rank's batches as tensors: the Batch type every loader yields, the block queue that gathers decoded blocks'
 rows in their permuted order straight into exact-size batch tensors (in the payload's dtype, uint8 for images), and
-the one conversion of a batch's pixels into the model's input (:func:`model_input`, on the consuming thread)."""
+the one conversion of a batch's pixels into the model's input (:func:`model_input`, or a group's batches at once:
+:func:`model_inputs`, on the consuming thread)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,31 @@ def raw_batch(pixels: np.ndarray, labels: np.ndarray, indices: np.ndarray, pin_m
     return Batch(x, y, torch.from_numpy(indices.astype(np.int64, copy=False)))
 
 
+def model_inputs(batches: list[Batch]) -> list[Batch]:
+    """:func:`model_input` of each of ``batches``. When they are :meth:`BlockRows.take_many`'s, the consecutive views
+    of one batch and all of it, its pixels are converted in one operation and the batches view the result: per
+    batch, the conversion's calls and allocations cost as much as its pixels at a batch of 64."""
+    whole = batches[0].x._base if batches else None
+    if (
+        whole is None
+        or whole.dtype != torch.uint8
+        or any(batch.x._base is not whole for batch in batches)
+        or batches[0].x.data_ptr() != whole.data_ptr()
+        or sum(len(batch.x) for batch in batches) != len(whole)
+    ):
+        return [model_input(batch) for batch in batches]
+    # numpy's allocation, not torch.empty's: a group's float32 is megabytes (12.8 for 4,096 digits), and torch's
+    # were faulted in afresh on every pass even with the reader's freed memory kept (test_reader_memory's loader over
+    # three passes, 2026-12-06: 0.22 faults a record against numpy's 0.009-0.020)
+    x = torch.from_numpy(np.empty(tuple(whole.shape), np.float32))
+    convert_into(whole.numpy(), x.numpy())
+    out, at = [], 0
+    for batch in batches:
+        out.append(batch._replace(x=x[at : at + len(batch.x)]))
+        at += len(batch.x)
+    return out
+
+
 def model_input(batch: Batch, pin_memory: bool = False) -> Batch:
     """``batch`` with uint8 pixels converted to the model's float32 in one operation (:func:`convert_into`, the one
     conversion every path uses, so the values are the same bit for bit); any other ``x`` is already the model's."""
@@ -132,6 +158,16 @@ class BlockRows:
             self._blocks.append(block)
             self.size += block.end - block.at
         return skipped
+
+    def take_many(self, sizes: list[int]) -> list[Batch]:
+        """The next batches of ``sizes``, gathered as one (numpy's calls per batch cost as much as 64 digits' rows):
+        consecutive views of one batch's tensors."""
+        whole = self.take(sum(sizes))
+        batches, at = [], 0
+        for size in sizes:
+            batches.append(Batch(whole.x[at : at + size], whole.y[at : at + size], whole.indices[at : at + size]))
+            at += size
+        return batches
 
     def take(self, n: int) -> Batch:
         parts = self._parts(n)

@@ -21,7 +21,7 @@ import torch
 
 from kbit_core.config import ClientName, KbitConfig
 from kbit_core.data.assembly import BatchAssembler, LoaderStats
-from kbit_core.data.batching import Batch, model_input
+from kbit_core.data.batching import Batch, model_inputs
 from kbit_core.data.loader_modes import EagerMode, ProcessMode, StreamMode, loader_reader
 from kbit_core.data.partition_workers import PartitionMode
 from kbit_core.data.reader import RangeReader
@@ -137,16 +137,17 @@ class ShardLoader:
 
     def iter_indexed(self) -> Iterator[Batch]:
         """Like iterating the loader, with each batch's dataset sample indices. Batches cross the loader's threads
-        and processes as decoded (uint8 pixels, a quarter of the bytes); each is converted here, on the consuming
-        thread, in one operation per batch, except on a CUDA rank (``pin_memory``): there uint8 pixels reach the
-        training step as they are and :func:`~kbit_core.data.batching.to_device` converts them on the GPU."""
+        and processes as decoded (uint8 pixels, a quarter of the bytes); they are converted here, on the consuming
+        thread, in one operation per group of batches (:func:`~kbit_core.data.batching.model_inputs`), except on a
+        CUDA rank (``pin_memory``): there uint8 pixels reach the training step as they are and
+        :func:`~kbit_core.data.batching.to_device` converts them on the GPU."""
         schedule = self.schedule
         for group in self._timed(self._mode.groups(schedule.start())):
-            for batch in group:
+            for batch in group if self.pin_memory else model_inputs(group):
                 schedule.batches_done += 1
                 self.stats.batches += 1
                 self.stats.records += len(batch.y)
-                yield batch if self.pin_memory else model_input(batch)
+                yield batch
         left_out, tail = schedule.left_out_records, schedule.tail_records
         self.stats.left_out_records += left_out
         if left_out > tail:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from kbit_core.data.batching import BlockRows
+from kbit_core.data.batching import BlockRows, model_input, model_inputs
 
 
 def blocks(dtype: str, rng: np.random.Generator) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -51,3 +51,38 @@ def test_batches_are_the_rows_in_each_blocks_order_across_block_boundaries(dtype
         [i for *_, i in expected[at:]],
     ]
     assert rows.size == 0
+
+
+def test_a_groups_batches_taken_and_converted_together_equal_each_batch_taken_and_converted_alone():
+    rng = np.random.default_rng(5)
+    made = blocks("uint8", rng)
+    one_by_one, together = BlockRows(convert=False), BlockRows(convert=False)
+    for pixels, labels, indices in made:
+        order = rng.permutation(len(labels))
+        one_by_one.push(pixels, labels, indices, order, 0)
+        together.push(pixels, labels, indices, order, 0)
+    sizes = [4, 9, 3, 8]
+    alone = [model_input(one_by_one.take(size)) for size in sizes]
+    group = model_inputs(together.take_many(sizes))
+    for a, b in zip(alone, group, strict=True):
+        assert b.x.dtype == torch.float32 and torch.equal(a.x, b.x)
+        assert torch.equal(a.y, b.y) and torch.equal(a.indices, b.indices)
+    # converted in one operation: every batch views one float32 tensor
+    assert len({batch.x.untyped_storage().data_ptr() for batch in group}) == 1
+
+
+def test_batches_that_are_not_one_groups_views_are_converted_one_by_one():
+    rng = np.random.default_rng(6)
+    pixels = rng.integers(0, 255, (10, 1, 2, 3), dtype=np.uint8)
+    rows = BlockRows(convert=False)
+    rows.push(pixels, np.arange(10), np.arange(10), slice(None), 0)
+    separate = [rows.take(4), rows.take(6)]
+    partial = BlockRows(convert=False)
+    partial.push(pixels, np.arange(10), np.arange(10), slice(None), 0)
+    rest_of_group = partial.take_many([4, 6])[1:]  # the group's second batch alone: not all of it
+    for batches in (separate, rest_of_group):
+        converted = model_inputs(batches)
+        assert [torch.equal(c.x, model_input(b).x) for c, b in zip(converted, batches, strict=True)] == [True] * len(
+            batches
+        )
+        assert len({batch.x.untyped_storage().data_ptr() for batch in converted}) == len(batches)
