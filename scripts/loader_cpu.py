@@ -46,7 +46,7 @@ def measure(
 ) -> dict:
     """One arm in this process: an untimed pass, then ``passes`` timed ones."""
     if handoff == "uint8":
-        shard_loader.model_input = lambda batch, pin_memory=False: batch  # a CUDA rank's loader converts nothing
+        shard_loader.model_inputs = lambda batches: batches  # a CUDA rank's loader converts nothing
     cfg = load_config(None, [f"kafka.bootstrap_servers={bootstrap}", f"train.global_batch_size={batch}", *sets])
     with make_split_loader(cfg, Manifest.load(manifest), "train", 0, 1) as loader:
         sum(len(y) for _, y in loader)

@@ -42,7 +42,7 @@ class BatchAssembler:
         self, decoded: Iterator[tuple[Block, Any]], skip_batches: int, skip_records: int
     ) -> Iterator[list[Batch]]:
         """Cut exact batches from each block's samples in its permuted order, yielded per block (uint8 pixels as
-        decoded: :func:`~kbit_core.data.batching.model_input` converts them); pad from the last batch if the data
+        decoded: :func:`~kbit_core.data.batching.model_inputs` converts them); pad from the last batch if the data
         ran short. Whole groups cross the prefetch queue: one hand-off per batch would cost a GIL
         switch interval (5 ms) each while the worker thread decodes (measured: 12k instead of 150k records/s), and a
         group's batches are gathered together (:meth:`BlockRows.take_many`)."""

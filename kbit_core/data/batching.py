@@ -78,17 +78,20 @@ def model_inputs(batches: list[Batch]) -> list[Batch]:
     of one batch and all of it, its pixels are converted in one operation and the batches view the result: per
     batch, the conversion's calls and allocations cost as much as its pixels at a batch of 64."""
     whole = batches[0].x._base if batches else None
-    if (
-        whole is None
-        or whole.dtype != torch.uint8
-        or any(batch.x._base is not whole for batch in batches)
-        or batches[0].x.data_ptr() != whole.data_ptr()
-        or sum(len(batch.x) for batch in batches) != len(whole)
-    ):
+    if whole is None or whole.dtype != torch.uint8 or not whole.is_contiguous():
         return [model_input(batch) for batch in batches]
-    # numpy's allocation, not torch.empty's: a group's float32 is megabytes (12.8 for 4,096 digits), and torch's
-    # were faulted in afresh on every pass even with the reader's freed memory kept (test_reader_memory's loader over
-    # three passes, 2026-12-06: 0.22 faults a record against numpy's 0.009-0.020)
+    expected, row_bytes = whole.data_ptr(), whole[0].nbytes if len(whole) else 0
+    for batch in batches:  # each the next rows of whole, in order, and all of it
+        if batch.x._base is not whole or batch.x.data_ptr() != expected:
+            return [model_input(batch) for batch in batches]
+        expected += len(batch.x) * row_bytes
+    if expected != whole.data_ptr() + whole.nbytes:
+        return [model_input(batch) for batch in batches]
+    # numpy's allocation, not torch.empty's: a group's float32 is megabytes (12.8 for a 4,096-record block of
+    # digits, 50 of 3x32x32 images), and torch's were faulted in afresh on every pass even with the reader's freed
+    # memory kept (test_reader_memory's loader over three passes, 2026-12-06: 0.22 faults a record against numpy's
+    # 0.009-0.020); numpy asks for huge pages from 4 MiB, so a group mapped fresh faults 2 MiB at a time. It lives
+    # while any of its batches does.
     x = torch.from_numpy(np.empty(tuple(whole.shape), np.float32))
     convert_into(whole.numpy(), x.numpy())
     out, at = [], 0

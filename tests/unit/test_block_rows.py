@@ -79,8 +79,10 @@ def test_batches_that_are_not_one_groups_views_are_converted_one_by_one():
     separate = [rows.take(4), rows.take(6)]
     partial = BlockRows(convert=False)
     partial.push(pixels, np.arange(10), np.arange(10), slice(None), 0)
-    rest_of_group = partial.take_many([4, 6])[1:]  # the group's second batch alone: not all of it
-    for batches in (separate, rest_of_group):
+    group = partial.take_many([4, 6])
+    rest_of_group = group[1:]  # the group's second batch alone: not all of it
+    reordered = group[::-1]  # all of it, out of order
+    for batches in (separate, rest_of_group, reordered):
         converted = model_inputs(batches)
         assert [torch.equal(c.x, model_input(b).x) for c, b in zip(converted, batches, strict=True)] == [True] * len(
             batches
