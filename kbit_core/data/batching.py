@@ -77,15 +77,8 @@ def model_inputs(batches: list[Batch]) -> list[Batch]:
     """:func:`model_input` of each of ``batches``. When they are :meth:`BlockRows.take_many`'s, the consecutive views
     of one batch and all of it, its pixels are converted in one operation and the batches view the result: per
     batch, the conversion's calls and allocations cost as much as its pixels at a batch of 64."""
-    whole = batches[0].x._base if batches else None
-    if whole is None or whole.dtype != torch.uint8 or not whole.is_contiguous():
-        return [model_input(batch) for batch in batches]
-    expected, row_bytes = whole.data_ptr(), whole[0].nbytes if len(whole) else 0
-    for batch in batches:  # each the next rows of whole, in order, and all of it
-        if batch.x._base is not whole or batch.x.data_ptr() != expected:
-            return [model_input(batch) for batch in batches]
-        expected += len(batch.x) * row_bytes
-    if expected != whole.data_ptr() + whole.nbytes:
+    whole = _whole_group(batches)
+    if whole is None:
         return [model_input(batch) for batch in batches]
     # numpy's allocation, not torch.empty's: a group's float32 is megabytes (12.8 for a 4,096-record block of
     # digits, 50 of 3x32x32 images), and torch's were faulted in afresh on every pass even with the reader's freed
@@ -99,6 +92,20 @@ def model_inputs(batches: list[Batch]) -> list[Batch]:
         out.append(batch._replace(x=x[at : at + len(batch.x)]))
         at += len(batch.x)
     return out
+
+
+def _whole_group(batches: list[Batch]) -> torch.Tensor | None:
+    """The uint8 tensor whose rows ``batches`` are, each the next rows in order and all of them together
+    (:meth:`BlockRows.take_many`'s views); None for any other batches."""
+    whole = batches[0].x._base if batches else None
+    if whole is None or whole.dtype != torch.uint8 or not whole.is_contiguous() or not len(whole):
+        return None
+    expected, row_bytes = whole.data_ptr(), whole[0].nbytes
+    for batch in batches:
+        if batch.x._base is not whole or batch.x.data_ptr() != expected:
+            return None
+        expected += len(batch.x) * row_bytes
+    return whole if expected == whole.data_ptr() + whole.nbytes else None
 
 
 def model_input(batch: Batch, pin_memory: bool = False) -> Batch:

@@ -83,9 +83,10 @@ def every_broker_listed(cluster: KafkaCluster, timeout_s: float = 120) -> None:
 
 def every_node_agrees(cluster: KafkaCluster, topic: str, timeout_s: float = 60) -> None:
     """Wait until each node's own metadata names the same leader and all nodes in sync for each of ``topic``'s
-    partitions. A leader thawed after a freeze (SIGSTOP) still serves the metadata and log end it had before it,
-    itself the leader, until it has caught up with the controller: a ListOffsets that reached it at once answered the
-    log end from before the freeze (seen on CI, 2026-12-06)."""
+    partitions. A leader thawed after a freeze (SIGSTOP) serves the metadata it had before it, itself the leader,
+    until it has caught up with the controller. On CI (2026-12-06) a ListOffsets right after the thaw answered
+    partition 0's log end from before the freeze while the producer's manifest, every record acknowledged, held the
+    whole; the thawed leader answering from its stale view is the explanation that fits (not reproduced idle here)."""
     deadline = time.monotonic() + timeout_s
     everyone = sorted(b.node_id for b in cluster.brokers)
     while True:
